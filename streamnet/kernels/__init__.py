@@ -1,0 +1,18 @@
+"""numba kernels over plain arrays: no classes with hidden state, no I/O, no logging.
+
+Every function is `njit(cache=True, nogil=True)`; forward passes return what
+their backward pass needs, and backward passes write parameter gradients into
+caller-owned views (slices of one flat gradient vector).
+"""
+from .activations import (relu_backward, relu_forward, sigmoid_backward, sigmoid_forward,
+                          tanh_backward, tanh_forward)
+from .conv import col2im, conv2d_backward, conv2d_forward, conv_out_size, im2col
+from .dense import dense_backward, dense_forward
+from .dropout import dropout_backward, dropout_forward, dropout_mask
+from .loss import argmax_rows, softmax_cross_entropy
+from .lrn import lrn_backward, lrn_forward
+from .optim import all_finite, sgd_step, weighted_average
+from .pool import (avgpool_backward, avgpool_forward, maxpool_backward, maxpool_forward,
+                   pool_out_size)
+
+__all__ = [name for name in dir() if not name.startswith("_")]

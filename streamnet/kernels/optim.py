@@ -1,0 +1,48 @@
+"""Optimiser steps and parameter averaging over flat float32 vectors, in place."""
+import numpy as np
+
+from ._jit import jit
+
+
+@jit
+def sgd_step(params, grads, velocity, lr, momentum, weight_decay, nesterov):
+    """PyTorch's SGD: g += wd*p; v = mu*v + g; p -= lr * (g + mu*v if nesterov else v).
+
+    With momentum == 0 velocity is not touched (it may be an empty array).
+    """
+    for i in range(params.size):
+        g = grads[i] + weight_decay * params[i]
+        if momentum != 0.0:
+            v = momentum * velocity[i] + g
+            velocity[i] = v
+            if nesterov:
+                g = g + momentum * v
+            else:
+                g = v
+        params[i] -= lr * g
+
+
+@jit
+def weighted_average(out, vectors, weights):
+    """out = sum_k weights[k] * vectors[k] / sum(weights); vectors is (K, P).
+
+    Summation runs in float64 in a fixed order (k = 0..K-1), so the result does not
+    depend on which contribution arrived first.
+    """
+    k, p = vectors.shape
+    total = 0.0
+    for j in range(k):
+        total += weights[j]
+    for i in range(p):
+        acc = 0.0
+        for j in range(k):
+            acc += weights[j] * vectors[j, i]
+        out[i] = acc / total
+
+
+@jit
+def all_finite(x):
+    for i in range(x.size):
+        if not np.isfinite(x[i]):
+            return False
+    return True
