@@ -1,0 +1,146 @@
+"""Datasets: images kept as uint8 in memory, made into float32 batches on demand.
+
+Normalising and resizing happen per batch, not up front: Fashion-MNIST resized
+to 224x224 would need 12 GB as float32, a batch of it a few MB.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import DataError
+from .idx import read_idx
+
+DEFAULT_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}
+FILES = {
+    "train_x": "train-images-idx3-ubyte",
+    "train_y": "train-labels-idx1-ubyte",
+    "test_x": "t10k-images-idx3-ubyte",
+    "test_y": "t10k-labels-idx1-ubyte",
+}
+# per-dataset pixel mean and std (of x / 255) over the training set
+STATS = {"fashion-mnist": (0.2860, 0.3530), "mnist": (0.1307, 0.3081)}
+
+
+@dataclass(frozen=True)
+class Split:
+    images: np.ndarray  # (N, H, W) uint8
+    labels: np.ndarray  # (N,) int64
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    train: Split
+    test: Split
+    num_classes: int
+    mean: float
+    std: float
+
+    def batch(self, split: Split, indices: np.ndarray, size: int | None = None):
+        """(x float32 (n, 1, S, S), y int64) for the given sample indices."""
+        return to_input(split.images[indices], self.mean, self.std, size), split.labels[indices]
+
+
+def to_input(images: np.ndarray, mean: float, std: float, size: int | None = None) -> np.ndarray:
+    x = images.astype(np.float32)
+    x *= np.float32(1.0 / (255.0 * std))
+    x -= np.float32(mean / std)
+    if size is not None and size != x.shape[-1]:
+        x = resize(x, size)
+    return x[:, None, :, :]
+
+
+def _resize_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """Bilinear interpolation as an (n_out, n_in) matrix (PyTorch's align_corners=False)."""
+    scale = n_in / n_out
+    src = np.clip((np.arange(n_out) + 0.5) * scale - 0.5, 0, n_in - 1)
+    lo = np.floor(src).astype(int)
+    hi = np.minimum(lo + 1, n_in - 1)
+    frac = (src - lo).astype(np.float32)
+    m = np.zeros((n_out, n_in), np.float32)
+    m[np.arange(n_out), lo] += 1 - frac
+    m[np.arange(n_out), hi] += frac
+    return m
+
+
+def resize(x: np.ndarray, size: int) -> np.ndarray:
+    """Resize (N, H, W) square images to (N, size, size) as two matrix products."""
+    r = _resize_matrix(x.shape[-1], size)
+    return np.ascontiguousarray(r @ x @ r.T)
+
+
+def resolve_dir(name: str, data_dir: str | None) -> str:
+    d = data_dir or os.environ.get("STREAMNET_DATA") or DEFAULT_DIRS.get(name)
+    if d is None:
+        raise DataError(f"dataset {name!r} has no default location; pass --data DIR")
+    if not os.path.isdir(d):
+        hint = (" (install it with: sudo apt-get install dataset-fashion-mnist)"
+                if d == DEFAULT_DIRS.get("fashion-mnist") else "")
+        raise DataError(f"dataset directory {d} does not exist{hint}")
+    return d
+
+
+def _find(directory: str, stem: str) -> str:
+    for name in (stem, stem + ".gz"):
+        p = os.path.join(directory, name)
+        if os.path.exists(p):
+            return p
+    raise DataError(f"{directory}: missing {stem} (or {stem}.gz)")
+
+
+def _read_split(directory: str, xkey: str, ykey: str) -> Split:
+    xpath, ypath = _find(directory, FILES[xkey]), _find(directory, FILES[ykey])
+    images, labels = read_idx(xpath), read_idx(ypath)
+    if images.ndim != 3 or images.dtype != np.uint8:
+        raise DataError(f"{xpath}: expected uint8 images of 3 dimensions, got {images.dtype} {images.shape}")
+    if images.shape[1] != images.shape[2]:
+        raise DataError(f"{xpath}: images must be square, got {images.shape[1]}x{images.shape[2]}")
+    if labels.ndim != 1:
+        raise DataError(f"{ypath}: expected a 1-dimensional label file, got shape {labels.shape}")
+    if len(labels) != len(images):
+        raise DataError(f"{ypath}: {len(labels)} labels for {len(images)} images in {xpath}")
+    return Split(images, labels.astype(np.int64))
+
+
+def load_idx_dir(directory: str, name: str = "idx") -> Dataset:
+    train = _read_split(directory, "train_x", "train_y")
+    test = _read_split(directory, "test_x", "test_y")
+    classes = int(max(train.labels.max(initial=0), test.labels.max(initial=0))) + 1
+    for split, key in ((train, "train_y"), (test, "test_y")):
+        if split.labels.size and split.labels.min() < 0:
+            raise DataError(f"{directory}/{FILES[key]}: negative label {split.labels.min()}")
+    if train.images.shape[1:] != test.images.shape[1:]:
+        raise DataError(f"{directory}: train images {train.images.shape[1:]} and test images "
+                        f"{test.images.shape[1:]} differ in size")
+    mean, std = STATS.get(name, (float(train.images.mean() / 255), float(train.images.std() / 255) or 1.0))
+    return Dataset(name, train, test, classes, mean, std)
+
+
+def synthetic(train_size: int = 2048, test_size: int = 512, image_size: int = 28,
+              num_classes: int = 10, seed: int = 0) -> Dataset:
+    """Seeded, learnable data: one smooth random prototype per class plus noise."""
+    rng = np.random.default_rng(seed)
+    coarse = rng.uniform(0, 1, (num_classes, 7, 7)).astype(np.float32)
+    protos = resize(coarse, image_size)
+
+    def make(n):
+        labels = rng.integers(0, num_classes, n)
+        noisy = protos[labels] + rng.normal(0, 0.25, (n, image_size, image_size))
+        return Split(np.clip(noisy * 255, 0, 255).astype(np.uint8), labels.astype(np.int64))
+
+    train, test = make(train_size), make(test_size)
+    return Dataset("synthetic", train, test, num_classes, 0.5, 0.3)
+
+
+def load_dataset(name: str, data_dir: str | None = None, **synthetic_options) -> Dataset:
+    if name == "synthetic":
+        return synthetic(**synthetic_options)
+    if name not in ("fashion-mnist", "mnist", "idx"):
+        raise DataError(f"unknown dataset {name!r}; known: fashion-mnist, mnist, idx, synthetic")
+    return load_idx_dir(resolve_dir(name, data_dir), name)
