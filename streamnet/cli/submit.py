@@ -1,0 +1,67 @@
+"""streamnet-submit: train locally, and (with the cluster) submit and manage topologies."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ..errors import StreamnetError
+from .progress import ProgressLine, bar
+from .train_args import add_training_options, config_from_args
+
+
+def cmd_train(a: argparse.Namespace) -> int:
+    from ..training import train_local
+    cfg = config_from_args(a)
+    alg = cfg.algorithm
+    print(f"training {cfg.model.name} on {cfg.data.dataset} with {alg.name} "
+          f"(units={cfg.units}, b={alg.batch}, H={alg.sync_period}, lr={alg.lr}, epochs={cfg.epochs})",
+          file=sys.stderr)
+    line = ProgressLine()
+
+    def show(p):
+        if p.test_accuracy is not None:
+            line.line(f"epoch {p.epoch}/{p.epochs}  loss {p.loss:.4f}  test acc {p.test_accuracy:.2%}  "
+                      f"{p.samples_per_s:,.0f} samples/s")
+        else:
+            line.update(f"epoch {p.epoch}/{p.epochs} {bar(p.round / p.rounds)} round {p.round}/{p.rounds}  "
+                        f"loss {p.loss:.4f}  {p.samples_per_s:,.0f} samples/s")
+
+    summary = train_local(cfg, progress=show).summary
+    print(f"final test accuracy {summary.test_accuracy:.2%}  {summary.samples_per_s:,.0f} samples/s  "
+          f"wall {summary.wall_s:.1f} s")
+    if a.summary:
+        summary.write(a.summary)
+        print(f"summary written to {a.summary}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="streamnet-submit", description=__doc__)
+    p.add_argument("--log-level", default="WARNING")
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train a network (--local: in this machine)")
+    add_training_options(t)
+    t.add_argument("--local", action="store_true", default=True,
+                   help="train on this machine (the default; cluster training uses `submit`)")
+    t.add_argument("--summary", metavar="FILE", help="write a JSON run summary")
+    t.set_defaults(func=cmd_train)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return a.func(a)
+    except StreamnetError as e:
+        print(f"streamnet-submit: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("streamnet-submit: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

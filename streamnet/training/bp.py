@@ -1,0 +1,146 @@
+"""The BP family as one mechanism: compute units and the aggregator's arithmetic.
+
+A round is: every unit takes up to H steps on its own batches and hands over one
+flat float32 vector; the aggregator averages the vectors (weighted by samples,
+summed in unit order so arrival order never matters) and applies one outer step;
+every unit continues from the result.
+
+What a unit hands over depends on whether it has an inner optimiser:
+- no inner optimiser (cumulative, online): its gradient; the outer step is the
+  real SGD-with-momentum update, so K units equal single-process SGD on the union
+  of their batches;
+- an inner optimiser (MixBP): its parameter change over the round
+  (start - end); the outer step with lr 1 and no momentum replaces the
+  parameters by the weighted average of the units' parameters, and outer
+  momentum turns it into DiLoCo's Nesterov outer step.
+
+Nothing here knows where units run: the single-process trainer calls them in a
+thread pool, the topology calls them inside bolts.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+from .. import kernels as K
+from ..nn import Model
+from .config import AlgorithmConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SGD:
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+
+    def step(self, params: np.ndarray, grad: np.ndarray, velocity: np.ndarray, lr_scale: float) -> None:
+        K.sgd_step(params, grad, velocity, self.lr * lr_scale, self.momentum, self.weight_decay, self.nesterov)
+
+    def new_velocity(self, size: int) -> np.ndarray:
+        return np.zeros(size if self.momentum else 0, np.float32)
+
+
+@dataclass(frozen=True)
+class Plan:
+    inner: SGD | None   # None: a unit contributes its gradient, one step per round
+    outer: SGD
+    scale_outer: bool   # does the lr schedule apply to the outer step (or the inner)?
+
+
+def plan_for(alg: AlgorithmConfig) -> Plan:
+    if alg.name == "mixbp":
+        return Plan(inner=SGD(alg.lr, alg.momentum, alg.weight_decay),
+                    outer=SGD(alg.outer_lr, alg.outer_momentum, 0.0, nesterov=alg.outer_momentum > 0),
+                    scale_outer=False)
+    return Plan(inner=None, outer=SGD(alg.lr, alg.momentum, alg.weight_decay), scale_outer=True)
+
+
+def lr_scale(alg: AlgorithmConfig, progress: float) -> float:
+    """Multiplier on the learning rate at `progress` in [0, 1] of the run."""
+    if alg.lr_schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
+    return 1.0
+
+
+@dataclass
+class Contribution:
+    unit: int
+    samples: int
+    steps: int
+    loss_sum: float          # sum over samples of the per-sample loss, for reporting
+    vector: np.ndarray       # gradient (no inner optimiser) or parameter change
+
+    @property
+    def mean_loss(self) -> float:
+        return self.loss_sum / max(self.samples, 1)
+
+
+class ComputeUnit:
+    """One model replica with its inner optimiser state."""
+
+    def __init__(self, unit: int, model: Model, plan: Plan):
+        self.unit, self.model, self.plan = unit, model, plan
+        self.velocity = plan.inner.new_velocity(model.num_params) if plan.inner else None
+        self.start = model.params.copy()
+
+    def run_round(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], lr_scale: float = 1.0) -> Contribution:
+        samples = steps = 0
+        loss_sum = 0.0
+        inner = self.plan.inner
+        for x, y in batches:
+            if inner is None and steps:
+                raise ValueError("a unit without an inner optimiser takes one batch per round")
+            loss, grad = self.model.loss_and_grad(x, y)
+            if inner is not None:
+                inner.step(self.model.params, grad, self.velocity, 1.0 if self.plan.scale_outer else lr_scale)
+            samples += len(y)
+            steps += 1
+            loss_sum += loss * len(y)
+        if inner is None:
+            vector = self.model.grads.copy() if steps else np.zeros_like(self.start)
+        else:
+            vector = self.start - self.model.params
+        return Contribution(self.unit, samples, steps, loss_sum, vector)
+
+    def receive(self, params: np.ndarray) -> None:
+        """Continue from the synchronised parameters."""
+        self.model.set_params(params)
+        self.start[...] = params
+
+
+class Aggregator:
+    """The sync bolt's arithmetic: weighted average of contributions, then one outer step."""
+
+    def __init__(self, params: np.ndarray, plan: Plan):
+        self.plan = plan
+        self.params = np.array(params, dtype=np.float32, copy=True)
+        self.velocity = plan.outer.new_velocity(self.params.size)
+        self.refused: list[tuple[int, str]] = []
+
+    def combine(self, contributions: list[Contribution], lr_scale: float = 1.0) -> np.ndarray:
+        usable = []
+        for c in sorted(contributions, key=lambda c: c.unit):
+            if c.samples == 0:
+                continue
+            if not K.all_finite(c.vector):
+                log.warning("refusing the contribution of unit %d: non-finite values", c.unit)
+                self.refused.append((c.unit, "non-finite"))
+                continue
+            usable.append(c)
+        if not usable:
+            return self.params
+        if len(usable) == 1:
+            avg = usable[0].vector
+        else:
+            avg = np.empty_like(self.params)
+            K.weighted_average(avg, np.stack([c.vector for c in usable]),
+                               np.array([c.samples for c in usable], np.float64))
+        self.plan.outer.step(self.params, avg, self.velocity, lr_scale if self.plan.scale_outer else 1.0)
+        return self.params

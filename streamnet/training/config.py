@@ -1,0 +1,156 @@
+"""Typed configuration, one small frozen dataclass per concern, and named setups.
+
+Named setups are functions (`lenet5_mixbp()`); the CLI picks one and overrides a
+few fields with `dataclasses.replace`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..errors import ConfigError
+
+ALGORITHMS = ("online", "cumulative", "mixbp")
+DATASETS = ("fashion-mnist", "mnist", "idx", "synthetic")
+MODELS = ("lenet5", "alexnet")
+
+
+def _require(cond: bool, field_name: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(f"{field_name}: {message}")
+
+
+@dataclass(kw_only=True, frozen=True)
+class DataConfig:
+    dataset: str = "fashion-mnist"
+    data_dir: str | None = None
+    train_limit: int | None = None   # use only the first N training samples
+    test_limit: int | None = None
+    synthetic_train: int = 2048
+    synthetic_test: int = 512
+
+    def __post_init__(self):
+        _require(self.dataset in DATASETS, "dataset", f"must be one of {', '.join(DATASETS)}; got {self.dataset!r}")
+        for name in ("train_limit", "test_limit"):
+            v = getattr(self, name)
+            _require(v is None or v > 0, name, f"must be positive; got {v}")
+
+
+@dataclass(kw_only=True, frozen=True)
+class ModelConfig:
+    name: str = "lenet5"
+    options: dict = field(default_factory=dict)  # passed to streamnet.nn.<name>()
+
+    def __post_init__(self):
+        _require(self.name in MODELS, "model", f"must be one of {', '.join(MODELS)}; got {self.name!r}")
+
+    @property
+    def input_size(self) -> int:
+        return int(self.options.get("input_size", 28 if self.name == "lenet5" else 64))
+
+
+@dataclass(kw_only=True, frozen=True)
+class AlgorithmConfig:
+    """The BP family: one mechanism with two knobs, local batch `batch` (b) and sync
+    period `sync_period` (H).
+
+    - cumulative: every step each unit's gradient on its part of the global batch is
+      combined and one SGD(-momentum) update applied everywhere (H = 1);
+    - online: the same with a tiny batch (b = 1 by default);
+    - mixbp: each unit takes H local SGD steps with batch b, then parameters are
+      averaged weighted by samples seen; `outer_momentum` > 0 adds Nesterov
+      momentum on the averaged change (as DiLoCo does).
+    `unit_batches` / `unit_sync_periods` give per-unit b and H (load-aware sizing).
+    """
+    name: str = "mixbp"
+    batch: int = 32
+    sync_period: int = 8
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    lr_schedule: str = "cosine"     # "constant" or "cosine" (over the whole run)
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.0
+    unit_batches: tuple[int, ...] | None = None
+    unit_sync_periods: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        _require(self.name in ALGORITHMS, "algorithm", f"must be one of {', '.join(ALGORITHMS)}; got {self.name!r}")
+        _require(self.batch >= 1, "batch", f"must be >= 1; got {self.batch}")
+        _require(self.sync_period >= 1, "sync_period", f"must be >= 1; got {self.sync_period}")
+        _require(self.name == "mixbp" or self.sync_period == 1, "sync_period",
+                 f"{self.name} synchronises every step, so it must be 1; got {self.sync_period} (use mixbp)")
+        _require(self.lr > 0, "lr", f"must be > 0; got {self.lr}")
+        _require(0 <= self.momentum < 1, "momentum", f"must be in [0, 1); got {self.momentum}")
+        _require(self.weight_decay >= 0, "weight_decay", f"must be >= 0; got {self.weight_decay}")
+        _require(self.lr_schedule in ("constant", "cosine"), "lr_schedule",
+                 f"must be constant or cosine; got {self.lr_schedule!r}")
+        _require(0 <= self.outer_momentum < 1, "outer_momentum", f"must be in [0, 1); got {self.outer_momentum}")
+        _require(self.outer_lr > 0, "outer_lr", f"must be > 0; got {self.outer_lr}")
+        for name in ("unit_batches", "unit_sync_periods"):
+            v = getattr(self, name)
+            _require(v is None or all(int(i) >= 1 for i in v), name, f"entries must be >= 1; got {v}")
+        _require(self.name == "mixbp" or self.unit_sync_periods is None, "unit_sync_periods",
+                 "only mixbp has a sync period to vary per unit")
+
+    def batch_of(self, unit: int) -> int:
+        return int(self.unit_batches[unit]) if self.unit_batches else self.batch
+
+    def sync_period_of(self, unit: int) -> int:
+        return int(self.unit_sync_periods[unit]) if self.unit_sync_periods else self.sync_period
+
+
+@dataclass(kw_only=True, frozen=True)
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    units: int = 1          # compute units (model replicas)
+    threads: int = 1        # compute threads running the units
+    epochs: int = 5
+    seed: int = 0
+    eval_every_epochs: int = 1
+
+    def __post_init__(self):
+        _require(self.units >= 1, "units", f"must be >= 1; got {self.units}")
+        _require(self.threads >= 1, "threads", f"must be >= 1; got {self.threads}")
+        _require(self.epochs >= 1, "epochs", f"must be >= 1; got {self.epochs}")
+        for name in ("unit_batches", "unit_sync_periods"):
+            v = getattr(self.algorithm, name)
+            _require(v is None or len(v) == self.units, f"algorithm.{name}",
+                     f"has {len(v) if v else 0} entries for {self.units} units")
+
+
+# -- named setups -----------------------------------------------------------
+
+def lenet5_mixbp(**overrides) -> RunConfig:
+    return replace(RunConfig(model=ModelConfig(name="lenet5"),
+                             algorithm=AlgorithmConfig(name="mixbp", batch=32, sync_period=8, lr=0.05),
+                             units=2, epochs=10), **overrides)
+
+
+def lenet5_cumulative(**overrides) -> RunConfig:
+    return replace(RunConfig(model=ModelConfig(name="lenet5"),
+                             algorithm=AlgorithmConfig(name="cumulative", batch=32, sync_period=1, lr=0.05),
+                             units=2, epochs=10), **overrides)
+
+
+def lenet5_online(**overrides) -> RunConfig:
+    return replace(RunConfig(model=ModelConfig(name="lenet5"),
+                             algorithm=AlgorithmConfig(name="online", batch=1, sync_period=1, lr=0.01,
+                                                       momentum=0.0),
+                             units=2, epochs=3), **overrides)
+
+
+def alexnet_mixbp(**overrides) -> RunConfig:
+    return replace(RunConfig(model=ModelConfig(name="alexnet", options={"input_size": 64}),
+                             algorithm=AlgorithmConfig(name="mixbp", batch=32, sync_period=8, lr=0.02,
+                                                       weight_decay=5e-4),
+                             units=2, epochs=5), **overrides)
+
+
+SETUPS = {
+    "lenet5-mixbp": lenet5_mixbp,
+    "lenet5-cumulative": lenet5_cumulative,
+    "lenet5-online": lenet5_online,
+    "alexnet-mixbp": alexnet_mixbp,
+}

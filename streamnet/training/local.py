@@ -1,0 +1,140 @@
+"""Training in this process: K compute units on a thread pool, one aggregator.
+
+It runs the BP family's rounds exactly as the topology does, without the engine:
+with one unit it is plain mini-batch SGD.
+"""
+from __future__ import annotations
+
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..data import Dataset, batch_slices, epoch_order, load_dataset, shard_indices
+from ..nn import Model, build_model
+from .bp import Aggregator, ComputeUnit, lr_scale, plan_for
+from .config import DataConfig, RunConfig
+from .evaluate import evaluate
+from .summary import EpochRecord, RunSummary
+
+
+@dataclass
+class Progress:
+    epoch: int
+    epochs: int
+    round: int
+    rounds: int
+    samples: int          # this epoch, so far
+    loss: float           # mean training loss of the last round
+    samples_per_s: float  # this epoch, so far
+    test_accuracy: float | None = None   # set on the event that ends an epoch
+
+
+def load_data(cfg: DataConfig, seed: int = 0) -> Dataset:
+    if cfg.dataset == "synthetic":
+        ds = load_dataset("synthetic", train_size=cfg.synthetic_train, test_size=cfg.synthetic_test, seed=seed)
+    else:
+        ds = load_dataset(cfg.dataset, cfg.data_dir)
+    if cfg.train_limit or cfg.test_limit:
+        from ..data import Split
+        cut = lambda s, n: s if n is None else Split(s.images[:n], s.labels[:n])
+        ds = Dataset(ds.name, cut(ds.train, cfg.train_limit), cut(ds.test, cfg.test_limit),
+                     ds.num_classes, ds.mean, ds.std)
+    return ds
+
+
+def make_model(cfg: RunConfig, num_classes: int = 10) -> Model:
+    return build_model(cfg.model.name, num_classes=num_classes, seed=cfg.seed, **cfg.model.options)
+
+
+class UnitSchedule:
+    """Which batches unit k takes in each round of an epoch."""
+
+    def __init__(self, cfg: RunConfig, train_size: int):
+        self.cfg = cfg
+        self.shards = [shard_indices(train_size, cfg.units, k, cfg.seed) for k in range(cfg.units)]
+
+    def epoch(self, epoch: int) -> tuple[list[list[np.ndarray]], int]:
+        """Per unit, the list of its rounds, each a list of index arrays; and the round count."""
+        alg = self.cfg.algorithm
+        plan = []
+        for k, shard in enumerate(self.shards):
+            order = epoch_order(shard, self.cfg.seed, epoch, k)
+            batches = [order[s] for s in batch_slices(len(order), alg.batch_of(k))]
+            h = alg.sync_period_of(k)
+            plan.append([batches[i:i + h] for i in range(0, len(batches), h)])
+        return plan, max(len(p) for p in plan)
+
+
+@dataclass
+class TrainResult:
+    summary: RunSummary
+    params: np.ndarray    # the final synchronised parameters
+    model_spec: dict
+
+
+def train_local(cfg: RunConfig, dataset: Dataset | None = None,
+                progress: Callable[[Progress], None] | None = None) -> TrainResult:
+    wall0 = time.perf_counter()
+    ds = dataset if dataset is not None else load_data(cfg.data, cfg.seed)
+    plan = plan_for(cfg.algorithm)
+    units = [ComputeUnit(k, make_model(cfg, ds.num_classes), plan) for k in range(cfg.units)]
+    agg = Aggregator(units[0].model.params, plan)
+    size = units[0].model.input_shape[-1]
+    schedule = UnitSchedule(cfg, len(ds.train))
+    first_plan, rounds_per_epoch = schedule.epoch(0)
+    total_rounds = rounds_per_epoch * cfg.epochs
+    alg = cfg.algorithm
+    summary = RunSummary(model=cfg.model.name, dataset=ds.name, algorithm=alg.name, epochs=cfg.epochs,
+                         workers=1, units=cfg.units, batch=alg.batch, sync_period=alg.sync_period,
+                         num_params=units[0].model.num_params)
+
+    def run(unit: ComputeUnit, batches: list[np.ndarray], scale: float):
+        return unit.run_round((ds.batch(ds.train, idx, size) for idx in batches), scale)
+
+    train_s = 0.0
+    done_rounds = 0
+    with ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix="compute") as pool:
+        for epoch in range(cfg.epochs):
+            unit_rounds, rounds = (first_plan, rounds_per_epoch) if epoch == 0 else schedule.epoch(epoch)
+            t0 = time.perf_counter()
+            samples, loss_sum = 0, 0.0
+            for r in range(rounds):
+                scale = lr_scale(alg, done_rounds / total_rounds)
+                futures = [pool.submit(run, u, unit_rounds[u.unit][r], scale)
+                           for u in units if r < len(unit_rounds[u.unit])]
+                contributions = [f.result() for f in futures]
+                params = agg.combine(contributions, scale)
+                for u in units:
+                    u.receive(params)
+                done_rounds += 1
+                n = sum(c.samples for c in contributions)
+                samples += n
+                loss_sum += sum(c.loss_sum for c in contributions)
+                if progress:
+                    el = time.perf_counter() - t0
+                    progress(Progress(epoch + 1, cfg.epochs, r + 1, rounds, samples,
+                                      sum(c.loss_sum for c in contributions) / max(n, 1),
+                                      samples / el if el > 0 else 0.0))
+            seconds = time.perf_counter() - t0
+            train_s += seconds
+            acc = tloss = None
+            if (epoch + 1) % cfg.eval_every_epochs == 0 or epoch + 1 == cfg.epochs:
+                acc, tloss = evaluate(units[0].model, ds, ds.test)
+            summary.history.append(EpochRecord(epoch + 1, loss_sum / max(samples, 1), acc, tloss, samples,
+                                               seconds, samples / seconds if seconds > 0 else 0.0))
+            summary.samples_processed += samples
+            if progress:
+                progress(Progress(epoch + 1, cfg.epochs, rounds, rounds, samples, loss_sum / max(samples, 1),
+                                  samples / seconds if seconds > 0 else 0.0, acc))
+    summary.sync_rounds = done_rounds
+    summary.test_accuracy = summary.history[-1].test_accuracy
+    summary.test_loss = summary.history[-1].test_loss
+    summary.train_s = train_s
+    summary.samples_per_s = summary.samples_processed / train_s if train_s > 0 else 0.0
+    summary.wall_s = time.perf_counter() - wall0
+    summary.extra["refused_contributions"] = len(agg.refused)
+    return TrainResult(summary, agg.params.copy(), units[0].model.spec())

@@ -1,0 +1,130 @@
+"""The BP family is one mechanism: check each mode's arithmetic against its definition."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from streamnet import kernels as K
+from streamnet.errors import ConfigError
+from streamnet.training import (AlgorithmConfig, ComputeUnit, Contribution, DataConfig, ModelConfig,
+                                RunConfig, UnitSchedule, load_data, make_model, plan_for, train_local)
+from streamnet.training.bp import Aggregator
+
+DATA = DataConfig(dataset="synthetic", synthetic_train=256, synthetic_test=64)
+
+
+def cfg(units, name="cumulative", **alg):
+    a = dict(name=name, batch=8, sync_period=1, lr=0.05, momentum=0.9, weight_decay=1e-3,
+             lr_schedule="cosine")
+    a.update(alg)
+    return RunConfig(model=ModelConfig(name="lenet5"), data=DATA, algorithm=AlgorithmConfig(**a),
+                     units=units, threads=min(units, 2), epochs=2, seed=3)
+
+
+def reference_sgd(c: RunConfig, ds):
+    """Single-process SGD with momentum on the union of the units' batches, step by step."""
+    model = make_model(c, ds.num_classes)
+    velocity = np.zeros_like(model.params)
+    schedule = UnitSchedule(c, len(ds.train))
+    from streamnet.training import lr_scale
+    done, total = 0, None
+    for epoch in range(c.epochs):
+        rounds_by_unit, rounds = schedule.epoch(epoch)
+        total = total or rounds * c.epochs
+        for r in range(rounds):
+            idx = np.concatenate([rounds_by_unit[k][r][0] for k in range(c.units) if r < len(rounds_by_unit[k])])
+            x, y = ds.batch(ds.train, idx)
+            _, g = model.loss_and_grad(x, y)
+            a = c.algorithm
+            K.sgd_step(model.params, g, velocity, a.lr * lr_scale(a, done / total), a.momentum,
+                       a.weight_decay, False)
+            done += 1
+    return model.params
+
+
+@pytest.mark.parametrize("units", [1, 2, 4])
+def test_cumulative_equals_single_process_sgd(units):
+    c = cfg(units)
+    ds = load_data(c.data, c.seed)
+    result = train_local(c, ds)
+    ref = reference_sgd(c, ds)
+    assert result.summary.sync_rounds == 2 * (256 // (8 * units))
+    err = np.max(np.abs(result.params - ref)) / np.max(np.abs(ref))
+    assert err < 1e-5, f"relative difference {err:.2e}"
+
+
+def test_mixbp_round_is_the_weighted_average_of_unit_parameters():
+    c = cfg(3, name="mixbp", sync_period=4, unit_batches=(4, 8, 12))
+    ds = load_data(c.data, c.seed)
+    plan = plan_for(c.algorithm)
+    units = [ComputeUnit(k, make_model(c), plan) for k in range(3)]
+    agg = Aggregator(units[0].model.params, plan)
+    rng = np.random.default_rng(0)
+    contribs, finals = [], []
+    for u in units:
+        b = c.algorithm.batch_of(u.unit)
+        batches = [ds.batch(ds.train, rng.choice(len(ds.train), b, replace=False)) for _ in range(4)]
+        contribs.append(u.run_round(batches))
+        finals.append(u.model.params.copy())
+    assert [co.samples for co in contribs] == [16, 32, 48]
+    expected = sum(w * p for w, p in zip([16, 32, 48], finals)) / 96
+    np.testing.assert_allclose(agg.combine(contribs[::-1]), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_aggregation_does_not_depend_on_arrival_order():
+    plan = plan_for(AlgorithmConfig(name="mixbp"))
+    rng = np.random.default_rng(1)
+    contribs = [Contribution(k, int(rng.integers(1, 50)), 1, 0.0, rng.standard_normal(1000).astype(np.float32))
+                for k in range(5)]
+    a = Aggregator(np.zeros(1000, np.float32), plan).combine(contribs)
+    b = Aggregator(np.zeros(1000, np.float32), plan).combine(contribs[::-1])
+    np.testing.assert_array_equal(a, b)
+
+
+def test_non_finite_contribution_is_refused():
+    plan = plan_for(AlgorithmConfig(name="mixbp"))
+    agg = Aggregator(np.zeros(4, np.float32), plan)
+    good = Contribution(0, 10, 1, 0.0, np.ones(4, np.float32))
+    bad = Contribution(1, 10, 1, 0.0, np.array([1, np.nan, 1, 1], np.float32))
+    out = agg.combine([good, bad])
+    np.testing.assert_array_equal(out, -np.ones(4))
+    assert agg.refused == [(1, "non-finite")]
+
+
+def test_online_mode_trains_with_batch_one():
+    c = replace(cfg(2, name="online", batch=1, momentum=0.0, lr=0.01), epochs=1)
+    s = train_local(c).summary
+    assert s.sync_rounds == 128 and s.samples_processed == 256
+    assert s.history[0].train_loss < 2.3
+
+
+def test_mixbp_learns_and_reports():
+    s = train_local(replace(cfg(2, name="mixbp", sync_period=4), epochs=3)).summary
+    assert s.history[-1].train_loss < s.history[0].train_loss
+    assert s.test_accuracy > 0.5
+    assert s.samples_processed == 3 * 256
+    d = s.to_dict()
+    for key in ("model", "dataset", "algorithm", "epochs", "test_accuracy", "samples_per_s", "wall_s"):
+        assert key in d
+
+
+def test_training_is_reproducible():
+    c = cfg(2, name="mixbp", sync_period=2)
+    np.testing.assert_array_equal(train_local(c).params, train_local(c).params)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(name="sgd"), "algorithm: must be one of online, cumulative, mixbp"),
+    (dict(name="cumulative", sync_period=4), "sync_period: cumulative synchronises every step"),
+    (dict(batch=0), "batch: must be >= 1"),
+    (dict(momentum=1.5), "momentum: must be in"),
+    (dict(lr_schedule="step"), "lr_schedule"),
+])
+def test_config_errors_name_the_field(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        AlgorithmConfig(**kwargs)
+
+
+def test_per_unit_lists_must_match_units():
+    with pytest.raises(ConfigError, match="algorithm.unit_batches: has 2 entries for 3 units"):
+        RunConfig(algorithm=AlgorithmConfig(unit_batches=(1, 2)), units=3)
