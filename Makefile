@@ -1,0 +1,44 @@
+# The two commands of the quick start: `make demo` and `make test`. Both do their own set-up.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# numba compiles each kernel once per machine; keep its cache in the checkout
+export NUMBA_CACHE_DIR := $(CURDIR)/.numba-cache
+# compute threads, not BLAS threads, are the unit of parallelism
+export OPENBLAS_NUM_THREADS ?= 1
+
+DEMO_ARGS ?= --model lenet5 --algorithm mixbp --workers 2 --local
+
+.PHONY: demo test unit venv perf clean
+
+$(BIN)/python:
+	deploy/ensure-packages.sh python3-venv
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.base: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.test: pyproject.toml $(VENV)/.base
+	$(BIN)/pip install -q -e '.[test,perf]'
+	touch $@
+
+venv: $(VENV)/.base
+
+demo: $(VENV)/.base
+	deploy/ensure-packages.sh dataset-fashion-mnist
+	$(BIN)/streamnet-submit train $(DEMO_ARGS)
+
+test: $(VENV)/.test
+	deploy/ensure-packages.sh dataset-fashion-mnist
+	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+
+unit: $(VENV)/.test
+	$(BIN)/python -m pytest -ra tests/unit $(PYTEST_ARGS)
+
+perf: $(VENV)/.test
+	$(BIN)/python perf/kernels.py
+
+clean:
+	rm -rf $(VENV) .numba-cache .pytest_cache

@@ -1,0 +1,39 @@
+"""Shared bits of the perf scripts: thread pinning, medians, JSON + PNG output."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def pin_blas_threads(n: int) -> None:
+    """Must run before numpy/scipy load their BLAS."""
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(n)
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def machine() -> dict:
+    return {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def write_json(name: str, data: dict) -> str:
+    os.makedirs(RESULTS, exist_ok=True)
+    path = os.path.join(RESULTS, name)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+    return path
+
+
+def png_path(name: str) -> str:
+    os.makedirs(RESULTS, exist_ok=True)
+    return os.path.join(RESULTS, name)
