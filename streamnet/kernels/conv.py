@@ -1,16 +1,22 @@
-"""2-D convolution as im2col + one GEMM per pass.
+"""2-D convolution as im2col + GEMM over chunks of the batch.
 
-Measured on LeNet-5 and AlexNet: one large GEMM over the whole batch beats one
-GEMM per sample and beats direct loops, because BLAS is efficient only on big
-matrices. The column matrix has shape (C*KH*KW, N*OH*OW): row (c, i, j), column
-(n, oh, ow). It is returned by the forward pass and consumed by the backward
-pass, so the caller (a layer) owns it; kernels keep no state.
+Measured here (perf/kernels.py, one thread): a column matrix for the whole batch
+is memory-bound (AlexNet-64's conv2 builds a 105 MB one), and one GEMM per sample
+is overhead-bound on LeNet's tiny layers. So the batch is cut into chunks whose
+column matrix stays about COL_BUDGET floats (cache-sized) unless that would leave
+fewer than MIN_COLS GEMM columns, and each chunk is one GEMM (LeNet-5 step 9.2 ms
+at a 256 KiB budget against 12.7 ms at 4 MiB; AlexNet-64 gains from the floor). The backward pass rebuilds each chunk's columns from the input instead of
+keeping them: it costs one more im2col and saves the memory of all of them.
 
+Column layout: row (c, i, j), column (sample in chunk, oh, ow).
 Weight layout is PyTorch's: (out, in, kh, kw).
 """
 import numpy as np
 
 from ._jit import jit
+
+COL_BUDGET = 1 << 16  # floats in one chunk's column matrix (256 KiB: stays in L2)
+MIN_COLS = 256        # but at least this many GEMM columns, below which BLAS is inefficient
 
 
 @jit
@@ -19,100 +25,144 @@ def conv_out_size(size, kernel, stride, pad):
 
 
 @jit
-def im2col(x, kh, kw, stride, pad):
-    n, c, h, w = x.shape
-    oh = conv_out_size(h, kh, stride, pad)
-    ow = conv_out_size(w, kw, stride, pad)
-    p = oh * ow
-    col = np.empty((c * kh * kw, n * p), dtype=x.dtype)
-    for ci in range(c):
-        for i in range(kh):
-            for j in range(kw):
-                r = (ci * kh + i) * kw + j
-                for ni in range(n):
-                    base = ni * p
-                    for y in range(oh):
-                        iy = y * stride - pad + i
-                        row_ok = 0 <= iy < h
-                        for z in range(ow):
-                            ix = z * stride - pad + j
-                            if row_ok and 0 <= ix < w:
-                                col[r, base + y * ow + z] = x[ni, ci, iy, ix]
-                            else:
-                                col[r, base + y * ow + z] = 0.0
-    return col
+def chunk_size(n, rows, p):
+    by_cache = COL_BUDGET // max(rows * p, 1)
+    by_gemm = (MIN_COLS + p - 1) // p
+    return max(1, min(n, max(by_cache, by_gemm)))
 
 
 @jit
-def col2im(col, n, c, h, w, kh, kw, stride, pad):
+def im2col(x, n0, n1, kh, kw, stride, pad, col):
+    """Fill col with the columns of samples n0..n1-1."""
+    c, h, w = x.shape[1], x.shape[2], x.shape[3]
     oh = conv_out_size(h, kh, stride, pad)
     ow = conv_out_size(w, kw, stride, pad)
     p = oh * ow
-    dx = np.zeros((n, c, h, w), dtype=col.dtype)
-    for ci in range(c):
-        for i in range(kh):
-            for j in range(kw):
-                r = (ci * kh + i) * kw + j
-                for ni in range(n):
-                    base = ni * p
+    for ni in range(n0, n1):
+        base = (ni - n0) * p
+        for ci in range(c):
+            for i in range(kh):
+                for j in range(kw):
+                    r = (ci * kh + i) * kw + j
+                    for y in range(oh):
+                        iy = y * stride - pad + i
+                        q = base + y * ow
+                        if iy < 0 or iy >= h:
+                            for z in range(ow):
+                                col[r, q + z] = 0.0
+                            continue
+                        for z in range(ow):
+                            ix = z * stride - pad + j
+                            col[r, q + z] = x[ni, ci, iy, ix] if 0 <= ix < w else 0.0
+
+
+@jit
+def col2im(col, n0, n1, kh, kw, stride, pad, dx):
+    """Add the column gradients of samples n0..n1-1 into dx (which starts zeroed)."""
+    c, h, w = dx.shape[1], dx.shape[2], dx.shape[3]
+    oh = conv_out_size(h, kh, stride, pad)
+    ow = conv_out_size(w, kw, stride, pad)
+    p = oh * ow
+    for ni in range(n0, n1):
+        base = (ni - n0) * p
+        for ci in range(c):
+            for i in range(kh):
+                for j in range(kw):
+                    r = (ci * kh + i) * kw + j
                     for y in range(oh):
                         iy = y * stride - pad + i
                         if iy < 0 or iy >= h:
                             continue
+                        q = base + y * ow
                         for z in range(ow):
                             ix = z * stride - pad + j
                             if 0 <= ix < w:
-                                dx[ni, ci, iy, ix] += col[r, base + y * ow + z]
-    return dx
+                                dx[ni, ci, iy, ix] += col[r, q + z]
 
 
 @jit
 def conv2d_forward(x, weight, bias, stride, pad):
-    """Return (out, col): out is (N, O, OH, OW); col is kept for the backward pass."""
+    """out (N, O, OH, OW) = conv(x, weight) + bias."""
     n, c, h, w = x.shape
     o, _, kh, kw = weight.shape
     oh = conv_out_size(h, kh, stride, pad)
     ow = conv_out_size(w, kw, stride, pad)
     p = oh * ow
-    col = im2col(x, kh, kw, stride, pad)
-    wm = weight.reshape(o, c * kh * kw)
-    y = np.dot(wm, col)  # (O, N*P)
+    rows = c * kh * kw
+    s = chunk_size(n, rows, p)
+    # flat buffers reshaped per chunk: a sliced 2-D buffer would be non-contiguous,
+    # and numba copies non-contiguous operands of np.dot on every call
+    col_buf = np.empty(rows * s * p, dtype=x.dtype)
+    y_buf = np.empty(o * s * p, dtype=x.dtype)
+    wm = weight.reshape(o, rows)
     out = np.empty((n, o, oh, ow), dtype=x.dtype)
     out_flat = out.reshape(n, o, p)
-    for ni in range(n):
-        for oi in range(o):
-            b = bias[oi]
-            for q in range(p):
-                out_flat[ni, oi, q] = y[oi, ni * p + q] + b
-    return out, col
+    for n0 in range(0, n, s):
+        n1 = min(n, n0 + s)
+        m = (n1 - n0) * p
+        col = col_buf[:rows * m].reshape(rows, m)
+        y = y_buf[:o * m].reshape(o, m)
+        im2col(x, n0, n1, kh, kw, stride, pad, col)
+        np.dot(wm, col, y)
+        for ni in range(n0, n1):
+            base = (ni - n0) * p
+            for oi in range(o):
+                b = bias[oi]
+                for q in range(p):
+                    out_flat[ni, oi, q] = y[oi, base + q] + b
+    return out
 
 
 @jit
-def conv2d_backward(dout, col, x_shape, weight, dweight, dbias, stride, pad, need_dx):
-    """Write weight and bias gradients into dweight, dbias; return dx (or an empty array).
-
-    dweight and dbias are overwritten, not accumulated: they are views into a
-    model's flat gradient vector.
-    """
-    n, c, h, w = x_shape
+def conv2d_backward(dout, x, weight, dweight, dbias, stride, pad, need_dx):
+    """Overwrite dweight and dbias (views of a flat gradient); return dx, or an empty
+    array when need_dx is False (the first layer's input gradient is never used)."""
+    n, c, h, w = x.shape
     o, _, kh, kw = weight.shape
     oh = dout.shape[2]
     ow = dout.shape[3]
     p = oh * ow
+    rows = c * kh * kw
+    s = chunk_size(n, rows, p)
+    col_buf = np.empty(rows * s * p, dtype=x.dtype)
+    dy_buf = np.empty(o * s * p, dtype=x.dtype)
+    dw_acc = np.zeros((o, rows), dtype=np.float64) if n > s else np.zeros((0, 0), dtype=np.float64)
     dflat = dout.reshape(n, o, p)
-    dy = np.empty((o, n * p), dtype=dout.dtype)
+    wm = weight.reshape(o, rows)
+    wmt = np.ascontiguousarray(wm.T)
+    dwm = dweight.reshape(o, rows)
     for oi in range(o):
-        s = 0.0
+        acc = 0.0
         for ni in range(n):
             for q in range(p):
-                v = dflat[ni, oi, q]
-                dy[oi, ni * p + q] = v
-                s += v
-        dbias[oi] = s
-    dw = np.dot(dy, col.T)  # (O, C*KH*KW)
-    dweight.reshape(o, c * kh * kw)[:, :] = dw
-    if not need_dx:
-        return np.empty((0, 0, 0, 0), dtype=dout.dtype)
-    wm = weight.reshape(o, c * kh * kw)
-    dcol = np.dot(wm.T, dy)  # (C*KH*KW, N*P)
-    return col2im(dcol, n, c, h, w, kh, kw, stride, pad)
+                acc += dflat[ni, oi, q]
+        dbias[oi] = acc
+    if need_dx:
+        dx = np.zeros((n, c, h, w), dtype=x.dtype)
+        dcol_buf = np.empty(rows * s * p, dtype=x.dtype)
+    else:
+        dx = np.empty((0, 0, 0, 0), dtype=x.dtype)
+        dcol_buf = np.empty(0, dtype=x.dtype)
+    for n0 in range(0, n, s):
+        n1 = min(n, n0 + s)
+        m = (n1 - n0) * p
+        col = col_buf[:rows * m].reshape(rows, m)
+        dy = dy_buf[:o * m].reshape(o, m)
+        im2col(x, n0, n1, kh, kw, stride, pad, col)
+        for ni in range(n0, n1):
+            base = (ni - n0) * p
+            for oi in range(o):
+                for q in range(p):
+                    dy[oi, base + q] = dflat[ni, oi, q]
+        part = np.dot(dy, col.T)
+        if n > s:
+            dw_acc += part
+        else:
+            dwm[:, :] = part
+        if need_dx:
+            dcol = dcol_buf[:rows * m].reshape(rows, m)
+            np.dot(wmt, dy, dcol)
+            col2im(dcol, n0, n1, kh, kw, stride, pad, dx)
+    if n > s:
+        dwm[:, :] = dw_acc
+    return dx

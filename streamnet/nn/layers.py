@@ -77,14 +77,12 @@ class Conv2d(Layer):
         return (self.cout, oh, ow)
 
     def forward(self, x, train):
-        out, col = K.conv2d_forward(x, self.w, self.b, self.stride, self.padding)
-        self._col, self._x_shape = col, x.shape
-        return out
+        self._x = x
+        return K.conv2d_forward(x, self.w, self.b, self.stride, self.padding)
 
     def backward(self, dy, need_dx):
-        dx = K.conv2d_backward(dy, self._col, self._x_shape, self.w, self.dw, self.db,
-                               self.stride, self.padding, need_dx)
-        self._col = None
+        dx = K.conv2d_backward(dy, self._x, self.w, self.dw, self.db, self.stride, self.padding, need_dx)
+        self._x = None
         return dx if need_dx else None
 
     def spec(self):

@@ -26,14 +26,14 @@ def test_conv2d(stride, pad, k):
     x = rng.standard_normal((2, 3, size, size))
     w = rng.standard_normal((4, 3, k, k))
     b = rng.standard_normal(4)
-    out, col = K.conv2d_forward(x, w, b, stride, pad)
+    out = K.conv2d_forward(x, w, b, stride, pad)
     r = rng.standard_normal(out.shape)
     dw, db = np.empty_like(w), np.empty_like(b)
-    dx = K.conv2d_backward(r, col, x.shape, w, dw, db, stride, pad, True)
+    dx = K.conv2d_backward(r, x, w, dw, db, stride, pad, True)
     for arr, grad, f in [
-        (x, dx, lambda z: np.sum(r * K.conv2d_forward(z, w, b, stride, pad)[0])),
-        (w, dw, lambda z: np.sum(r * K.conv2d_forward(x, z, b, stride, pad)[0])),
-        (b, db, lambda z: np.sum(r * K.conv2d_forward(x, w, z, stride, pad)[0])),
+        (x, dx, lambda z: np.sum(r * K.conv2d_forward(z, w, b, stride, pad))),
+        (w, dw, lambda z: np.sum(r * K.conv2d_forward(x, z, b, stride, pad))),
+        (b, db, lambda z: np.sum(r * K.conv2d_forward(x, w, z, stride, pad))),
     ]:
         v = rng.standard_normal(arr.shape)
         assert_close(np.sum(grad * v), directional_fd(f, arr, v))
@@ -43,7 +43,7 @@ def test_conv2d_matches_direct_convolution():
     x = rng.standard_normal((2, 2, 6, 7))
     w = rng.standard_normal((3, 2, 3, 3))
     b = rng.standard_normal(3)
-    out, _ = K.conv2d_forward(x, w, b, 2, 1)
+    out = K.conv2d_forward(x, w, b, 2, 1)
     xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
     ref = np.zeros_like(out)
     for i in range(out.shape[2]):
@@ -53,14 +53,35 @@ def test_conv2d_matches_direct_convolution():
     np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
 
 
+def test_conv2d_chunks_agree_with_one_chunk(monkeypatch):
+    """A batch large enough to be cut into several chunks gives the same result as
+    the same samples one at a time."""
+    x = rng.standard_normal((40, 16, 12, 12)).astype(np.float32)  # 144*144*40 > COL_BUDGET
+    w = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    assert K.conv.chunk_size(40, 16 * 9, 144) < 40
+    out = K.conv2d_forward(x, w, b, 1, 1)
+    r = rng.standard_normal(out.shape).astype(np.float32)
+    dw, db = np.empty_like(w), np.empty_like(b)
+    dx = K.conv2d_backward(r, x, w, dw, db, 1, 1, True)
+    dw_ref, dx_ref = np.zeros_like(w, dtype=np.float64), []
+    for i in range(40):
+        np.testing.assert_allclose(out[i:i + 1], K.conv2d_forward(x[i:i + 1], w, b, 1, 1), rtol=1e-5, atol=1e-5)
+        dwi, dbi = np.empty_like(w), np.empty_like(b)
+        dx_ref.append(K.conv2d_backward(r[i:i + 1], x[i:i + 1], w, dwi, dbi, 1, 1, True))
+        dw_ref += dwi
+    np.testing.assert_allclose(dw, dw_ref, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(dx, np.concatenate(dx_ref), rtol=1e-5, atol=1e-5)
+
+
 def test_conv2d_backward_without_dx_still_fills_weights():
     x = rng.standard_normal((2, 1, 8, 8))
     w = rng.standard_normal((2, 1, 3, 3))
     b = np.zeros(2)
-    out, col = K.conv2d_forward(x, w, b, 1, 1)
+    out = K.conv2d_forward(x, w, b, 1, 1)
     dw1, db1, dw2, db2 = (np.empty_like(w), np.empty_like(b), np.empty_like(w), np.empty_like(b))
-    K.conv2d_backward(np.ones_like(out), col, x.shape, w, dw1, db1, 1, 1, True)
-    dx = K.conv2d_backward(np.ones_like(out), col, x.shape, w, dw2, db2, 1, 1, False)
+    K.conv2d_backward(np.ones_like(out), x, w, dw1, db1, 1, 1, True)
+    dx = K.conv2d_backward(np.ones_like(out), x, w, dw2, db2, 1, 1, False)
     assert dx.size == 0
     np.testing.assert_array_equal(dw1, dw2)
     np.testing.assert_array_equal(db1, db2)
