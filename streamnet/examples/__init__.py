@@ -1,0 +1,1 @@
+"""Example topologies for the stream engine (no neural networks involved)."""

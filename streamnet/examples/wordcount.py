@@ -1,0 +1,126 @@
+"""Word count: sentences -> split -> fields-grouped count. Every sentence is a
+tracked root, so a lost or failed tuple is replayed (at-least-once), and the
+count bolt deduplicates by (sentence id, word position), so the counts are exact.
+
+A count bolt may fail every N-th new tuple (`fail_every`) to exercise replay;
+it fails each word occurrence at most once, as a transient fault would - a
+fault that recurs on every replay of a sentence would never let it complete.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+
+from ..runtime import Bolt, Spout, TopologyBuilder
+
+WORDS = ("storm stream bolt spout tuple worker acker anchor replay shuffle fields global "
+         "zookeeper leader network gradient").split()
+
+
+def sentences(count: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) for _ in range(count)]
+
+
+def expected_counts(count: int, seed: int) -> Counter:
+    return Counter(w for s in sentences(count, seed) for w in s.split())
+
+
+class SentenceSpout(Spout):
+    outputs = ["sid", "sentence"]
+
+    def open(self, ctx, collector):
+        super().open(ctx, collector)
+        mine = sentences(self.config.get("count", 1000), self.config.get("seed", 0))
+        self.todo = list(range(ctx.task_index, len(mine), ctx.parallelism))[::-1]
+        self.sentences = mine
+        self.in_flight: set[int] = set()
+        self.replayed = 0
+
+    def next_tuple(self):
+        if self.todo:
+            i = self.todo.pop()
+            self.in_flight.add(i)
+            self.collector.emit([i, self.sentences[i]], msg_id=i)
+
+    def ack(self, msg_id):
+        self.in_flight.discard(msg_id)
+
+    def fail(self, msg_id):
+        self.replayed += 1
+        self.todo.append(msg_id)
+
+    def is_done(self):
+        return not self.todo and not self.in_flight
+
+    def close(self):
+        self.ctx.publish("replayed", self.replayed)
+
+
+class SplitBolt(Bolt):
+    outputs = ["word", "sid", "pos"]
+
+    def execute(self, tup):
+        for pos, word in enumerate(tup["sentence"].split()):
+            self.collector.emit([word, tup["sid"], pos], anchors=tup)
+        self.collector.ack(tup)
+
+
+class CountBolt(Bolt):
+    outputs = ["word", "count"]
+
+    def prepare(self, ctx, collector):
+        super().prepare(ctx, collector)
+        self.counts: Counter = Counter()
+        self.counted: set[tuple[int, int]] = set()
+        self.failed_once: set[tuple[int, int]] = set()
+        self.seen = 0
+        self.duplicates = 0
+        self.every = int(self.config.get("fail_every", 0))
+        self.delay_s = float(self.config.get("delay_s", 0.0))
+
+    async def execute(self, tup):
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        key = (tup["sid"], tup["pos"])
+        if key in self.counted:
+            self.duplicates += 1          # a replay of a word already counted
+        else:
+            self.seen += 1
+            if self.every and self.seen % self.every == 0 and key not in self.failed_once:
+                self.failed_once.add(key)
+                self.collector.fail(tup)
+                return
+            self.counts[tup["word"]] += 1
+            self.counted.add(key)
+        self.collector.ack(tup)
+
+    def snapshot(self):
+        return {"counts": dict(self.counts), "counted": sorted(self.counted)}
+
+    def restore(self, state):
+        self.counts = Counter(state["counts"])
+        self.counted = {tuple(k) for k in state["counted"]}
+
+    def close(self):
+        self.ctx.publish("counts", dict(self.counts))
+        self.ctx.publish("duplicates", self.duplicates)
+
+
+def topology(name: str = "wordcount", count: int = 1000, seed: int = 0, split: int = 2, counters: int = 3,
+             fail_every: int = 0, delay_s: float = 0.0, **config):
+    b = TopologyBuilder(name)
+    b.add_spout("sentences", "streamnet.examples.wordcount:SentenceSpout", count=count, seed=seed)
+    b.add_bolt("split", "streamnet.examples.wordcount:SplitBolt", parallelism=split).shuffle("sentences")
+    b.add_bolt("count", "streamnet.examples.wordcount:CountBolt", parallelism=counters,
+               fail_every=fail_every, delay_s=delay_s).fields("split", "word")
+    return b.build(**config)
+
+
+def merge_counts(results: dict) -> Counter:
+    total: Counter = Counter()
+    for key, value in results.items():
+        if key.startswith("count.") and key.endswith(".counts"):
+            total.update(value)
+    return total

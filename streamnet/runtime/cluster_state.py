@@ -1,0 +1,175 @@
+"""The cluster's layout in the coordinator (DESIGN.md):
+
+    <root>/<cluster>/workers/<worker-id>     ephemeral; host, port, cores, threads, load
+    <root>/<cluster>/leader                  election (ephemeral sequential candidates)
+    <root>/<cluster>/topologies/<name>       spec; children: status, done/<task>, results/<key>
+    <root>/<cluster>/assignments/<name>      versioned task -> worker map, threads per worker
+    <root>/<cluster>/checkpoints/<name>      latest checkpoint: step, path, checksum
+
+Specs, assignments and worker records are JSON (readable with zkCli); results
+use the frame codec so they may carry arrays.
+"""
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+from . import codec
+from .coordinator import Coordinator, NoNodeError, NodeExistsError
+from ..errors import StreamnetError
+
+
+class TopologyExistsError(StreamnetError):
+    pass
+
+
+class UnknownTopologyError(StreamnetError):
+    pass
+
+
+def _j(obj) -> bytes:
+    return json.dumps(obj, sort_keys=True).encode()
+
+
+def _unj(data: bytes | None):
+    return None if data is None or data == b"" else json.loads(data)
+
+
+class ClusterState:
+    def __init__(self, coord: Coordinator, cluster: str = "default", root: str = "/streamnet"):
+        if not cluster or "/" in cluster:
+            raise StreamnetError(f"cluster name must be non-empty without '/'; got {cluster!r}")
+        self.coord = coord
+        self.cluster = cluster
+        self.base = f"{root.rstrip('/')}/{cluster}"
+        for sub in ("workers", "topologies", "assignments", "checkpoints", "leader"):
+            coord.ensure(f"{self.base}/{sub}")
+
+    def path(self, *parts: str) -> str:
+        return "/".join([self.base, *parts])
+
+    # -- workers ------------------------------------------------------------------
+    def register_worker(self, worker_id: str, info: dict) -> None:
+        self.coord.create(self.path("workers", worker_id), _j(info), ephemeral=True)
+
+    def update_worker(self, worker_id: str, info: dict) -> None:
+        self.coord.set(self.path("workers", worker_id), _j(info))
+
+    def workers(self) -> dict[str, dict]:
+        out = {}
+        for w in self.coord.children(self.path("workers")):
+            try:
+                out[w] = _unj(self.coord.get(self.path("workers", w))[0])
+            except NoNodeError:
+                pass  # left between the listing and the read
+        return out
+
+    def watch_workers(self, callback: Callable[[list[str]], None]):
+        return self.coord.watch_children(self.path("workers"), callback)
+
+    # -- topologies ---------------------------------------------------------------
+    def submit_topology(self, name: str, spec: dict) -> None:
+        try:
+            self.coord.create(self.path("topologies", name), _j(spec))
+        except NodeExistsError:
+            raise TopologyExistsError(f"topology {name!r} is already submitted; kill it first") from None
+        self.coord.create(self.path("topologies", name, "status"), b"active")
+
+    def topology(self, name: str) -> dict:
+        try:
+            return _unj(self.coord.get(self.path("topologies", name))[0])
+        except NoNodeError:
+            raise UnknownTopologyError(f"unknown topology {name!r}; running: "
+                                       f"{', '.join(self.topology_names()) or 'none'}") from None
+
+    def topology_names(self) -> list[str]:
+        return self.coord.children(self.path("topologies"))
+
+    def watch_topologies(self, callback: Callable[[list[str]], None]):
+        return self.coord.watch_children(self.path("topologies"), callback)
+
+    def status(self, name: str) -> str | None:
+        try:
+            return self.coord.get(self.path("topologies", name, "status"))[0].decode()
+        except NoNodeError:
+            return None
+
+    def set_status(self, name: str, status: str) -> None:
+        self.coord.put(self.path("topologies", name, "status"), status.encode())
+
+    def watch_status(self, name: str, callback: Callable[[str | None], None]):
+        return self.coord.watch_data(self.path("topologies", name, "status"),
+                                     lambda data, _v: callback(None if data is None else data.decode()))
+
+    def remove_topology(self, name: str) -> None:
+        for p in (self.path("assignments", name), self.path("topologies", name)):
+            try:
+                self.coord.delete(p, recursive=True)
+            except NoNodeError:
+                pass
+
+    def mark_done(self, name: str, task: int) -> None:
+        try:
+            self.coord.create(self.path("topologies", name, "done", str(task)), b"")
+        except NodeExistsError:
+            pass
+
+    def done_tasks(self, name: str) -> set[int]:
+        try:
+            return {int(t) for t in self.coord.children(self.path("topologies", name, "done"))}
+        except NoNodeError:
+            return set()
+
+    def mark_stopped(self, name: str, worker: str) -> None:
+        try:
+            self.coord.create(self.path("topologies", name, "stopped", worker), b"")
+        except (NodeExistsError, NoNodeError):
+            pass
+
+    def stopped_workers(self, name: str) -> set[str]:
+        try:
+            return set(self.coord.children(self.path("topologies", name, "stopped")))
+        except NoNodeError:
+            return set()
+
+    def publish_result(self, name: str, key: str, value) -> None:
+        self.coord.put(self.path("topologies", name, "results", key), codec.encode_bytes(value))
+
+    def results(self, name: str) -> dict:
+        out = {}
+        try:
+            keys = self.coord.children(self.path("topologies", name, "results"))
+        except NoNodeError:
+            return out
+        for k in keys:
+            out[k] = codec.decode(self.coord.get(self.path("topologies", name, "results", k))[0])
+        return out
+
+    # -- assignments --------------------------------------------------------------
+    def assignment(self, name: str) -> tuple[dict | None, int]:
+        try:
+            data, version = self.coord.get(self.path("assignments", name))
+            return _unj(data), version
+        except NoNodeError:
+            return None, -1
+
+    def write_assignment(self, name: str, assignment: dict, version: int) -> int:
+        """Compare-and-set: version -1 creates; otherwise BadVersionError if someone wrote first."""
+        if version == -1:
+            self.coord.create(self.path("assignments", name), _j(assignment))
+            return 0
+        return self.coord.set(self.path("assignments", name), _j(assignment), version)
+
+    def watch_assignment(self, name: str, callback: Callable[[dict | None, int], None]):
+        return self.coord.watch_data(self.path("assignments", name),
+                                     lambda data, version: callback(_unj(data), version))
+
+    # -- checkpoints --------------------------------------------------------------
+    def put_checkpoint(self, name: str, pointer: dict) -> None:
+        self.coord.put(self.path("checkpoints", name), _j(pointer))
+
+    def checkpoint(self, name: str) -> dict | None:
+        try:
+            return _unj(self.coord.get(self.path("checkpoints", name))[0])
+        except NoNodeError:
+            return None

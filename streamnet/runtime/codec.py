@@ -1,0 +1,175 @@
+"""Frames: msgpack headers with ndarrays carried beside them as raw bytes.
+
+Wire layout of one frame:
+
+    magic "SNF1" | header length (u32, big-endian) | payload length (u64) | header | payload
+
+The header is msgpack. An ndarray inside it is an ext value (code ARRAY_EXT) that
+holds [dtype, shape, offset, nbytes] pointing into the payload, where the array's
+raw bytes lie (8-byte aligned). Sending writes the arrays' own buffers after the
+header, so a 10 MB tensor is never copied into a msgpack buffer; receiving reads
+one frame into one buffer and decodes arrays with `np.frombuffer` - no copy, and
+the arrays are read-only views of that buffer.
+
+Only whitelisted dtypes and ext codes are accepted, every length is checked
+before it is used, and any malformed input raises CodecError (never anything
+else), so a bad frame costs one connection, not the worker.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+
+from ..errors import StreamnetError
+
+MAGIC = b"SNF1"
+PREFIX = struct.Struct(">4sIQ")
+ARRAY_EXT = 1
+ALIGN = 8
+DTYPES = frozenset(np.dtype(t).str for t in (
+    "<f2", "<f4", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "|b1"))
+MAX_DIMS = 16
+
+
+class CodecError(StreamnetError):
+    """A frame or value that cannot be (de)serialised safely."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_frame: int = 256 << 20    # header + payload
+    max_header: int = 16 << 20
+    max_arrays: int = 4096
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def _pad(n: int) -> int:
+    return (-n) % ALIGN
+
+
+def encode(obj, limits: Limits = DEFAULT_LIMITS) -> list:
+    """Encode obj into a list of buffers to write in order (prefix+header first)."""
+    arrays: list[np.ndarray] = []
+    offset = 0
+
+    def default(value):
+        nonlocal offset
+        if isinstance(value, np.ndarray):
+            if value.dtype.str not in DTYPES:
+                # accept native big-endian twins by converting; refuse the rest
+                le = value.dtype.newbyteorder("<")
+                if le.str not in DTYPES:
+                    raise CodecError(f"dtype {value.dtype} is not allowed on the wire; allowed: "
+                                     + ", ".join(sorted(DTYPES)))
+                value = value.astype(le)
+            if value.ndim > MAX_DIMS:
+                raise CodecError(f"array has {value.ndim} dimensions; at most {MAX_DIMS}")
+            arr = np.ascontiguousarray(value)
+            arrays.append(arr)
+            meta = msgpack.packb([arr.dtype.str, list(arr.shape), offset, arr.nbytes])
+            offset += arr.nbytes + _pad(arr.nbytes)
+            return msgpack.ExtType(ARRAY_EXT, meta)
+        if isinstance(value, np.generic):
+            return value.item()
+        if isinstance(value, (set, frozenset)):
+            return sorted(value)
+        raise CodecError(f"cannot encode a value of type {type(value).__name__}")
+
+    try:
+        header = msgpack.packb(obj, default=default, use_bin_type=True)
+    except CodecError:
+        raise
+    except (TypeError, ValueError, OverflowError) as e:
+        raise CodecError(f"cannot encode: {e}") from None
+    if len(arrays) > limits.max_arrays:
+        raise CodecError(f"{len(arrays)} arrays in one frame; at most {limits.max_arrays}")
+    if len(header) > limits.max_header:
+        raise CodecError(f"header of {len(header)} bytes exceeds the limit of {limits.max_header}")
+    if len(header) + offset > limits.max_frame:
+        raise CodecError(f"frame of {len(header) + offset} bytes exceeds the limit of {limits.max_frame}")
+    out: list = [PREFIX.pack(MAGIC, len(header), offset) + header]
+    for arr in arrays:
+        out.append(memoryview(arr).cast("B") if arr.nbytes else b"")
+        if _pad(arr.nbytes):
+            out.append(b"\0" * _pad(arr.nbytes))
+    return out
+
+
+def encode_bytes(obj, limits: Limits = DEFAULT_LIMITS) -> bytes:
+    return b"".join(bytes(b) if isinstance(b, memoryview) else b for b in encode(obj, limits))
+
+
+def parse_prefix(prefix: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[int, int]:
+    """Validate a frame prefix; return (header length, payload length)."""
+    if len(prefix) != PREFIX.size:
+        raise CodecError(f"frame prefix must be {PREFIX.size} bytes, got {len(prefix)}")
+    magic, hlen, plen = PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise CodecError(f"bad frame magic {magic!r}")
+    if hlen > limits.max_header:
+        raise CodecError(f"header length {hlen} exceeds the limit of {limits.max_header}")
+    if hlen + plen > limits.max_frame:
+        raise CodecError(f"frame length {hlen + plen} exceeds the limit of {limits.max_frame}")
+    return hlen, plen
+
+
+def decode_body(header: bytes | memoryview, payload: bytes | memoryview, limits: Limits = DEFAULT_LIMITS):
+    """Decode a frame given its header and payload bytes."""
+    count = 0
+    plen = len(payload)
+
+    def ext_hook(code, data):
+        nonlocal count
+        if code != ARRAY_EXT:
+            raise CodecError(f"unknown ext code {code}")
+        count += 1
+        if count > limits.max_arrays:
+            raise CodecError(f"more than {limits.max_arrays} arrays in one frame")
+        try:
+            meta = msgpack.unpackb(data, max_array_len=MAX_DIMS + 4, max_str_len=16, max_bin_len=0,
+                                   max_map_len=0, max_ext_len=0)
+        except Exception as e:  # noqa: BLE001 - any malformed ext is a codec error
+            raise CodecError(f"malformed array descriptor: {e}") from None
+        if not (isinstance(meta, list) and len(meta) == 4):
+            raise CodecError("malformed array descriptor")
+        dtype, shape, offset, nbytes = meta
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise CodecError(f"dtype {dtype!r} is not allowed on the wire")
+        if (not isinstance(shape, list) or len(shape) > MAX_DIMS
+                or not all(isinstance(d, int) and 0 <= d < 2 ** 48 for d in shape)):
+            raise CodecError(f"bad array shape {shape!r}")
+        if not (isinstance(offset, int) and isinstance(nbytes, int) and 0 <= offset and 0 <= nbytes):
+            raise CodecError("bad array offset or size")
+        dt = np.dtype(dtype)
+        n = 1
+        for d in shape:
+            n *= d
+        if n * dt.itemsize != nbytes:
+            raise CodecError(f"array shape {tuple(shape)} of {dtype} needs {n * dt.itemsize} bytes, "
+                             f"descriptor says {nbytes}")
+        if offset + nbytes > plen:
+            raise CodecError(f"array bytes {offset}..{offset + nbytes} run past the payload of {plen}")
+        return np.frombuffer(payload, dt, count=n, offset=offset).reshape(shape)
+
+    try:
+        return msgpack.unpackb(header, ext_hook=ext_hook, raw=False, strict_map_key=False)
+    except CodecError:
+        raise
+    except Exception as e:  # noqa: BLE001 - msgpack raises many types on garbage
+        raise CodecError(f"malformed frame header: {type(e).__name__}: {e}") from None
+
+
+def decode(frame: bytes | memoryview, limits: Limits = DEFAULT_LIMITS):
+    """Decode one whole frame (prefix included)."""
+    view = memoryview(frame)
+    if len(view) < PREFIX.size:
+        raise CodecError(f"frame of {len(view)} bytes is shorter than its prefix")
+    hlen, plen = parse_prefix(bytes(view[:PREFIX.size]), limits)
+    if len(view) != PREFIX.size + hlen + plen:
+        raise CodecError(f"frame is {len(view)} bytes, prefix says {PREFIX.size + hlen + plen}")
+    return decode_body(view[PREFIX.size:PREFIX.size + hlen], view[PREFIX.size + hlen:], limits)

@@ -1,0 +1,144 @@
+"""What users subclass: Spout and Bolt, and what they are handed: Context, Tuple,
+collectors.
+
+A constructor stores plain parameters only (the component's `config` from the
+topology); sockets, models and files are made in `open` / `prepare`, which run
+on the worker. `execute` may be a coroutine: CPU-heavy work goes through
+`await ctx.compute(fn, *args)`, which runs on the worker's compute threads and
+keeps the event loop free for I/O.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Awaitable, Callable
+
+
+class Component:
+    #: output fields per stream: ["a", "b"] for the default stream, or {"stream": [...]}
+    outputs: list[str] | dict[str, list[str]] = []
+
+    def __init__(self, **config):
+        self.config = config
+
+    def snapshot(self):
+        """Plain data from which `restore` rebuilds this component's state (None: stateless)."""
+        return None
+
+    def restore(self, state) -> None:
+        pass
+
+
+class Spout(Component):
+    def open(self, ctx: "Context", collector: "SpoutCollector") -> None:
+        self.ctx, self.collector = ctx, collector
+
+    def next_tuple(self) -> None:
+        """Emit zero or more tuples. Called again as long as max_spout_pending allows."""
+
+    def ack(self, msg_id) -> None:
+        """The tuple tree of msg_id was fully processed."""
+
+    def fail(self, msg_id) -> None:
+        """The tuple tree of msg_id failed or timed out: replay it if it matters."""
+
+    def is_done(self) -> bool:
+        """A finite spout returns True once it will emit nothing more."""
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+class Bolt(Component):
+    #: ack each input after execute() returns (unless execute acked or failed it),
+    #: and anchor every emit to the input - Storm's BasicBolt
+    auto_ack: bool = False
+
+    def prepare(self, ctx: "Context", collector: "BoltCollector") -> None:
+        self.ctx, self.collector = ctx, collector
+
+    def execute(self, tup: "Tuple") -> None | Awaitable[None]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class BasicBolt(Bolt):
+    auto_ack = True
+
+
+class Tuple:
+    __slots__ = ("values", "fields", "stream", "source", "source_task", "anchors", "acc", "done")
+
+    def __init__(self, values: list, fields: list[str], stream: str, source: str, source_task: int,
+                 anchors: dict[int, int]):
+        self.values, self.fields, self.stream = values, fields, stream
+        self.source, self.source_task, self.anchors = source, source_task, anchors
+        self.acc: dict[int, int] = {}   # per root: XOR of edges emitted anchored to this tuple
+        self.done = False               # acked or failed
+
+    def __getitem__(self, key: str | int) -> Any:
+        if isinstance(key, int):
+            return self.values[key]
+        try:
+            return self.values[self.fields.index(key)]
+        except ValueError:
+            raise KeyError(f"tuple from {self.source!r} has no field {key!r}; fields: {self.fields}") from None
+
+    def as_dict(self) -> dict:
+        return dict(zip(self.fields, self.values))
+
+    def __repr__(self) -> str:
+        return f"Tuple({self.source}:{self.stream} {self.values!r})"
+
+
+class Context:
+    """What a task knows about where it runs."""
+
+    def __init__(self, *, topology: str, component: str, task: int, task_index: int, parallelism: int,
+                 worker: str, config: dict, component_config: dict, component_tasks: Callable[[str], range],
+                 compute: Callable[..., Awaitable], publish: Callable[[str, Any], None]):
+        self.topology, self.component, self.task = topology, component, task
+        self.task_index, self.parallelism, self.worker = task_index, parallelism, worker
+        self.config, self.component_config = config, component_config
+        self._component_tasks, self._compute, self._publish = component_tasks, compute, publish
+        self.log = logging.getLogger(f"streamnet.task.{component}.{task_index}")
+
+    def component_tasks(self, component: str) -> list[int]:
+        """Task ids of a component (for direct grouping)."""
+        return list(self._component_tasks(component))
+
+    def compute(self, fn: Callable, *args) -> Awaitable:
+        """Run fn(*args) on the worker's compute threads; await the result."""
+        return self._compute(fn, *args)
+
+    def publish(self, key: str, value) -> None:
+        """Store a (small) result under the topology's results, readable by clients."""
+        self._publish(f"{self.component}.{self.task_index}.{key}", value)
+
+
+class SpoutCollector:
+    def __init__(self, executor):
+        self._x = executor
+
+    def emit(self, values: list, stream: str = "default", msg_id=None, direct_task: int | None = None) -> list[int]:
+        """Emit a tuple; with msg_id it is tracked, and ack/fail(msg_id) will be called."""
+        return self._x.emit(list(values), stream, msg_id, direct_task)
+
+
+class BoltCollector:
+    def __init__(self, executor):
+        self._x = executor
+
+    def emit(self, values: list, stream: str = "default", anchors: "Tuple | list[Tuple] | None" = None,
+             direct_task: int | None = None) -> list[int]:
+        if isinstance(anchors, Tuple):
+            anchors = [anchors]
+        return self._x.emit(list(values), stream, anchors, direct_task)
+
+    def ack(self, tup: Tuple) -> None:
+        self._x.ack(tup)
+
+    def fail(self, tup: Tuple) -> None:
+        self._x.fail(tup)

@@ -1,0 +1,273 @@
+"""Task executors: the loop around one spout or bolt instance.
+
+A component's calls (next_tuple, execute) are synchronous from the engine's
+point of view: what they emit is buffered, and delivered - with backpressure -
+before the next call. So memory stays bounded by the queues, and a component
+never sees its own emits interleaved with its next input.
+
+Reliability is Storm's: a spout emit with a msg_id starts a tuple tree with a
+random root id (the spout's task id in the top 16 bits); every edge of the tree
+has a random 64-bit id; acking a tuple XORs its edge with the edges of the
+tuples anchored to it into the root's ledger, held by the spout's own executor.
+The ledger reaches zero exactly when every tuple of the tree was acked.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from .component import Bolt, BoltCollector, Context, Spout, SpoutCollector, Tuple
+
+log = logging.getLogger(__name__)
+STOP = object()
+ROOT_BITS = 48
+
+
+def root_task(root: int) -> int:
+    return root >> ROOT_BITS
+
+
+@dataclass
+class TaskMetrics:
+    executed: int = 0
+    emitted: int = 0
+    acked: int = 0
+    failed: int = 0
+    replay_failed: int = 0     # spouts: roots failed (explicitly or by timeout)
+    timed_out: int = 0
+    errors: int = 0
+    exec_s: float = 0.0
+    latency_ms_ewma: float = 0.0
+    _lat: deque = field(default_factory=lambda: deque(maxlen=256), repr=False)
+
+    def observe(self, seconds: float) -> None:
+        self.executed += 1
+        self.exec_s += seconds
+        ms = seconds * 1e3
+        self.latency_ms_ewma = ms if self.executed == 1 else 0.95 * self.latency_ms_ewma + 0.05 * ms
+        self._lat.append(ms)
+
+    def as_dict(self) -> dict:
+        lat = sorted(self._lat)
+        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else 0.0
+        return {"executed": self.executed, "emitted": self.emitted, "acked": self.acked, "failed": self.failed,
+                "timed_out": self.timed_out, "errors": self.errors, "execute_ms_avg": round(self.latency_ms_ewma, 4),
+                "execute_ms_p99": round(p99, 4), "execute_s_total": round(self.exec_s, 4)}
+
+
+class Executor:
+    kind = ""
+
+    def __init__(self, runtime, task: int, component: dict, instance, ctx: Context):
+        self.rt, self.task, self.spec, self.instance, self.ctx = runtime, task, component, instance, ctx
+        self.cid = component["id"]
+        self.metrics = TaskMetrics()
+        self.out: list = []            # buffered (target task, message) until flushed
+        self.rng = random.Random(f"{runtime.name}:{task}:{time.time_ns()}")
+        self._task: asyncio.Task | None = None
+        self.stopping = False
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._guarded(), name=f"{self.cid}-{self.task}")
+
+    async def _guarded(self) -> None:
+        try:
+            await self.run()
+        except asyncio.CancelledError:
+            pass
+        except Exception:  # noqa: BLE001 - a task's crash is logged, the worker lives on
+            log.exception("task %s[%d] of %s crashed", self.cid, self.task, self.rt.name)
+
+    async def run(self) -> None:
+        raise NotImplementedError
+
+    async def flush(self) -> None:
+        out, self.out = self.out, []
+        for target, msg in out:
+            await self.rt.deliver(target, msg)
+
+    def _new_edge(self) -> int:
+        return self.rng.getrandbits(64) or 1
+
+
+class SpoutExecutor(Executor):
+    kind = "spout"
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.pending: dict[int, list] = {}   # root -> [xor ledger, deadline, msg_id]
+        self.callbacks: deque = deque()      # ("ack"|"fail", msg_id) to hand to the spout
+        self.wake = asyncio.Event()
+        self.max_pending = int(self.rt.topology.config["max_spout_pending"])
+        self.timeout_s = float(self.rt.topology.config["message_timeout_s"])
+        self.done_reported = False
+        self.active = True
+
+    # -- emit -----------------------------------------------------------------------
+    def emit(self, values, stream, msg_id, direct_task):
+        targets = self.rt.route(self.cid, stream, values, direct_task)
+        self.metrics.emitted += 1
+        if msg_id is None:
+            for t in targets:
+                self.out.append((t, ["t", self.rt.name, t, stream, self.task, values, []]))
+            return targets
+        root = (self.task << ROOT_BITS) | self.rng.getrandbits(ROOT_BITS)
+        ledger = 0
+        for t in targets:
+            edge = self._new_edge()
+            ledger ^= edge
+            self.out.append((t, ["t", self.rt.name, t, stream, self.task, values, [[root, edge]]]))
+        if targets:
+            self.pending[root] = [ledger, time.monotonic() + self.timeout_s, msg_id]
+        else:
+            self.callbacks.append(("ack", msg_id))  # nobody subscribes: the tree is complete
+        return targets
+
+    # -- acker ----------------------------------------------------------------------
+    def on_ack(self, root: int, xor: int) -> None:
+        entry = self.pending.get(root)
+        if entry is None:
+            return  # already timed out or failed
+        entry[0] ^= xor
+        if entry[0] == 0:
+            del self.pending[root]
+            self.callbacks.append(("ack", entry[2]))
+            self.wake.set()
+
+    def on_fail(self, root: int) -> None:
+        entry = self.pending.pop(root, None)
+        if entry is not None:
+            self.callbacks.append(("fail", entry[2]))
+            self.wake.set()
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        expired = [r for r, e in self.pending.items() if e[1] <= now]
+        for r in expired:
+            msg_id = self.pending.pop(r)[2]
+            self.metrics.timed_out += 1
+            self.callbacks.append(("fail", msg_id))
+
+    def _run_callbacks(self) -> None:
+        spout: Spout = self.instance
+        while self.callbacks:
+            kind, msg_id = self.callbacks.popleft()
+            if kind == "ack":
+                self.metrics.acked += 1
+                spout.ack(msg_id)
+            else:
+                self.metrics.failed += 1
+                spout.fail(msg_id)
+
+    async def run(self) -> None:
+        spout: Spout = self.instance
+        spout.open(self.ctx, SpoutCollector(self))
+        idle = 0.001
+        next_expiry_check = time.monotonic() + 0.1
+        try:
+            while not self.stopping:
+                if time.monotonic() >= next_expiry_check:
+                    self._expire()
+                    next_expiry_check = time.monotonic() + min(0.1, self.timeout_s / 4)
+                self._run_callbacks()
+                emitted = False
+                if self.active and len(self.pending) < self.max_pending and not spout.is_done():
+                    before = self.metrics.emitted
+                    t0 = time.perf_counter()
+                    spout.next_tuple()
+                    emitted = self.metrics.emitted > before
+                    if emitted:
+                        self.metrics.observe(time.perf_counter() - t0)
+                await self.flush()
+                if emitted:
+                    idle = 0.001
+                    continue
+                if spout.is_done() and not self.pending and not self.callbacks and not self.done_reported:
+                    self.done_reported = True
+                    self.rt.task_done(self.task)
+                self.wake.clear()
+                try:
+                    await asyncio.wait_for(self.wake.wait(), idle)
+                except asyncio.TimeoutError:
+                    idle = min(idle * 2, 0.05)
+        finally:
+            spout.close()
+
+
+class BoltExecutor(Executor):
+    kind = "bolt"
+
+    def __init__(self, *a, queue_size: int, **k):
+        super().__init__(*a, **k)
+        self.inbound: asyncio.Queue = asyncio.Queue(queue_size)
+        self.auto_ack = bool(getattr(self.instance, "auto_ack", False))
+        self._current: Tuple | None = None
+
+    def emit(self, values, stream, anchors, direct_task):
+        targets = self.rt.route(self.cid, stream, values, direct_task)
+        self.metrics.emitted += 1
+        if anchors is None and self.auto_ack and self._current is not None:
+            anchors = [self._current]
+        roots: set[int] = set()
+        for a in anchors or ():
+            roots.update(a.anchors)
+        for t in targets:
+            if roots:
+                edge = self._new_edge()
+                for a in anchors:
+                    for r in a.anchors:
+                        a.acc[r] = a.acc.get(r, 0) ^ edge
+                anchor_list = [[r, edge] for r in roots]
+            else:
+                anchor_list = []
+            self.out.append((t, ["t", self.rt.name, t, stream, self.task, values, anchor_list]))
+        return targets
+
+    def ack(self, tup: Tuple) -> None:
+        if tup.done:
+            return
+        tup.done = True
+        self.metrics.acked += 1
+        for root, edge in tup.anchors.items():
+            task = root_task(root)
+            self.out.append((task, ["a", self.rt.name, task, root, edge ^ tup.acc.get(root, 0)]))
+
+    def fail(self, tup: Tuple) -> None:
+        if tup.done:
+            return
+        tup.done = True
+        self.metrics.failed += 1
+        for root in tup.anchors:
+            task = root_task(root)
+            self.out.append((task, ["f", self.rt.name, task, root]))
+
+    async def run(self) -> None:
+        bolt: Bolt = self.instance
+        bolt.prepare(self.ctx, BoltCollector(self))
+        try:
+            while True:
+                tup = await self.inbound.get()
+                if tup is STOP:
+                    return
+                self._current = tup
+                t0 = time.perf_counter()
+                try:
+                    r = bolt.execute(tup)
+                    if inspect.isawaitable(r):
+                        await r
+                    if self.auto_ack:
+                        self.ack(tup)
+                except Exception:  # noqa: BLE001 - user code: fail the tuple, keep going
+                    self.metrics.errors += 1
+                    log.exception("bolt %s[%d] failed on %r", self.cid, self.task, tup)
+                    self.fail(tup)
+                self._current = None
+                self.metrics.observe(time.perf_counter() - t0)
+                await self.flush()
+        finally:
+            bolt.close()

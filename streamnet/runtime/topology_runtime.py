@@ -1,0 +1,139 @@
+"""One topology's share of one worker: its tasks, its routing, its assignment.
+
+The worker hands each assignment version here; the runtime converges to it -
+starting tasks that became its own, stopping those that moved away - and
+rebuilds the routing tables, which depend on which tasks are local.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+
+from .component import Context
+from .executor import STOP, BoltExecutor, SpoutExecutor
+from .grouping import make_chooser
+from .topology import Topology, TopologyError, declared_outputs, resolve
+
+log = logging.getLogger(__name__)
+
+
+class TopologyRuntime:
+    def __init__(self, worker, name: str, spec: dict):
+        self.worker, self.name = worker, name
+        self.topology = Topology.from_dict(spec)
+        self.classes = {c["id"]: resolve(c["class"]) for c in self.topology.components}
+        self.fields = {cid: declared_outputs(cls) for cid, cls in self.classes.items()}
+        self.task_cid = {t: c["id"] for c in self.topology.components for t in self.topology.tasks(c["id"])}
+        self.task_worker: dict[int, str] = {}
+        self.addresses: dict[str, str] = {}
+        self.executors: dict = {}
+        self.choosers: dict[tuple[str, str], list] = {}
+        self.version = -1
+        self.dropped = 0
+        self.lock = asyncio.Lock()
+
+    # -- assignment -------------------------------------------------------------------
+    async def apply(self, assignment: dict, version: int) -> None:
+        async with self.lock:
+            if version <= self.version:
+                return
+            self.version = version
+            self.task_worker = {int(t): w for t, w in assignment["tasks"].items()}
+            self.addresses = dict(assignment["workers"])
+            mine = {t for t, w in self.task_worker.items() if w == self.worker.id}
+            self._build_routes(mine)
+            for t in sorted(set(self.executors) - mine):
+                log.info("%s: task %d moved away; stopping it here", self.name, t)
+                await self._stop_executor(self.executors.pop(t))
+            for t in sorted(mine - set(self.executors)):
+                self.executors[t] = self._make_executor(t)
+            for t in sorted(mine):
+                ex = self.executors[t]
+                if ex._task is None:
+                    ex.start()
+
+    def _build_routes(self, local: set[int]) -> None:
+        routes: dict[tuple[str, str], list] = {}
+        for c in self.topology.components:
+            for stream, fields in self.fields[c["id"]].items():
+                choosers = []
+                for bolt, grouping in self.topology.subscribers(c["id"], stream):
+                    seed = zlib.crc32(f"{self.name}/{self.worker.id}/{c['id']}/{stream}/{bolt['id']}".encode())
+                    choosers.append(make_chooser(grouping, list(self.topology.tasks(bolt["id"])), fields,
+                                                 local, seed))
+                routes[(c["id"], stream)] = choosers
+        self.choosers = routes
+
+    def _make_executor(self, task: int):
+        c = self.topology.task_component(task)
+        r = self.topology.tasks(c["id"])
+        instance = self.classes[c["id"]](**c["config"])
+        ctx = Context(topology=self.name, component=c["id"], task=task, task_index=task - r.start,
+                      parallelism=c["parallelism"], worker=self.worker.id, config=self.topology.config,
+                      component_config=c["config"], component_tasks=self.topology.tasks,
+                      compute=self.worker.compute, publish=lambda k, v: self.worker.publish(self.name, k, v))
+        if c["kind"] == "spout":
+            return SpoutExecutor(self, task, c, instance, ctx)
+        return BoltExecutor(self, task, c, instance, ctx, queue_size=int(self.topology.config["queue_size"]))
+
+    async def _stop_executor(self, ex, timeout: float = 10.0) -> None:
+        if ex._task is None:
+            return
+        ex.stopping = True
+        if isinstance(ex, BoltExecutor):
+            await ex.inbound.put(STOP)
+        else:
+            ex.wake.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(ex._task), timeout)
+        except asyncio.TimeoutError:
+            log.warning("%s: task %d did not stop within %.0f s; cancelling", self.name, ex.task, timeout)
+            ex._task.cancel()
+
+    async def stop(self, drain_s: float = 5.0) -> None:
+        """Stop spouts, let bolt queues drain (up to drain_s), then stop bolts."""
+        async with self.lock:
+            spouts = [e for e in self.executors.values() if isinstance(e, SpoutExecutor)]
+            bolts = [e for e in self.executors.values() if isinstance(e, BoltExecutor)]
+            for e in spouts:
+                await self._stop_executor(e)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + drain_s
+            while any(not e.inbound.empty() for e in bolts) and loop.time() < deadline:
+                await asyncio.sleep(0.01)
+            for e in bolts:
+                await self._stop_executor(e)
+            self.executors.clear()
+
+    # -- routing ----------------------------------------------------------------------
+    def route(self, cid: str, stream: str, values: list, direct: int | None) -> list[int]:
+        choosers = self.choosers.get((cid, stream))
+        if choosers is None:
+            raise TopologyError(f"{cid!r} emitted on stream {stream!r}, which it does not declare; "
+                                f"declared: {', '.join(self.fields[cid]) or 'none'}")
+        declared = self.fields[cid][stream]
+        if len(values) != len(declared):
+            raise TopologyError(f"{cid!r} emitted {len(values)} values on {stream!r}, which declares "
+                                f"fields {declared}")
+        out: list[int] = []
+        for choose in choosers:
+            out += choose(values, direct)
+        return out
+
+    def task_done(self, task: int) -> None:
+        self.worker.mark_done(self.name, task)
+
+    async def deliver(self, target: int, msg: list) -> None:
+        await self.worker.deliver(self, target, msg)
+
+    def status(self) -> dict:
+        tasks = {}
+        for t, ex in sorted(self.executors.items()):
+            m = {"component": ex.cid, "kind": ex.kind, **ex.metrics.as_dict()}
+            if isinstance(ex, BoltExecutor):
+                m["queue"], m["queue_max"] = ex.inbound.qsize(), ex.inbound.maxsize
+            else:
+                m["pending"], m["pending_max"] = len(ex.pending), ex.max_pending
+            tasks[t] = m
+        return {"assignment_version": self.version, "tasks": tasks, "dropped": self.dropped}

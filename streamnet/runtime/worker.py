@@ -1,0 +1,227 @@
+"""The worker: one asyncio process per node (or one thread per worker in the
+embedded local cluster).
+
+The event loop does I/O and scheduling; compute runs on a resizable thread pool.
+An aiohttp server takes tuple streams, `/status` (JSON) and `/metrics`
+(Prometheus). The worker registers itself in the coordinator, watches the
+topologies and its assignments, and converges to them.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+import aiohttp
+from aiohttp import web
+
+from . import codec
+from .cluster_state import ClusterState
+from .component import Tuple
+from .compute import ComputePool
+from .executor import BoltExecutor, SpoutExecutor
+from .metrics import prometheus
+from .topology_runtime import TopologyRuntime
+from .transport import Auth, PeerLink, StreamServer
+
+log = logging.getLogger(__name__)
+
+READ_BUFSIZE = 4 << 20  # measured: large frames move fastest with a 4 MiB read buffer
+
+
+def _check_message(msg) -> None:
+    """Types of an inbound message, checked before anything uses them."""
+    ok = isinstance(msg, list) and len(msg) >= 4 and isinstance(msg[1], str) and isinstance(msg[2], int)
+    if ok and msg[0] == "t":
+        ok = (len(msg) == 7 and isinstance(msg[3], str) and isinstance(msg[4], int) and isinstance(msg[5], list)
+              and isinstance(msg[6], list)
+              and all(isinstance(a, list) and len(a) == 2 and all(isinstance(x, int) for x in a) for a in msg[6]))
+    elif ok and msg[0] == "a":
+        ok = len(msg) == 5 and isinstance(msg[3], int) and isinstance(msg[4], int)
+    elif ok and msg[0] == "f":
+        ok = len(msg) == 4 and isinstance(msg[3], int)
+    else:
+        ok = False
+    if not ok:
+        raise codec.CodecError(f"malformed message {str(msg)[:80]}")
+
+
+class Worker:
+    def __init__(self, *, worker_id: str, state: ClusterState, secret: bytes, host: str = "127.0.0.1",
+                 port: int = 0, threads: int = 2, advertise_host: str | None = None,
+                 limits: codec.Limits = codec.DEFAULT_LIMITS):
+        self.id, self.state, self.host, self.port = worker_id, state, host, port
+        self.advertise_host = advertise_host or host
+        self.threads, self.limits = threads, limits
+        self.auth = Auth(secret, worker_id)
+        self.runtimes: dict[str, TopologyRuntime] = {}
+        self.links: dict[str, PeerLink] = {}
+        self.dropped = 0
+        self.started = asyncio.Event()
+        self._unwatch: list = []
+        self._watched: set[str] = set()
+        self._closing = False
+
+    # -- lifecycle --------------------------------------------------------------------
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.pool = ComputePool(self.threads, name=f"{self.id}-compute")
+        self.stream_server = StreamServer(self.auth, self._dispatch, self.limits)
+        app = web.Application(client_max_size=self.limits.max_frame + 1024)
+        app.add_routes(self.stream_server.routes() + [web.get("/status", self._status_handler),
+                                                      web.get("/metrics", self._metrics_handler)])
+        self._runner = web.AppRunner(app, read_bufsize=READ_BUFSIZE, access_log=None,
+                                     shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+        self.session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, connect=5, sock_connect=5),
+            connector=aiohttp.TCPConnector(limit=0, force_close=True))
+        await asyncio.to_thread(self.state.register_worker, self.id, self.info())
+        self._unwatch.append(self.state.watch_topologies(self._threadsafe(self._on_topologies)))
+        self.started.set()
+        log.info("worker %s serving on %s:%d with %d compute threads", self.id, self.host, self.port, self.threads)
+
+    def info(self) -> dict:
+        return {"host": self.advertise_host, "port": self.port, "threads": self.pool.size,
+                "cores": os.cpu_count(), "pid": os.getpid(), "started": time.time()}
+
+    def _threadsafe(self, fn):
+        """Coordinator callbacks arrive on its thread; run them on our loop."""
+        def cb(*args):
+            if not self._closing:
+                self.loop.call_soon_threadsafe(fn, *args)
+        return cb
+
+    async def stop(self, drain_s: float = 5.0) -> None:
+        """Stop spouts, drain bolts, close connections, deregister."""
+        if self._closing:
+            return
+        self._closing = True
+        for cancel in self._unwatch:
+            cancel()
+        for rt in list(self.runtimes.values()):
+            await rt.stop(drain_s)
+        await asyncio.gather(*(l.close() for l in self.links.values()))
+        await self.session.close()
+        await self._runner.cleanup()
+        self.pool.shutdown()
+        log.info("worker %s stopped", self.id)
+
+    # -- coordinator events ----------------------------------------------------------
+    def _on_topologies(self, names: list[str]) -> None:
+        for name in names:
+            if name not in self._watched:
+                self._watched.add(name)
+                self._unwatch.append(self.state.watch_assignment(
+                    name, self._threadsafe(lambda a, v, n=name: self._spawn(self._on_assignment(n, a, v)))))
+                self._unwatch.append(self.state.watch_status(
+                    name, self._threadsafe(lambda s, n=name: self._spawn(self._on_status(n, s)))))
+        for name in list(self.runtimes):
+            if name not in names:
+                self._spawn(self._drop_runtime(name))
+
+    def _spawn(self, coro) -> None:
+        task = self.loop.create_task(coro)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception() is None or
+                               log.error("worker %s: %s", self.id, t.exception(), exc_info=t.exception()))
+
+    async def _on_assignment(self, name: str, assignment: dict | None, version: int) -> None:
+        if assignment is None or self._closing:
+            return
+        rt = self.runtimes.get(name)
+        if rt is None:
+            if self.state.status(name) != "active":
+                return
+            spec = await asyncio.to_thread(self.state.topology, name)
+            rt = self.runtimes[name] = TopologyRuntime(self, name, spec)
+        await rt.apply(assignment, version)
+
+    async def _on_status(self, name: str, status: str | None) -> None:
+        if status in ("killed", None):
+            await self._drop_runtime(name)
+            if status == "killed":
+                await asyncio.to_thread(self.state.mark_stopped, name, self.id)
+
+    async def _drop_runtime(self, name: str) -> None:
+        rt = self.runtimes.pop(name, None)
+        if rt is not None:
+            await rt.stop()
+
+    # -- services for tasks ------------------------------------------------------------
+    def compute(self, fn, *args):
+        return asyncio.wrap_future(self.pool.submit(fn, *args))
+
+    def publish(self, topology: str, key: str, value) -> None:
+        self.state.publish_result(topology, key, value)
+
+    def mark_done(self, topology: str, task: int) -> None:
+        self._spawn(asyncio.to_thread(self.state.mark_done, topology, task))
+
+    # -- message delivery --------------------------------------------------------------
+    def link(self, peer: str, url: str) -> PeerLink:
+        link = self.links.get(peer)
+        if link is None or link.url != url.rstrip("/"):
+            if link is not None:
+                self._spawn(link.close(0.0))
+            link = self.links[peer] = PeerLink(sender=self.id, peer=peer, url=url, auth=self.auth,
+                                               session=self.session, limits=self.limits)
+            link.start()
+        return link
+
+    async def deliver(self, rt: TopologyRuntime, target: int, msg: list) -> None:
+        ex = rt.executors.get(target)
+        if ex is not None:
+            await self._deliver_local(rt, ex, msg)
+            return
+        peer = rt.task_worker.get(target)
+        if peer is None or peer == self.id or peer not in rt.addresses:
+            rt.dropped += 1  # assignment in flux: replay will resend
+            return
+        await self.link(peer, rt.addresses[peer]).send(msg)
+
+    async def _deliver_local(self, rt: TopologyRuntime, ex, msg: list) -> None:
+        kind = msg[0]
+        if kind == "t" and isinstance(ex, BoltExecutor):
+            src = rt.task_cid.get(msg[4])
+            fields = rt.fields.get(src, {}).get(msg[3])
+            if fields is None:
+                rt.dropped += 1
+                return
+            await ex.inbound.put(Tuple(msg[5], fields, msg[3], src, msg[4], {r: e for r, e in msg[6]}))
+        elif kind == "a" and isinstance(ex, SpoutExecutor):
+            ex.on_ack(msg[3], msg[4])
+        elif kind == "f" and isinstance(ex, SpoutExecutor):
+            ex.on_fail(msg[3])
+        else:
+            rt.dropped += 1
+
+    async def _dispatch(self, msg) -> None:
+        _check_message(msg)
+        rt = self.runtimes.get(msg[1])
+        ex = rt.executors.get(msg[2]) if rt else None
+        if ex is None:
+            self.dropped += 1  # not ours (any more): the sender's view is stale
+            return
+        await self._deliver_local(rt, ex, msg)
+
+    # -- status ------------------------------------------------------------------------
+    def status(self) -> dict:
+        s = self.stream_server
+        return {
+            "worker": self.id, "host": self.advertise_host, "port": self.port, "pid": os.getpid(),
+            "threads": self.pool.size, "busy_fraction": round(self.pool.busy_fraction(), 4),
+            "topologies": {n: rt.status() for n, rt in self.runtimes.items()},
+            "links": {p: l.status() for p, l in self.links.items()},
+            "transport": {"rejected": s.rejected, "frames_in": s.frames_in, "bytes_in": s.bytes_in,
+                          "open_streams": s.open_streams, "dropped": self.dropped},
+        }
+
+    async def _status_handler(self, request: web.Request) -> web.Response:
+        return web.json_response(self.status())
+
+    async def _metrics_handler(self, request: web.Request) -> web.Response:
+        return web.Response(text=prometheus(self.status()), content_type="text/plain")
