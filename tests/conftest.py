@@ -1,5 +1,40 @@
 import os
+import threading
+import time
+
+import pytest
 
 # keep numba's compiled kernels inside the checkout so a CI run compiles once
 os.environ.setdefault("NUMBA_CACHE_DIR",
                       os.path.join(os.path.dirname(os.path.dirname(__file__)), ".numba-cache"))
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def _fds() -> set[str]:
+    try:
+        return set(os.listdir("/proc/self/fd"))
+    except FileNotFoundError:
+        return set()
+
+
+@pytest.fixture
+def no_leaks():
+    """Fail the test if it leaves threads or file descriptors (sockets, ports,
+    files) behind. Waits on the condition with a deadline: shutdown is async."""
+    threads_before = {t.ident for t in threading.enumerate()}
+    fds_before = _fds()
+    yield
+    deadline = time.monotonic() + 10
+    while True:
+        extra_threads = [t for t in threading.enumerate() if t.ident not in threads_before and t.is_alive()]
+        extra_fds = _fds() - fds_before
+        # an fd number may be reused by an unrelated file; only count sockets and pipes as leaks
+        extra_fds = {fd for fd in extra_fds
+                     if os.path.exists(f"/proc/self/fd/{fd}") and
+                     os.readlink(f"/proc/self/fd/{fd}").startswith(("socket:", "pipe:", "anon_inode:"))}
+        if not extra_threads and not extra_fds:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"leaked threads {[t.name for t in extra_threads]}, fds "
+                        f"{[os.readlink(f'/proc/self/fd/{fd}') for fd in extra_fds if os.path.exists(f'/proc/self/fd/{fd}')]}")
+        time.sleep(0.05)

@@ -36,6 +36,25 @@ def cmd_train(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run_example(a: argparse.Namespace) -> int:
+    import time
+
+    from ..examples.registry import EXAMPLES
+    from ..runtime import LocalCluster
+    if a.name not in EXAMPLES:
+        print(f"streamnet-submit: error: unknown example {a.name!r}; known: {', '.join(EXAMPLES)}", file=sys.stderr)
+        return 2
+    options = dict(kv.split("=", 1) for kv in a.set)
+    topo, check = EXAMPLES[a.name](**{k: int(v) if v.lstrip("-").isdigit() else v for k, v in options.items()})
+    print(topo.describe(), file=sys.stderr)
+    with LocalCluster(workers=a.workers, threads=a.threads) as cluster:
+        t0 = time.perf_counter()
+        results = cluster.run(topo, timeout=a.timeout)
+        ok, text = check(results)
+    print(f"{a.name}: {'OK' if ok else 'WRONG'}: {text} ({time.perf_counter() - t0:.2f} s on {a.workers} workers)")
+    return 0 if ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="streamnet-submit", description=__doc__)
     p.add_argument("--log-level", default="WARNING")
@@ -46,6 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train on this machine (the default; cluster training uses `submit`)")
     t.add_argument("--summary", metavar="FILE", help="write a JSON run summary")
     t.set_defaults(func=cmd_train)
+    e = sub.add_parser("run-example", help="run an example topology (wordcount, tensor_pipe) and check it")
+    e.add_argument("name")
+    e.add_argument("--local", action="store_true", default=True, help="on an embedded local cluster (default)")
+    e.add_argument("--workers", type=int, default=2)
+    e.add_argument("--threads", type=int, default=2, help="compute threads per worker")
+    e.add_argument("--timeout", type=float, default=300.0, help="seconds before giving up")
+    e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="example option, e.g. count=5000 or fail_every=7")
+    e.set_defaults(func=cmd_run_example)
     return p
 
 

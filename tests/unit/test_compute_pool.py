@@ -1,0 +1,41 @@
+import threading
+
+from streamnet.runtime.compute import ComputePool
+from streamnet.runtime.local import wait_for
+
+
+def test_pool_runs_jobs_and_resizes():
+    pool = ComputePool(2, name="t-pool")
+    try:
+        assert pool.submit(lambda a, b: a + b, 2, 3).result(5) == 5
+        gate = threading.Event()
+        running = []
+
+        def job():
+            running.append(threading.current_thread().name)
+            gate.wait(5)
+        pool.resize(4)
+        futs = [pool.submit(job) for _ in range(4)]
+        wait_for(lambda: len(running) == 4, 5, "four jobs running at once")
+        gate.set()
+        [f.result(5) for f in futs]
+        pool.resize(1)
+        wait_for(lambda: sum(t.name.startswith("t-pool") for t in threading.enumerate()) == 1, 5,
+                 "the pool to shrink to one thread")
+        assert pool.busy_fraction() > 0
+    finally:
+        pool.shutdown()
+    assert not any(t.name.startswith("t-pool") and t.is_alive() for t in threading.enumerate())
+
+
+def test_exceptions_reach_the_caller():
+    pool = ComputePool(1)
+    try:
+        fut = pool.submit(lambda: 1 / 0)
+        try:
+            fut.result(5)
+            raise AssertionError("expected ZeroDivisionError")
+        except ZeroDivisionError:
+            pass
+    finally:
+        pool.shutdown()

@@ -1,0 +1,88 @@
+import json
+
+import msgpack
+import pytest
+
+from streamnet.examples import wordcount
+from streamnet.runtime import TopologyBuilder, TopologyError
+from streamnet.runtime.topology import Topology
+
+SPOUT = "streamnet.examples.wordcount:SentenceSpout"
+SPLIT = "streamnet.examples.wordcount:SplitBolt"
+COUNT = "streamnet.examples.wordcount:CountBolt"
+
+
+def test_round_trips_through_json_and_msgpack():
+    t = wordcount.topology(count=10)
+    for data in (json.loads(json.dumps(t.to_dict())), msgpack.unpackb(msgpack.packb(t.to_dict()))):
+        u = Topology.from_dict(data, check_classes=True)
+        assert u.to_dict() == t.to_dict()
+        assert u.describe() == t.describe()
+
+
+def test_task_numbering_and_describe():
+    t = wordcount.topology(split=2, counters=3)
+    assert [list(t.tasks(c)) for c in ("sentences", "split", "count")] == [[0], [1, 2], [3, 4, 5]]
+    text = t.describe()
+    assert "bolt  count" in text and "<- split [fields(word)]" in text and "(6 tasks)" in text
+
+
+def test_unknown_component_says_what_is_known():
+    b = TopologyBuilder("t")
+    b.add_spout("data", SPOUT)
+    b.add_bolt("sync", SPLIT).shuffle("compute2")
+    with pytest.raises(TopologyError, match="bolt 'sync' subscribes to unknown component 'compute2'; known: data, sync"):
+        b.build()
+
+
+def test_duplicate_ids_and_bad_parallelism():
+    b = TopologyBuilder("t")
+    b.add_spout("a", SPOUT)
+    with pytest.raises(TopologyError, match="duplicate component id 'a'"):
+        b.add_bolt("a", SPLIT)
+    with pytest.raises(TopologyError, match="parallelism must be an integer >= 1; got 0"):
+        b.add_bolt("b", SPLIT, parallelism=0)
+
+
+def test_cycles_need_consent():
+    b = TopologyBuilder("t")
+    b.add_spout("s", SPOUT)
+    b.add_bolt("x", SPLIT).shuffle("s").shuffle("y")
+    b.add_bolt("y", SPLIT).shuffle("x")
+    with pytest.raises(TopologyError, match="cycle"):
+        b.build(check_classes=False)
+    assert b.build(allow_cycles=True, check_classes=False).num_tasks == 3
+
+
+def test_fields_grouping_checks_declared_fields():
+    b = TopologyBuilder("t")
+    b.add_spout("s", SPOUT)
+    b.add_bolt("x", COUNT).fields("s", "word")
+    with pytest.raises(TopologyError, match=r"groups by \['word'\] but 's' declares fields \['sid', 'sentence'\]"):
+        b.build()
+
+
+def test_bad_class_paths():
+    b = TopologyBuilder("t")
+    b.add_spout("s", "streamnet.examples.wordcount.SentenceSpout")
+    with pytest.raises(TopologyError, match="must be 'package.module:Class'"):
+        b.build()
+    b = TopologyBuilder("t")
+    b.add_spout("s", "streamnet.examples.wordcount:SplitBolt")
+    with pytest.raises(TopologyError, match="is not a Spout subclass"):
+        b.build()
+    b = TopologyBuilder("t")
+    b.add_spout("s", "no.such.module:X")
+    with pytest.raises(TopologyError, match="cannot import"):
+        b.build()
+
+
+def test_unknown_setting_and_no_spout():
+    b = TopologyBuilder("t")
+    b.add_spout("s", SPOUT)
+    with pytest.raises(TopologyError, match="unknown topology setting"):
+        b.build(max_pending=3)
+    b = TopologyBuilder("t")
+    b.add_bolt("x", SPLIT)
+    with pytest.raises(TopologyError, match="has no spout"):
+        b.build()
