@@ -181,7 +181,11 @@ class Worker:
         if peer is None or peer == self.id or peer not in rt.addresses:
             rt.dropped += 1  # assignment in flux: replay will resend
             return
-        await self.link(peer, rt.addresses[peer]).send(msg)
+        q = self.link(peer, rt.addresses[peer]).queue
+        if q.full():
+            await q.put(msg)      # backpressure: wait for the stream to drain
+        else:
+            q.put_nowait(msg)     # the common case, without a suspension point
 
     async def _deliver_local(self, rt: TopologyRuntime, ex, msg: list) -> None:
         kind = msg[0]
@@ -191,7 +195,11 @@ class Worker:
             if fields is None:
                 rt.dropped += 1
                 return
-            await ex.inbound.put(Tuple(msg[5], fields, msg[3], src, msg[4], {r: e for r, e in msg[6]}))
+            tup = Tuple(msg[5], fields, msg[3], src, msg[4], {r: e for r, e in msg[6]})
+            if ex.inbound.full():
+                await ex.inbound.put(tup)
+            else:
+                ex.inbound.put_nowait(tup)
         elif kind == "a" and isinstance(ex, SpoutExecutor):
             ex.on_ack(msg[3], msg[4])
         elif kind == "f" and isinstance(ex, SpoutExecutor):
