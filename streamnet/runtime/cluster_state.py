@@ -42,6 +42,7 @@ class ClusterState:
         self.coord = coord
         self.cluster = cluster
         self.base = f"{root.rstrip('/')}/{cluster}"
+        coord.ensure_shared(root.rstrip("/"))
         for sub in ("workers", "topologies", "assignments", "checkpoints", "leader"):
             coord.ensure(f"{self.base}/{sub}")
 

@@ -86,6 +86,15 @@ class Coordinator(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    def on_session_restart(self, callback: Callable[[], None]) -> None:
+        """Register a callback for when a new session replaces an expired one (its
+        ephemeral nodes are gone: re-create them). In-process sessions never expire."""
+
+    def ensure_shared(self, path: str) -> None:
+        """Make a node that several clusters (with different secrets) share: anyone
+        may list it, create a cluster under it, and remove an empty one."""
+        self.ensure(path)
+
     # -- helpers shared by both implementations ------------------------------
     def ensure(self, path: str) -> None:
         try:

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Run ZooKeeper from Debian's `zookeeper` package, with its own data directory and ports.
+#
+#   deploy/zookeeper.sh start   [--port 2181] [--dir DIR] [--servers N] [--tick-ms 500]
+#   deploy/zookeeper.sh stop    [--dir DIR]
+#   deploy/zookeeper.sh status  [--dir DIR]
+#   deploy/zookeeper.sh kill    [--dir DIR] [--server I]    # SIGKILL one server (tests)
+#   deploy/zookeeper.sh restart-server [--dir DIR] [--server I]
+#
+# --servers 1 (default) runs a standalone server (ZooKeeperServerMain); --servers 3 runs a
+# 3-server ensemble on loopback (QuorumPeerMain), client ports PORT..PORT+2. `start` waits
+# until every server answers `ruok` and prints the connect string (host:port,...).
+# The tick (--tick-ms) bounds session timeouts to [2, 20] ticks: 500 ms gives 1-10 s, which
+# lets tests see failures quickly; production may want the default 2000.
+set -euo pipefail
+
+cmd=${1:-}; shift || true
+port=2181; dir=${STREAMNET_ZK_DIR:-$(pwd)/.run/zookeeper}; servers=1; tick=500; which=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --port) port=$2; shift 2;;
+    --dir) dir=$2; shift 2;;
+    --servers) servers=$2; shift 2;;
+    --tick-ms) tick=$2; shift 2;;
+    --server) which=$2; shift 2;;
+    *) echo "zookeeper.sh: unknown option $1" >&2; exit 2;;
+  esac
+done
+CP="/usr/share/java/*:/etc/zookeeper/conf"
+
+need_java() {
+  if ! ls /usr/share/java/zookeeper*.jar >/dev/null 2>&1 || ! command -v java >/dev/null; then
+    echo "zookeeper.sh: ZooKeeper is not installed; run: sudo apt-get install -y zookeeper" >&2
+    exit 1
+  fi
+}
+
+ruok() {  # host port -> 0 if the server answers imok
+  python3 - "$1" "$2" <<'PY' 2>/dev/null
+import socket, sys
+try:
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1)
+    s.sendall(b"ruok"); ok = s.recv(16) == b"imok"; s.close()
+except OSError:
+    ok = False
+sys.exit(0 if ok else 1)
+PY
+}
+
+write_config() {  # index
+  local i=$1 d="$dir/s$1"
+  mkdir -p "$d/data"
+  {
+    echo "tickTime=$tick"
+    echo "initLimit=20"
+    echo "syncLimit=10"
+    echo "dataDir=$d/data"
+    echo "clientPort=$((port + i))"
+    echo "clientPortAddress=127.0.0.1"
+    echo "admin.enableServer=false"
+    echo "4lw.commands.whitelist=ruok,srvr,stat,mntr"
+    echo "maxClientCnxns=200"
+    echo "autopurge.purgeInterval=1"
+    if [ "$servers" -gt 1 ]; then
+      for j in $(seq 0 $((servers - 1))); do
+        echo "server.$((j + 1))=127.0.0.1:$((port + 1000 + 2 * j)):$((port + 1001 + 2 * j))"
+      done
+    fi
+  } > "$d/zoo.cfg"
+  [ "$servers" -gt 1 ] && echo $((i + 1)) > "$d/data/myid"
+  echo "$servers" > "$dir/servers"; echo "$port" > "$dir/port"
+}
+
+start_one() {  # index
+  local i=$1 d="$dir/s$1" main=org.apache.zookeeper.server.ZooKeeperServerMain
+  [ "$servers" -gt 1 ] && main=org.apache.zookeeper.server.quorum.QuorumPeerMain
+  if [ -f "$d/pid" ] && kill -0 "$(cat "$d/pid")" 2>/dev/null; then return 0; fi
+  # setsid: the server outlives the shell that started it and gets its own process group
+  setsid java -Xmx256m -Dzookeeper.log.dir="$d" -Dzookeeper.root.logger=INFO,CONSOLE \
+    -cp "$CP" "$main" "$d/zoo.cfg" > "$d/zookeeper.log" 2>&1 < /dev/null &
+  echo $! > "$d/pid"
+}
+
+wait_up() {
+  local deadline=$((SECONDS + 60))
+  for i in $(seq 0 $((servers - 1))); do
+    until ruok 127.0.0.1 $((port + i)); do
+      if [ $SECONDS -ge $deadline ]; then
+        echo "zookeeper.sh: server $i did not answer on port $((port + i)) within 60 s; log:" >&2
+        tail -20 "$dir/s$i/zookeeper.log" >&2; exit 1
+      fi
+      sleep 0.2
+    done
+  done
+}
+
+connect_string() {
+  local s="" i
+  for i in $(seq 0 $((servers - 1))); do s="$s${s:+,}127.0.0.1:$((port + i))"; done
+  echo "$s"
+}
+
+load_layout() {
+  [ -f "$dir/servers" ] && servers=$(cat "$dir/servers")
+  [ -f "$dir/port" ] && port=$(cat "$dir/port")
+  return 0
+}
+
+case "$cmd" in
+  start)
+    need_java
+    for i in $(seq 0 $((servers - 1))); do write_config "$i"; start_one "$i"; done
+    wait_up
+    connect_string;;
+  stop)
+    load_layout
+    for i in $(seq 0 $((servers - 1))); do
+      pidf="$dir/s$i/pid"
+      if [ -f "$pidf" ]; then
+        pid=$(cat "$pidf")
+        kill "$pid" 2>/dev/null || true
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$pid" 2>/dev/null || true
+        rm -f "$pidf"
+      fi
+    done;;
+  kill)
+    load_layout
+    pidf="$dir/s$which/pid"; [ -f "$pidf" ] && kill -9 "$(cat "$pidf")" 2>/dev/null || true
+    rm -f "$pidf";;
+  restart-server)
+    load_layout
+    start_one "$which"
+    until ruok 127.0.0.1 $((port + which)); do sleep 0.2; done;;
+  status)
+    load_layout
+    rc=0
+    for i in $(seq 0 $((servers - 1))); do
+      if ruok 127.0.0.1 $((port + i)); then echo "server $i on 127.0.0.1:$((port + i)): up"
+      else echo "server $i on 127.0.0.1:$((port + i)): down"; rc=3; fi
+    done
+    exit $rc;;
+  *)
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2;;
+esac
