@@ -83,6 +83,52 @@ class ClusterState:
             raise UnknownTopologyError(f"unknown topology {name!r}; running: "
                                        f"{', '.join(self.topology_names()) or 'none'}") from None
 
+    def update_topology(self, name: str, spec: dict) -> None:
+        self.coord.set(self.path("topologies", name), _j(spec))
+
+    def request_rebalance(self, name: str, request: dict) -> None:
+        self.topology(name)  # UnknownTopologyError if it is not there
+        self.coord.put(self.path("topologies", name, "rebalance"), _j(request))
+
+    def rebalance_request(self, name: str) -> dict | None:
+        try:
+            return _unj(self.coord.get(self.path("topologies", name, "rebalance"))[0])
+        except NoNodeError:
+            return None
+
+    def clear_rebalance(self, name: str) -> None:
+        try:
+            self.coord.delete(self.path("topologies", name, "rebalance"))
+        except NoNodeError:
+            pass
+
+    def mark_applied(self, name: str, worker: str, version: int) -> None:
+        """A worker reports the assignment version it has converged to."""
+        self.coord.put(self.path("topologies", name, "applied", worker), str(version).encode())
+
+    def applied_workers(self, name: str, version: int) -> set[str]:
+        out = set()
+        try:
+            kids = self.coord.children(self.path("topologies", name, "applied"))
+        except NoNodeError:
+            return out
+        for w in kids:
+            try:
+                if int(self.coord.get(self.path("topologies", name, "applied", w))[0]) >= version:
+                    out.add(w)
+            except (NoNodeError, ValueError):
+                pass
+        return out
+
+    def save_state(self, name: str, key: str, value) -> None:
+        self.coord.put(self.path("topologies", name, "state", key), codec.encode_bytes(value))
+
+    def load_state(self, name: str, key: str):
+        try:
+            return codec.decode(self.coord.get(self.path("topologies", name, "state", key))[0])
+        except NoNodeError:
+            return None
+
     def topology_names(self) -> list[str]:
         return self.coord.children(self.path("topologies"))
 

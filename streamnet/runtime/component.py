@@ -53,12 +53,17 @@ class Bolt(Component):
     #: ack each input after execute() returns (unless execute acked or failed it),
     #: and anchor every emit to the input - Storm's BasicBolt
     auto_ack: bool = False
+    #: call tick() when this many seconds pass without input (Storm's tick tuples)
+    tick_interval_s: float | None = None
 
     def prepare(self, ctx: "Context", collector: "BoltCollector") -> None:
         self.ctx, self.collector = ctx, collector
 
     def execute(self, tup: "Tuple") -> None | Awaitable[None]:
         raise NotImplementedError
+
+    def tick(self) -> None | Awaitable[None]:
+        """Called every tick_interval_s (when set) between inputs."""
 
     def close(self) -> None:
         pass
@@ -98,11 +103,13 @@ class Context:
 
     def __init__(self, *, topology: str, component: str, task: int, task_index: int, parallelism: int,
                  worker: str, config: dict, component_config: dict, component_tasks: Callable[[str], range],
-                 compute: Callable[..., Awaitable], publish: Callable[[str, Any], None]):
+                 compute: Callable[..., Awaitable], publish: Callable[[str, Any], None],
+                 save_state: Callable[[Any], None]):
         self.topology, self.component, self.task = topology, component, task
         self.task_index, self.parallelism, self.worker = task_index, parallelism, worker
         self.config, self.component_config = config, component_config
         self._component_tasks, self._compute, self._publish = component_tasks, compute, publish
+        self._save_state = save_state
         self.log = logging.getLogger(f"streamnet.task.{component}.{task_index}")
 
     def component_tasks(self, component: str) -> list[int]:
@@ -112,6 +119,12 @@ class Context:
     def compute(self, fn: Callable, *args) -> Awaitable:
         """Run fn(*args) on the worker's compute threads; await the result."""
         return self._compute(fn, *args)
+
+    def save_state(self, state) -> None:
+        """Persist this task's state in the coordinator; when the task starts again
+        (here or on another worker, after a failure or a rebalance) the engine calls
+        restore(state) with the last one saved. Keep it small (ZooKeeper nodes: < 1 MB)."""
+        self._save_state(state)
 
     def publish(self, key: str, value) -> None:
         """Store a (small) result under the topology's results, readable by clients."""

@@ -71,6 +71,7 @@ class Executor:
         self.rng = random.Random(f"{runtime.name}:{task}:{time.time_ns()}")
         self._task: asyncio.Task | None = None
         self.stopping = False
+        self.restored = None   # the last saved state, handed to restore() after open/prepare
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._guarded(), name=f"{self.cid}-{self.task}")
@@ -167,6 +168,8 @@ class SpoutExecutor(Executor):
     async def run(self) -> None:
         spout: Spout = self.instance
         spout.open(self.ctx, SpoutCollector(self))
+        if self.restored is not None:
+            spout.restore(self.restored)
         idle = 0.001
         next_expiry_check = time.monotonic() + 0.1
         try:
@@ -246,12 +249,33 @@ class BoltExecutor(Executor):
             task = root_task(root)
             self.out.append((task, ["f", self.rt.name, task, root]))
 
+    async def _tick(self) -> None:
+        r = self.instance.tick()
+        if inspect.isawaitable(r):
+            await r
+        await self.flush()
+
     async def run(self) -> None:
         bolt: Bolt = self.instance
         bolt.prepare(self.ctx, BoltCollector(self))
+        if self.restored is not None:
+            bolt.restore(self.restored)
+        tick = getattr(bolt, "tick_interval_s", None)
+        next_tick = time.monotonic() + tick if tick else None
         try:
             while True:
-                tup = await self.inbound.get()
+                if next_tick is not None:
+                    try:
+                        tup = await asyncio.wait_for(self.inbound.get(), max(next_tick - time.monotonic(), 0))
+                    except asyncio.TimeoutError:
+                        tup = None
+                    if time.monotonic() >= next_tick:
+                        await self._tick()
+                        next_tick = time.monotonic() + tick
+                    if tup is None:
+                        continue
+                else:
+                    tup = await self.inbound.get()
                 if tup is STOP:
                     return
                 self._current = tup

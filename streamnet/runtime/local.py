@@ -23,7 +23,6 @@ import urllib.request
 from ..errors import StreamnetError
 from .cluster_state import ClusterState
 from .coordinator import InProcessServer
-from .scheduler import assign
 from .topology import Topology
 from .worker import Worker
 
@@ -125,8 +124,8 @@ class LocalCluster:
 
     # -- topologies ------------------------------------------------------------------
     def submit(self, topology: Topology) -> None:
+        """Store the topology; the elected scheduler (one of the workers) places it."""
         self.state.submit_topology(topology.name, topology.to_dict())
-        self.state.write_assignment(topology.name, assign(topology, self.state.workers()), -1)
 
     def wait_done(self, name: str, timeout: float = 60.0) -> None:
         """Until every spout task is done and its tuple trees are complete."""

@@ -22,6 +22,7 @@ class TopologyRuntime:
     def __init__(self, worker, name: str, spec: dict):
         self.worker, self.name = worker, name
         self.topology = Topology.from_dict(spec)
+        self.spec_version = spec.get("version", 0)
         self.classes = {c["id"]: resolve(c["class"]) for c in self.topology.components}
         self.fields = {cid: declared_outputs(cls) for cid, cls in self.classes.items()}
         self.task_cid = {t: c["id"] for c in self.topology.components for t in self.topology.tasks(c["id"])}
@@ -47,7 +48,8 @@ class TopologyRuntime:
                 log.info("%s: task %d moved away; stopping it here", self.name, t)
                 await self._stop_executor(self.executors.pop(t))
             for t in sorted(mine - set(self.executors)):
-                self.executors[t] = self._make_executor(t)
+                ex = self.executors[t] = self._make_executor(t)
+                ex.restored = await self.worker.load_state(self.name, f"{ex.cid}.{ex.ctx.task_index}")
             for t in sorted(mine):
                 ex = self.executors[t]
                 if ex._task is None:
@@ -72,7 +74,8 @@ class TopologyRuntime:
         ctx = Context(topology=self.name, component=c["id"], task=task, task_index=task - r.start,
                       parallelism=c["parallelism"], worker=self.worker.id, config=self.topology.config,
                       component_config=c["config"], component_tasks=self.topology.tasks,
-                      compute=self.worker.compute, publish=lambda k, v: self.worker.publish(self.name, k, v))
+                      compute=self.worker.compute, publish=lambda k, v: self.worker.publish(self.name, k, v),
+                      save_state=lambda v, key=f"{c['id']}.{task - r.start}": self.worker.save_state(self.name, key, v))
         if c["kind"] == "spout":
             return SpoutExecutor(self, task, c, instance, ctx)
         return BoltExecutor(self, task, c, instance, ctx, queue_size=int(self.topology.config["queue_size"]))

@@ -22,6 +22,7 @@ from .component import Tuple
 from .compute import ComputePool
 from .executor import BoltExecutor, SpoutExecutor
 from .metrics import prometheus
+from .scheduler_service import SchedulerService
 from .topology_runtime import TopologyRuntime
 from .transport import Auth, PeerLink, StreamServer
 
@@ -50,7 +51,7 @@ def _check_message(msg) -> None:
 class Worker:
     def __init__(self, *, worker_id: str, state: ClusterState, secret: bytes, host: str = "127.0.0.1",
                  port: int = 0, threads: int = 2, advertise_host: str | None = None,
-                 limits: codec.Limits = codec.DEFAULT_LIMITS):
+                 limits: codec.Limits = codec.DEFAULT_LIMITS, schedule: bool = True):
         self.id, self.state, self.host, self.port = worker_id, state, host, port
         self.advertise_host = advertise_host or host
         self.threads, self.limits = threads, limits
@@ -62,6 +63,7 @@ class Worker:
         self._unwatch: list = []
         self._watched: set[str] = set()
         self._closing = False
+        self.scheduler = SchedulerService(state, worker_id) if schedule else None
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
@@ -81,13 +83,30 @@ class Worker:
             timeout=aiohttp.ClientTimeout(total=None, connect=5, sock_connect=5),
             connector=aiohttp.TCPConnector(limit=0, force_close=True))
         await asyncio.to_thread(self.state.register_worker, self.id, self.info())
+        self.state.coord.on_session_restart(self._session_restarted)
         self._unwatch.append(self.state.watch_topologies(self._threadsafe(self._on_topologies)))
+        if self.scheduler:
+            await asyncio.to_thread(self.scheduler.start)
         self.started.set()
         log.info("worker %s serving on %s:%d with %d compute threads", self.id, self.host, self.port, self.threads)
 
     def info(self) -> dict:
         return {"host": self.advertise_host, "port": self.port, "threads": self.pool.size,
                 "cores": os.cpu_count(), "pid": os.getpid(), "started": time.time()}
+
+    def _session_restarted(self) -> None:
+        """Our ZooKeeper session expired and a new one began (coordinator thread):
+        the ephemeral worker and candidate nodes are gone - make them again. The
+        watches re-fire by themselves and the worker resynchronises from them."""
+        if self._closing:
+            return
+        log.warning("worker %s: new ZooKeeper session; registering again", self.id)
+        try:
+            self.state.register_worker(self.id, self.info())
+        except Exception as e:  # noqa: BLE001 - e.g. the old node not yet expired everywhere
+            log.warning("worker %s: re-registration: %s", self.id, e)
+        if self.scheduler:
+            self.scheduler.rejoin()
 
     def _threadsafe(self, fn):
         """Coordinator callbacks arrive on its thread; run them on our loop."""
@@ -103,6 +122,8 @@ class Worker:
         self._closing = True
         for cancel in self._unwatch:
             cancel()
+        if self.scheduler:
+            await asyncio.to_thread(self.scheduler.stop)
         for rt in list(self.runtimes.values()):
             await rt.stop(drain_s)
         await asyncio.gather(*(l.close() for l in self.links.values()))
@@ -133,12 +154,24 @@ class Worker:
         if assignment is None or self._closing:
             return
         rt = self.runtimes.get(name)
+        if rt is not None and rt.spec_version < assignment.get("spec_version", 0):
+            log.info("worker %s: topology %s changed shape; restarting its tasks here", self.id, name)
+            await self._drop_runtime(name)
+            rt = None
         if rt is None:
-            if self.state.status(name) != "active":
+            if await asyncio.to_thread(self.state.status, name) != "active":
                 return
             spec = await asyncio.to_thread(self.state.topology, name)
+            if spec.get("version", 0) < assignment.get("spec_version", 0):
+                return  # the new spec is not readable yet; its watch will call again
             rt = self.runtimes[name] = TopologyRuntime(self, name, spec)
+        threads = assignment.get("threads", {}).get(self.id)
+        if threads and threads != self.pool.size:
+            log.info("worker %s: compute threads %d -> %d (assignment)", self.id, self.pool.size, threads)
+            self.pool.resize(int(threads))
+            self._spawn(asyncio.to_thread(self.state.update_worker, self.id, self.info()))
         await rt.apply(assignment, version)
+        self._spawn(asyncio.to_thread(self.state.mark_applied, name, self.id, version))
 
     async def _on_status(self, name: str, status: str | None) -> None:
         if status in ("killed", None):
@@ -157,6 +190,12 @@ class Worker:
 
     def publish(self, topology: str, key: str, value) -> None:
         self.state.publish_result(topology, key, value)
+
+    def save_state(self, topology: str, key: str, value) -> None:
+        self.state.save_state(topology, key, value)
+
+    async def load_state(self, topology: str, key: str):
+        return await asyncio.to_thread(self.state.load_state, topology, key)
 
     def mark_done(self, topology: str, task: int) -> None:
         self._spawn(asyncio.to_thread(self.state.mark_done, topology, task))
@@ -222,6 +261,7 @@ class Worker:
         return {
             "worker": self.id, "host": self.advertise_host, "port": self.port, "pid": os.getpid(),
             "threads": self.pool.size, "busy_fraction": round(self.pool.busy_fraction(), 4),
+            "leader": bool(self.scheduler and self.scheduler.leading),
             "topologies": {n: rt.status() for n, rt in self.runtimes.items()},
             "links": {p: l.status() for p, l in self.links.items()},
             "transport": {"rejected": s.rejected, "frames_in": s.frames_in, "bytes_in": s.bytes_in,

@@ -69,7 +69,7 @@ class ZkCoordinator(Coordinator):
             command_retry=KazooRetry(max_tries=20, delay=0.05, max_delay=1.0, deadline=session_timeout))
         self._restart_callbacks: list[Callable[[], None]] = []
         self._lost = False
-        self._lock = threading.Lock()
+        self._closing = False
         self.state = "CONNECTING"
         self.zk.add_listener(self._listener)
         try:
@@ -82,6 +82,8 @@ class ZkCoordinator(Coordinator):
     # -- session ------------------------------------------------------------------------
     def _listener(self, state) -> None:
         self.state = str(state)
+        if state == KazooState.LOST and self._closing:
+            return
         if state == KazooState.LOST:
             log.warning("ZooKeeper session expired; ephemeral nodes are gone until re-registration")
             self._lost = True
@@ -163,6 +165,7 @@ class ZkCoordinator(Coordinator):
         return stopped.set
 
     def close(self) -> None:
+        self._closing = True
         try:
             self.zk.stop()
         finally:

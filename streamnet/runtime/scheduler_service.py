@@ -1,0 +1,198 @@
+"""The scheduler that runs in whichever worker wins the election.
+
+Every worker runs one; only the leader acts. It keeps no state of its own:
+each pass reads workers, topologies, assignments and rebalance requests from
+the coordinator, computes the placement with the pure functions of
+scheduler.py, and writes what changed with compare-and-set - so a new leader
+continues exactly where the old one stopped.
+
+Election: each candidate holds an ephemeral sequential node under leader/; the
+lowest one leads. When it vanishes (its session ended) the next one takes over.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from .cluster_state import ClusterState
+from .coordinator import BadVersionError, CoordinatorError, NoNodeError
+from .scheduler import NoWorkersError, assign, moved_tasks
+from .topology import Topology
+
+log = logging.getLogger(__name__)
+
+
+class Election:
+    def __init__(self, state: ClusterState, candidate: str, on_change):
+        self.state, self.candidate, self.on_change = state, candidate, on_change
+        self.node: str | None = None
+        self.leader: str | None = None
+        self._cancel = None
+
+    def join(self) -> None:
+        self.node = self.state.coord.create(self.state.path("leader", "n-"), self.candidate.encode(),
+                                            ephemeral=True, sequence=True)
+        if self._cancel is None:
+            self._cancel = self.state.coord.watch_children(self.state.path("leader"), self._children)
+
+    def _children(self, kids: list[str]) -> None:
+        leader = None
+        if kids:
+            try:
+                leader = self.state.coord.get(self.state.path("leader", min(kids)))[0].decode()
+            except CoordinatorError:
+                leader = None
+        self.leader = leader
+        self.on_change(self.is_leader)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.node is not None and self.leader == self.candidate and \
+            self.node.rsplit("/", 1)[-1] == min(self._kids() or [""])
+
+    def _kids(self) -> list[str]:
+        try:
+            return self.state.coord.children(self.state.path("leader"))
+        except CoordinatorError:
+            return []
+
+    def leave(self) -> None:
+        if self._cancel:
+            self._cancel()
+        if self.node:
+            try:
+                self.state.coord.delete(self.node)
+            except CoordinatorError:
+                pass
+            self.node = None
+
+
+class SchedulerService:
+    def __init__(self, state: ClusterState, worker_id: str, period_s: float = 1.0):
+        self.state, self.id, self.period = state, worker_id, period_s
+        self.election = Election(state, worker_id, self._leadership)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"{worker_id}-scheduler", daemon=True)
+        self._watching = False
+        self.leading = False
+        self.passes = 0
+
+    def start(self) -> None:
+        self._thread.start()
+        self.election.join()
+
+    def rejoin(self) -> None:
+        """After a session expiry: our candidate node is gone."""
+        self.election.node = None
+        self.election.join()
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self.election.leave()
+        self._thread.join(10)
+
+    def _leadership(self, leading: bool) -> None:
+        if leading and not self.leading:
+            log.info("worker %s is now the scheduler (leader)", self.id)
+            if not self._watching:
+                self._watching = True
+                self.state.watch_workers(lambda _: self._wake.set())
+                self.state.watch_topologies(lambda _: self._wake.set())
+        self.leading = leading
+        self._wake.set()
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.period)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if not self.election.is_leader:
+                continue
+            try:
+                self.reconcile()
+                self.passes += 1
+            except CoordinatorError as e:
+                log.warning("scheduler pass failed (will retry): %s", e)
+            except Exception:  # noqa: BLE001 - the leader must keep scheduling
+                log.exception("scheduler pass failed")
+
+    # -- one pass ------------------------------------------------------------------------
+    def reconcile(self) -> None:
+        workers = self.state.workers()
+        for name in self.state.topology_names():
+            if self.state.status(name) != "active":
+                continue
+            try:
+                self._reconcile_topology(name, workers)
+            except NoWorkersError as e:
+                log.warning("topology %s: %s", name, e)
+            except (BadVersionError, NoNodeError):
+                self._wake.set()  # someone wrote first (or it went away): look again
+
+    def _reconcile_topology(self, name: str, workers: dict) -> None:
+        spec = self.state.topology(name)
+        request = self.state.rebalance_request(name)
+        current, version = self.state.assignment(name)
+        if request and request.get("parallelism") and (current or {}).get("phase") != "draining":
+            self._start_parallelism_change(name, spec, request, current, version)
+            return
+        topology = Topology.from_dict(spec)
+        if current and current.get("phase") == "draining":
+            # phase 2 of a parallelism change: every worker stopped the old tasks
+            stopped = self.state.applied_workers(name, version)
+            live = set(workers)
+            if not live <= stopped and time.time() - current.get("_t", 0) < 30:
+                return
+            current = None  # place everything afresh under the new spec
+        new = assign(topology, workers, current)
+        threads = dict(new["threads"])
+        if request and request.get("threads"):
+            threads.update({w: int(n) for w, n in request["threads"].items() if w in workers})
+        new["threads"] = threads
+        new["spec_version"] = spec.get("version", 0)
+        if current is not None and {k: current.get(k) for k in new} == new:
+            if request and not request.get("parallelism"):
+                self.state.clear_rebalance(name)
+            return
+        moved = moved_tasks(current, new)
+        gone = {}
+        for t, (old, _) in moved.items():
+            if old is not None and old not in workers:
+                gone.setdefault(old, []).append(t)
+        for w, tasks in sorted(gone.items()):
+            log.warning("topology %s: reassigning %d task(s) of worker %s: it left the cluster "
+                        "(ZooKeeper session ended); tasks %s", name, len(tasks), w, ",".join(sorted(tasks, key=int)))
+        if current is None:
+            log.info("topology %s: placing %d tasks on %d workers", name, len(new["tasks"]), len(new["workers"]))
+        elif moved and not gone:
+            log.info("topology %s: moving %d task(s) to balance load", name, len(moved))
+        if request and request.get("threads"):
+            log.info("topology %s: compute threads now %s (rebalance request)", name, threads)
+        self.state.write_assignment(name, new, version)
+        if request and not request.get("parallelism"):
+            self.state.clear_rebalance(name)
+
+    def _start_parallelism_change(self, name, spec, request, current, version) -> None:
+        """Phase 1: write the new spec and an assignment with no tasks; workers stop the
+        old tasks (saving their state) and acknowledge; phase 2 places the new ones."""
+        for comp in spec["components"]:
+            if comp["id"] in request["parallelism"]:
+                old, new = comp["parallelism"], int(request["parallelism"][comp["id"]])
+                log.info("topology %s: parallelism of %s %d -> %d (rebalance request)", name, comp["id"], old, new)
+                comp["parallelism"] = new
+        spec["version"] = spec.get("version", 0) + 1
+        Topology.from_dict(spec)
+        self.state.update_topology(name, spec)
+        draining = {"tasks": {}, "workers": {}, "threads": (current or {}).get("threads", {}),
+                    "phase": "draining", "spec_version": spec["version"], "_t": time.time()}
+        self.state.write_assignment(name, draining, version)
+        self.state.clear_rebalance(name)
+        self._wake.set()
