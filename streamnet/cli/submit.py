@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="example option, e.g. count=5000 or fail_every=7")
     e.set_defaults(func=cmd_run_example)
+    from .cluster_commands import add_commands
+    add_commands(sub)
     return p
 
 
@@ -81,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kazoo").setLevel(logging.ERROR)
     try:
         return a.func(a)
     except StreamnetError as e:

@@ -1,11 +1,79 @@
-"""streamnet-worker: the per-node daemon."""
+"""streamnet-worker: the per-node daemon.
+
+    streamnet-worker --zk zk1:2181,zk2:2181 --cluster prod --secret-file /etc/streamnet/secret \\
+                     --host 0.0.0.0 --advertise-host 10.0.0.5 --port 7700 --threads 8
+
+Registers in ZooKeeper, takes part in the leader election (the leader schedules),
+runs the tasks assigned to it, serves /status and /metrics. SIGTERM or SIGINT:
+stop taking work, drain, hand the tasks back (the session ends and the leader
+reassigns them), exit 0.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import errno
+import logging
+import os
+import signal
+import socket
 import sys
 
+from ..errors import StreamnetError
+from .common import add_cluster_options, connect
 
-def main(argv=None) -> int:
-    print("streamnet-worker: the cluster worker is not available yet (it arrives with the "
-          "ZooKeeper cluster issue); use `streamnet-submit train --local`", file=sys.stderr)
-    return 2
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="streamnet-worker", description=__doc__.split("\n\n")[0])
+    add_cluster_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--advertise-host", help="address peers use to reach this worker (default: --host)")
+    p.add_argument("--port", type=int, default=7700, help="port to listen on (0: any free port)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="compute threads")
+    p.add_argument("--name", help="worker id (default: HOSTNAME-PORT)")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+async def serve(a: argparse.Namespace) -> int:
+    from ..runtime.worker import Worker
+    coord, state, secret = await asyncio.to_thread(connect, a)
+    name = a.name or f"{socket.gethostname()}-{a.port}"
+    worker = Worker(worker_id=name, state=state, secret=secret, host=a.host, port=a.port, threads=a.threads,
+                    advertise_host=a.advertise_host)
+    try:
+        try:
+            await worker.start()
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise StreamnetError(f"port {a.port} on {a.host} is in use; pick another with --port") from None
+            raise StreamnetError(f"cannot listen on {a.host}:{a.port}: {e.strerror}") from None
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        logging.getLogger("streamnet").info("worker %s up on %s:%d (cluster %s, ZooKeeper %s)", name,
+                                            a.host, worker.port, a.cluster, a.zk)
+        await stop.wait()
+        logging.getLogger("streamnet").info("worker %s: signal received; stopping", name)
+        await worker.stop()
+        return 0
+    finally:
+        await asyncio.to_thread(coord.close)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kazoo.client").setLevel(logging.WARNING if a.log_level.upper() != "DEBUG" else logging.DEBUG)
+    try:
+        return asyncio.run(serve(a))
+    except StreamnetError as e:
+        print(f"streamnet-worker: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,272 @@
+"""streamnet-submit's cluster subcommands: submit, list, status, describe, rebalance, kill."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.request
+
+from ..errors import StreamnetError
+from ..runtime.topology import Topology, resolve
+from .common import add_cluster_options, connect
+from .progress import ProgressLine, bar
+
+
+def _options(items: list[str]) -> dict:
+    out = {}
+    for kv in items:
+        if "=" not in kv:
+            raise StreamnetError(f"--set takes KEY=VALUE; got {kv!r}")
+        k, v = kv.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def build_topology(what: str, options: dict):
+    """A topology by built-in name or "module:function"; returns (topology, checker or None)."""
+    from ..examples.registry import EXAMPLES
+    if what in EXAMPLES:
+        return EXAMPLES[what](**options)
+    builders = _builtin_builders()
+    if what in builders:
+        return builders[what](**options)
+    if ":" in what:
+        topo = resolve(what)(**options)
+        if not isinstance(topo, Topology):
+            raise StreamnetError(f"{what} returned {type(topo).__name__}, not a Topology")
+        return topo, None
+    raise StreamnetError(f"unknown topology {what!r}; built in: {', '.join(list(EXAMPLES) + list(builders))}; "
+                         "or give module:function")
+
+
+def _builtin_builders() -> dict:
+    """Training topologies, when the training layer provides them."""
+    try:
+        from ..training.nsmap import BUILDERS
+    except ImportError:
+        return {}
+    return BUILDERS
+
+
+def cmd_submit(a) -> int:
+    opts = _options(a.set)
+    if a.name:
+        opts["name"] = a.name
+    topo, check = build_topology(a.topology, opts)
+    coord, state, _ = connect(a)
+    try:
+        if not state.workers():
+            raise StreamnetError(f"no workers in cluster {a.cluster!r}; start streamnet-worker first")
+        state.submit_topology(topo.name, topo.to_dict())
+        print(f"submitted {topo.name} ({topo.num_tasks} tasks) to cluster {a.cluster}", file=sys.stderr)
+        if not a.wait:
+            return 0
+        return _follow(state, topo, check, a)
+    finally:
+        coord.close()
+
+
+def _follow(state, topo: Topology, check, a) -> int:
+    spouts = {t for c in topo.components if c["kind"] == "spout" for t in topo.tasks(c["id"])}
+    line = ProgressLine()
+    t0 = time.monotonic()
+    while True:
+        done = state.done_tasks(topo.name) & spouts
+        line.update(f"{topo.name} {bar(len(done) / len(spouts))} spouts done {len(done)}/{len(spouts)}  "
+                    f"{time.monotonic() - t0:.0f} s")
+        if done == spouts:
+            break
+        if time.monotonic() - t0 > a.timeout:
+            print(f"\nstreamnet-submit: error: {topo.name} did not finish within {a.timeout:.0f} s", file=sys.stderr)
+            return 1
+        if state.status(topo.name) != "active":
+            print(f"\nstreamnet-submit: error: {topo.name} was killed before finishing", file=sys.stderr)
+            return 1
+        time.sleep(0.2)
+    wall = time.monotonic() - t0
+    results = _kill(state, topo.name, a.timeout)
+    line.line(f"{topo.name} finished in {wall:.1f} s")
+    ok, text = check(results) if check else (True, f"{len(results)} results")
+    print(f"{topo.name}: {'OK' if ok else 'WRONG'}: {text}")
+    if a.summary:
+        with open(a.summary, "w") as f:
+            json.dump({"topology": topo.name, "ok": ok, "wall_s": wall, "summary": text,
+                       "results": _jsonable(results)}, f, indent=2)
+    return 0 if ok else 1
+
+
+def _jsonable(value):
+    try:
+        import numpy as np
+        if isinstance(value, np.ndarray):
+            return value.tolist()
+    except ImportError:
+        pass
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _kill(state, name: str, timeout: float) -> dict:
+    from ..runtime.local import wait_for
+    state.topology(name)
+    assigned = set((state.assignment(name)[0] or {}).get("workers", {}))
+    state.set_status(name, "killed")
+    wait_for(lambda: state.stopped_workers(name) >= (assigned & set(state.workers())), timeout,
+             f"workers to stop {name}", interval=0.1)
+    results = state.results(name)
+    state.remove_topology(name)
+    return results
+
+
+def cmd_kill(a) -> int:
+    coord, state, _ = connect(a)
+    try:
+        results = _kill(state, a.topology, a.timeout)
+        print(f"killed {a.topology}; {len(results)} results published")
+        return 0
+    finally:
+        coord.close()
+
+
+def cmd_list(a) -> int:
+    coord, state, _ = connect(a)
+    try:
+        names = state.topology_names()
+        if not names:
+            print("no topologies")
+        for n in names:
+            spec = state.topology(n)
+            asg, version = state.assignment(n)
+            tasks = sum(c["parallelism"] for c in spec["components"])
+            print(f"{n:<20s} {state.status(n) or '?':<8s} {tasks:4d} tasks  assignment v{version}  "
+                  f"workers {','.join(sorted((asg or {}).get('workers', {}))) or '-'}")
+        return 0
+    finally:
+        coord.close()
+
+
+def _get_status(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(url + "/status", timeout=3) as r:
+            return json.load(r)
+    except OSError:
+        return None
+
+
+def cmd_status(a) -> int:
+    coord, state, _ = connect(a)
+    try:
+        workers = state.workers()
+        if not workers:
+            print(f"cluster {a.cluster}: no workers")
+            return 1
+        print(f"cluster {a.cluster}: {len(workers)} worker(s)")
+        statuses = {}
+        for w, info in sorted(workers.items()):
+            st = statuses[w] = _get_status(f"http://{info['host']}:{info['port']}")
+            lead = " leader" if st and st.get("leader") else ""
+            busy = f"busy {st['busy_fraction']:.0%}" if st else "unreachable"
+            print(f"  {w:<16s} {info['host']}:{info['port']:<6d} threads {info.get('threads')}  {busy}{lead}")
+        for n in state.topology_names():
+            if a.topology and n != a.topology:
+                continue
+            asg, version = state.assignment(n)
+            print(f"topology {n} ({state.status(n)}), assignment v{version}")
+            for w, st in sorted(statuses.items()):
+                tasks = (st or {}).get("topologies", {}).get(n, {}).get("tasks", {})
+                for t, m in sorted(tasks.items(), key=lambda kv: int(kv[0])):
+                    rate = m["executed"] / max(m["execute_s_total"], 1e-9) if m["executed"] else 0.0
+                    extra = f"queue {m['queue']}/{m['queue_max']}" if "queue" in m else \
+                        f"pending {m['pending']}/{m['pending_max']}"
+                    print(f"    task {t:>3s} {m['component']:<12s} on {w:<12s} executed {m['executed']:>8d}  "
+                          f"acked {m['acked']:>8d}  failed {m['failed']:>5d}  {extra}  ~{rate:,.0f}/s busy")
+        return 0
+    finally:
+        coord.close()
+
+
+def cmd_describe(a) -> int:
+    if a.zk:
+        coord, state, _ = connect(a)
+        try:
+            if a.topology in state.topology_names():
+                print(Topology.from_dict(state.topology(a.topology)).describe())
+                return 0
+        finally:
+            coord.close()
+    topo, _ = build_topology(a.topology, _options(a.set))
+    print(topo.describe())
+    return 0
+
+
+def cmd_rebalance(a) -> int:
+    request = {"parallelism": _options(a.parallelism), "threads": _options(a.threads)}
+    if not request["parallelism"] and not request["threads"]:
+        raise StreamnetError("say what to change: --parallelism COMPONENT=N and/or --threads WORKER=N")
+    coord, state, _ = connect(a)
+    try:
+        spec = state.topology(a.topology)
+        known = {c["id"] for c in spec["components"]}
+        for cid, n in request["parallelism"].items():
+            if cid not in known:
+                raise StreamnetError(f"topology {a.topology!r} has no component {cid!r}; known: {', '.join(sorted(known))}")
+            if not isinstance(n, int) or n < 1:
+                raise StreamnetError(f"parallelism of {cid!r} must be an integer >= 1; got {n!r}")
+        workers = state.workers()
+        for w, n in request["threads"].items():
+            if w not in workers:
+                raise StreamnetError(f"no worker {w!r}; workers: {', '.join(sorted(workers))}")
+            if not isinstance(n, int) or n < 1:
+                raise StreamnetError(f"threads of {w!r} must be an integer >= 1; got {n!r}")
+        state.request_rebalance(a.topology, request)
+        print(f"rebalance of {a.topology} requested: {request}")
+        return 0
+    finally:
+        coord.close()
+
+
+def add_commands(sub) -> None:
+    s = sub.add_parser("submit", help="submit a topology to a cluster")
+    s.add_argument("topology", help="built-in name or module:function")
+    s.add_argument("--name", help="topology name (default: the builder's)")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="builder option")
+    s.add_argument("--wait", action="store_true", help="follow it to completion, then collect its results")
+    s.add_argument("--summary", metavar="FILE", help="with --wait: write a JSON summary")
+    s.add_argument("--timeout", type=float, default=3600.0)
+    add_cluster_options(s)
+    s.set_defaults(func=cmd_submit)
+
+    k = sub.add_parser("kill", help="stop a topology everywhere and collect its results")
+    k.add_argument("topology")
+    k.add_argument("--timeout", type=float, default=60.0)
+    add_cluster_options(k)
+    k.set_defaults(func=cmd_kill)
+
+    ls = sub.add_parser("list", help="topologies on the cluster")
+    add_cluster_options(ls)
+    ls.set_defaults(func=cmd_list)
+
+    st = sub.add_parser("status", help="workers, assignments, per-task rates")
+    st.add_argument("topology", nargs="?")
+    add_cluster_options(st)
+    st.set_defaults(func=cmd_status)
+
+    d = sub.add_parser("describe", help="print a topology (submitted, or built from its name)")
+    d.add_argument("topology")
+    d.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    add_cluster_options(d, zk_required=False)
+    d.set_defaults(func=cmd_describe)
+
+    r = sub.add_parser("rebalance", help="change parallelism or compute threads, live")
+    r.add_argument("topology")
+    r.add_argument("--parallelism", action="append", default=[], metavar="COMPONENT=N")
+    r.add_argument("--threads", action="append", default=[], metavar="WORKER=N")
+    add_cluster_options(r)
+    r.set_defaults(func=cmd_rebalance)
