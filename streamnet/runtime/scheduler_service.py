@@ -194,5 +194,8 @@ class SchedulerService:
         draining = {"tasks": {}, "workers": {}, "threads": (current or {}).get("threads", {}),
                     "phase": "draining", "spec_version": spec["version"], "_t": time.time()}
         self.state.write_assignment(name, draining, version)
-        self.state.clear_rebalance(name)
+        if request.get("threads"):  # applied in phase 2 with the new placement
+            self.state.request_rebalance(name, {"threads": request["threads"]})
+        else:
+            self.state.clear_rebalance(name)
         self._wake.set()

@@ -1,0 +1,194 @@
+"""The engine as a real cluster: streamnet-worker processes on a real ZooKeeper."""
+import os
+import signal
+import time
+
+import pytest
+
+from streamnet.examples import wordcount
+from streamnet.runtime import wait_for
+from streamnet.runtime.zk import ZkCoordinator
+
+from .zk_harness import SESSION_TIMEOUT, Cluster, ZooKeeper, zookeeper_installed
+
+pytestmark = pytest.mark.skipif(not zookeeper_installed(),
+                                reason="needs Debian's zookeeper package (make test installs it)")
+
+
+@pytest.fixture(scope="module")
+def zk():
+    hosts = os.environ.get("STREAMNET_TEST_ZK")
+    if hosts:
+        yield hosts
+        return
+    server = ZooKeeper().start()
+    try:
+        yield server.hosts
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def cluster(zk):
+    c = Cluster(zk, workers=3)
+    state = c.state()
+    try:
+        c.wait_registered(3, state)
+        yield c, state
+    except BaseException:
+        print(c.dump_logs())
+        raise
+    finally:
+        state.coord.close()
+        c.close()
+
+
+def _run_to_end(c, state, topo, timeout=120):
+    state.submit_topology(topo.name, topo.to_dict())
+    spouts = {t for comp in topo.components if comp["kind"] == "spout" for t in topo.tasks(comp["id"])}
+    wait_for(lambda: spouts <= state.done_tasks(topo.name), timeout, f"{topo.name} to finish", interval=0.1)
+    from streamnet.cli.cluster_commands import _kill
+    return _kill(state, topo.name, 60)
+
+
+def test_workers_register_and_status_lists_them(cluster):
+    c, state = cluster
+    r = c.submit_cli("status")
+    assert r.returncode == 0, r.stderr
+    for w in ("w0", "w1", "w2"):
+        assert w in r.stdout
+    assert r.stdout.count(" leader") == 1
+
+
+def test_examples_complete_with_exact_results(cluster, tmp_path):
+    c, _ = cluster
+    for example, opts in (("wordcount", ["--set", "count=4000"]), ("tensor_pipe", ["--set", "count=6"])):
+        summary = tmp_path / f"{example}.json"
+        r = c.submit_cli("submit", example, *opts, "--wait", "--timeout", "120", "--summary", str(summary))
+        assert r.returncode == 0 and ": OK:" in r.stdout, (r.stdout, r.stderr)
+        assert '"ok": true' in summary.read_text()
+
+
+def _slow_wordcount(count=4000):
+    # slow enough (a 1 ms count step) that the run is still going when a worker dies
+    return wordcount.topology(count=count, split=2, counters=3, delay_s=0.001, max_spout_pending=50,
+                              message_timeout_s=5)
+
+
+def test_kill9_of_a_worker_mid_topology(cluster):
+    c, state = cluster
+    topo = _slow_wordcount()
+    state.submit_topology(topo.name, topo.to_dict())
+    wait_for(lambda: (state.assignment(topo.name)[0] or {}).get("tasks"), 30, "the first assignment")
+
+    def counted():
+        return sum(m["executed"] for w in state.workers() for m in
+                   ((c.status(state, w) or {}).get("topologies", {}).get(topo.name, {}).get("tasks", {}).values())
+                   if m["component"] == "count")
+    wait_for(lambda: counted() > 500, 60, "the count bolts to get going", interval=0.1)
+    leader = c.leader(state)
+    victim = next(w for w in sorted(state.assignment(topo.name)[0]["workers"]) if w != leader)
+    t_kill = time.monotonic()
+    c.kill9(victim)
+    wait_for(lambda: victim not in (state.assignment(topo.name)[0] or {}).get("tasks", {}).values(),
+             SESSION_TIMEOUT + 5, "the dead worker's tasks to be reassigned", interval=0.05)
+    reassigned_after = time.monotonic() - t_kill
+    spouts = set(topo.tasks("sentences"))
+    wait_for(lambda: spouts <= state.done_tasks(topo.name), 180, "the topology to finish", interval=0.2)
+    from streamnet.cli.cluster_commands import _kill
+    results = _kill(state, topo.name, 60)
+    assert reassigned_after <= SESSION_TIMEOUT + 1.0, reassigned_after
+    assert wordcount.merge_counts(results) == wordcount.expected_counts(4000, 0)
+
+
+def test_kill9_of_the_leader(cluster):
+    c, state = cluster
+    leader = wait_for(lambda: c.leader(state), 30, "a leader")
+    t_kill = time.monotonic()
+    c.kill9(leader)
+    new = wait_for(lambda: (lambda w: w if w and w != leader else None)(c.leader(state)),
+                   SESSION_TIMEOUT + 5, "a new leader", interval=0.05)
+    elected_after = time.monotonic() - t_kill
+    assert new != leader and elected_after <= SESSION_TIMEOUT + 2.0, (new, elected_after)
+    # and scheduling continues: a new topology is placed on the survivors and completes
+    results = _run_to_end(c, state, wordcount.topology(count=1000), timeout=60)
+    assert wordcount.merge_counts(results) == wordcount.expected_counts(1000, 0)
+
+
+def test_wrong_secret_can_neither_join_read_nor_change(cluster, tmp_path):
+    c, state = cluster
+    bad = tmp_path / "bad-secret"
+    bad.write_bytes(b"x" * 32)
+    bad.chmod(0o600)
+    args = ["--zk", c.zk_hosts, "--cluster", c.name, "--secret-file", str(bad)]
+    import subprocess
+    import sys
+    w = subprocess.run([sys.executable, "-m", "streamnet.cli.worker", *args, "--port", "0", "--name", "evil"],
+                       capture_output=True, text=True, timeout=60)
+    assert w.returncode == 2 and "wrong cluster secret" in w.stderr, w.stderr
+    for cmd in (["list"], ["kill", "wordcount"], ["rebalance", "wordcount", "--threads", "w0=4"]):
+        r = subprocess.run([sys.executable, "-m", "streamnet.cli.submit", *cmd, *args],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "wrong cluster secret" in r.stderr, (cmd, r.stderr)
+    # a raw ZooKeeper client with another secret is refused too
+    other = ZkCoordinator(c.zk_hosts, b"another secret entirely")
+    try:
+        with pytest.raises(Exception, match="wrong cluster secret"):
+            other.children(f"/streamnet/{c.name}/workers")
+    finally:
+        other.close()
+    assert set(state.workers()) == {"w0", "w1", "w2"}
+
+
+def test_rebalance_changes_parallelism_live_without_losing_tuples(cluster):
+    c, state = cluster
+    topo = _slow_wordcount(3000)
+    state.submit_topology(topo.name, topo.to_dict())
+    wait_for(lambda: (state.assignment(topo.name)[0] or {}).get("tasks"), 30, "the first assignment")
+    # split is stateless; count keeps per-task state, which a new parallelism would have to
+    # repartition by key - the engine does not do that (see the README)
+    r = c.submit_cli("rebalance", topo.name, "--parallelism", "split=4", "--threads", "w0=2")
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: len((state.assignment(topo.name)[0] or {}).get("tasks", {})) == 8 and
+             state.assignment(topo.name)[0].get("spec_version") == 1, 60, "the new layout", interval=0.1)
+    assert [comp["parallelism"] for comp in state.topology(topo.name)["components"]] == [1, 4, 3]
+    assert state.assignment(topo.name)[0]["threads"]["w0"] == 2
+    spouts = set(Topology_tasks(state, topo.name, "sentences"))
+    wait_for(lambda: spouts <= state.done_tasks(topo.name), 180, "the topology to finish", interval=0.2)
+    from streamnet.cli.cluster_commands import _kill
+    results = _kill(state, topo.name, 60)
+    assert wordcount.merge_counts(results) == wordcount.expected_counts(3000, 0)
+
+
+def Topology_tasks(state, name, component):
+    from streamnet.runtime.topology import Topology
+    return Topology.from_dict(state.topology(name)).tasks(component)
+
+
+def test_zookeeper_restart_mid_run():
+    server = ZooKeeper().start()
+    c = Cluster(server.hosts, workers=2)
+    state = c.state()
+    try:
+        c.wait_registered(2, state)
+        topo = _slow_wordcount(3000)
+        state.submit_topology(topo.name, topo.to_dict())
+        wait_for(lambda: (state.assignment(topo.name)[0] or {}).get("tasks"), 30, "the first assignment")
+        server.kill()
+        # down for a while (less than the session timeout, as a restart usually is)
+        deadline = time.monotonic() + 2.0
+        wait_for(lambda: time.monotonic() >= deadline, 5, "the outage", interval=0.1)
+        server.restart()
+        spouts = set(topo.tasks("sentences"))
+        wait_for(lambda: spouts <= state.done_tasks(topo.name), 180, "the topology to finish", interval=0.2)
+        from streamnet.cli.cluster_commands import _kill
+        results = _kill(state, topo.name, 60)
+        assert wordcount.merge_counts(results) == wordcount.expected_counts(3000, 0)
+        assert all(p.poll() is None for p in c.procs.values())
+    except BaseException:
+        print(c.dump_logs())
+        raise
+    finally:
+        state.coord.close()
+        c.close()
+        server.stop()

@@ -1,0 +1,152 @@
+"""Real ZooKeeper servers and worker processes for the cluster tests."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+
+from streamnet.runtime import wait_for
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ZK_SCRIPT = os.path.join(ROOT, "deploy", "zookeeper.sh")
+SESSION_TIMEOUT = 4.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def zookeeper_installed() -> bool:
+    return shutil.which("java") is not None and any(
+        f.startswith("zookeeper") and f.endswith(".jar") for f in os.listdir("/usr/share/java")
+    ) if os.path.isdir("/usr/share/java") else False
+
+
+class ZooKeeper:
+    """A standalone ZooKeeper in its own directory, started with deploy/zookeeper.sh."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="streamnet-zk-")
+        # the quorum ports (port+1000..) must be free too: pick a port whose neighbours are
+        self.port = free_port()
+        self.hosts = f"127.0.0.1:{self.port}"
+
+    def _run(self, *args):
+        return subprocess.run([ZK_SCRIPT, *args, "--dir", self.dir], check=True, capture_output=True, text=True,
+                              timeout=90)
+
+    def start(self):
+        self._run("start", "--port", str(self.port))
+        return self
+
+    def kill(self):
+        self._run("kill", "--server", "0")
+
+    def restart(self):
+        self._run("restart-server", "--server", "0")
+
+    def stop(self):
+        try:
+            self._run("stop")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Cluster:
+    """N streamnet-worker processes in a fresh cluster namespace."""
+
+    def __init__(self, zk_hosts: str, workers: int = 3, threads: int = 1, secret: bytes | None = None):
+        self.zk_hosts = zk_hosts
+        self.name = "t" + uuid.uuid4().hex[:8]
+        self.tmp = tempfile.mkdtemp(prefix="streamnet-cluster-")
+        self.secret_file = os.path.join(self.tmp, "secret")
+        with open(self.secret_file, "wb") as f:
+            f.write(secret or os.urandom(24).hex().encode())
+        os.chmod(self.secret_file, 0o600)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, str] = {}
+        self.threads = threads
+        for i in range(workers):
+            self.start_worker(f"w{i}")
+
+    def args(self) -> list[str]:
+        return ["--zk", self.zk_hosts, "--cluster", self.name, "--secret-file", self.secret_file,
+                "--session-timeout", str(SESSION_TIMEOUT)]
+
+    def start_worker(self, name: str, extra: list[str] = ()) -> subprocess.Popen:
+        log = os.path.join(self.tmp, f"{name}.log")
+        self.logs[name] = log
+        p = subprocess.Popen([sys.executable, "-m", "streamnet.cli.worker", *self.args(), "--name", name,
+                              "--port", "0", "--threads", str(self.threads), *extra],
+                             stdout=open(log, "ab"), stderr=subprocess.STDOUT, cwd=ROOT)
+        self.procs[name] = p
+        return p
+
+    def submit_cli(self, *args, timeout=300) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "streamnet.cli.submit", *args[:1], *args[1:], *self.args()],
+                              capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+    def state(self):
+        from streamnet.runtime.cluster_state import ClusterState
+        from streamnet.runtime.zk import ZkCoordinator
+        with open(self.secret_file, "rb") as f:
+            coord = ZkCoordinator(self.zk_hosts, f.read().strip(), session_timeout=SESSION_TIMEOUT)
+        return ClusterState(coord, self.name)
+
+    def wait_registered(self, n: int, state, timeout: float = 60):
+        return wait_for(lambda: len(state.workers()) == n and state.workers(), timeout, f"{n} workers to register",
+                        interval=0.1)
+
+    def status(self, state, worker: str) -> dict | None:
+        info = state.workers().get(worker)
+        if not info:
+            return None
+        try:
+            with urllib.request.urlopen(f"http://{info['host']}:{info['port']}/status", timeout=3) as r:
+                return json.load(r)
+        except OSError:
+            return None
+
+    def leader(self, state) -> str | None:
+        for w in state.workers():
+            st = self.status(state, w)
+            if st and st.get("leader"):
+                return w
+        return None
+
+    def kill9(self, name: str) -> None:
+        self.procs[name].send_signal(signal.SIGKILL)
+        self.procs[name].wait(10)
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for p in self.procs.values():
+            try:
+                p.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def dump_logs(self) -> str:
+        out = []
+        for name, path in self.logs.items():
+            try:
+                with open(path) as f:
+                    out.append(f"--- {name}\n" + f.read()[-3000:])
+            except OSError:
+                pass
+        return "\n".join(out)
