@@ -30,9 +30,16 @@ demo: $(VENV)/.base
 	deploy/ensure-packages.sh dataset-fashion-mnist
 	$(BIN)/streamnet-submit train $(DEMO_ARGS)
 
+# the tests run against a real ZooKeeper, started here and stopped afterwards (even on failure)
+ZK_DIR  := $(CURDIR)/.run/zookeeper-test
+ZK_PORT ?= 22181
 test: $(VENV)/.test
-	deploy/ensure-packages.sh dataset-fashion-mnist
-	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+	deploy/ensure-packages.sh dataset-fashion-mnist zookeeper
+	deploy/zookeeper.sh stop --dir $(ZK_DIR) >/dev/null 2>&1 || true
+	rm -rf $(ZK_DIR)
+	deploy/zookeeper.sh start --dir $(ZK_DIR) --port $(ZK_PORT) >/dev/null
+	STREAMNET_TEST_ZK=127.0.0.1:$(ZK_PORT) $(BIN)/python -m pytest -ra $(PYTEST_ARGS); rc=$$?; \
+	  deploy/zookeeper.sh stop --dir $(ZK_DIR); exit $$rc
 
 unit: $(VENV)/.test
 	$(BIN)/python -m pytest -ra tests/unit $(PYTEST_ARGS)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run ZooKeeper from Debian's `zookeeper` package, with its own data directory and ports.
 #
-#   deploy/zookeeper.sh start   [--port 2181] [--dir DIR] [--servers N] [--tick-ms 500]
+#   deploy/zookeeper.sh start   [--port 2181] [--dir DIR] [--servers N] [--tick-ms 500] [--bind 127.0.0.1]
 #   deploy/zookeeper.sh stop    [--dir DIR]
 #   deploy/zookeeper.sh status  [--dir DIR]
 #   deploy/zookeeper.sh kill    [--dir DIR] [--server I]    # SIGKILL one server (tests)
@@ -15,7 +15,7 @@
 set -euo pipefail
 
 cmd=${1:-}; shift || true
-port=2181; dir=${STREAMNET_ZK_DIR:-$(pwd)/.run/zookeeper}; servers=1; tick=500; which=0
+port=2181; dir=${STREAMNET_ZK_DIR:-$(pwd)/.run/zookeeper}; servers=1; tick=500; which=0; bind=127.0.0.1
 while [ $# -gt 0 ]; do
   case "$1" in
     --port) port=$2; shift 2;;
@@ -23,6 +23,7 @@ while [ $# -gt 0 ]; do
     --servers) servers=$2; shift 2;;
     --tick-ms) tick=$2; shift 2;;
     --server) which=$2; shift 2;;
+    --bind) bind=$2; shift 2;;
     *) echo "zookeeper.sh: unknown option $1" >&2; exit 2;;
   esac
 done
@@ -56,7 +57,7 @@ write_config() {  # index
     echo "syncLimit=10"
     echo "dataDir=$d/data"
     echo "clientPort=$((port + i))"
-    echo "clientPortAddress=127.0.0.1"
+    echo "clientPortAddress=$bind"
     echo "admin.enableServer=false"
     echo "4lw.commands.whitelist=ruok,srvr,stat,mntr"
     echo "maxClientCnxns=200"
@@ -68,7 +69,7 @@ write_config() {  # index
     fi
   } > "$d/zoo.cfg"
   [ "$servers" -gt 1 ] && echo $((i + 1)) > "$d/data/myid"
-  echo "$servers" > "$dir/servers"; echo "$port" > "$dir/port"
+  echo "$servers" > "$dir/servers"; echo "$port" > "$dir/port"; echo "$bind" > "$dir/bind"
 }
 
 start_one() {  # index
@@ -84,7 +85,7 @@ start_one() {  # index
 wait_up() {
   local deadline=$((SECONDS + 60))
   for i in $(seq 0 $((servers - 1))); do
-    until ruok 127.0.0.1 $((port + i)); do
+    until ruok "$(probe_host)" $((port + i)); do
       if [ $SECONDS -ge $deadline ]; then
         echo "zookeeper.sh: server $i did not answer on port $((port + i)) within 60 s; log:" >&2
         tail -20 "$dir/s$i/zookeeper.log" >&2; exit 1
@@ -94,15 +95,18 @@ wait_up() {
   done
 }
 
+probe_host() { if [ "$bind" = 0.0.0.0 ]; then echo 127.0.0.1; else echo "$bind"; fi; }
+
 connect_string() {
   local s="" i
-  for i in $(seq 0 $((servers - 1))); do s="$s${s:+,}127.0.0.1:$((port + i))"; done
+  for i in $(seq 0 $((servers - 1))); do s="$s${s:+,}$(probe_host):$((port + i))"; done
   echo "$s"
 }
 
 load_layout() {
   [ -f "$dir/servers" ] && servers=$(cat "$dir/servers")
   [ -f "$dir/port" ] && port=$(cat "$dir/port")
+  [ -f "$dir/bind" ] && bind=$(cat "$dir/bind")
   return 0
 }
 
@@ -131,13 +135,13 @@ case "$cmd" in
   restart-server)
     load_layout
     start_one "$which"
-    until ruok 127.0.0.1 $((port + which)); do sleep 0.2; done;;
+    until ruok "$(probe_host)" $((port + which)); do sleep 0.2; done;;
   status)
     load_layout
     rc=0
     for i in $(seq 0 $((servers - 1))); do
-      if ruok 127.0.0.1 $((port + i)); then echo "server $i on 127.0.0.1:$((port + i)): up"
-      else echo "server $i on 127.0.0.1:$((port + i)): down"; rc=3; fi
+      if ruok "$(probe_host)" $((port + i)); then echo "server $i on $(probe_host):$((port + i)): up"
+      else echo "server $i on $(probe_host):$((port + i)): down"; rc=3; fi
     done
     exit $rc;;
   *)
