@@ -11,29 +11,51 @@ from .train_args import add_training_options, config_from_args
 
 
 def cmd_train(a: argparse.Namespace) -> int:
-    from ..training import train_local
     cfg = config_from_args(a)
     alg = cfg.algorithm
-    print(f"training {cfg.model.name} on {cfg.data.dataset} with {alg.name} "
+    where = "in this process" if a.in_process else f"on an embedded local cluster of {cfg.units} workers"
+    print(f"training {cfg.model.name} on {cfg.data.dataset} with {alg.name} {where} "
           f"(units={cfg.units}, b={alg.batch}, H={alg.sync_period}, lr={alg.lr}, epochs={cfg.epochs})",
           file=sys.stderr)
     line = ProgressLine()
+    if a.in_process:
+        from ..training import train_local
 
-    def show(p):
-        if p.test_accuracy is not None:
-            line.line(f"epoch {p.epoch}/{p.epochs}  loss {p.loss:.4f}  test acc {p.test_accuracy:.2%}  "
-                      f"{p.samples_per_s:,.0f} samples/s")
-        else:
-            line.update(f"epoch {p.epoch}/{p.epochs} {bar(p.round / p.rounds)} round {p.round}/{p.rounds}  "
-                        f"loss {p.loss:.4f}  {p.samples_per_s:,.0f} samples/s")
-
-    summary = train_local(cfg, progress=show).summary
+        def show(p):
+            if p.test_accuracy is not None:
+                line.line(f"epoch {p.epoch}/{p.epochs}  loss {p.loss:.4f}  test acc {p.test_accuracy:.2%}  "
+                          f"{p.samples_per_s:,.0f} samples/s")
+            else:
+                line.update(f"epoch {p.epoch}/{p.epochs} {bar(p.round / p.rounds)} round {p.round}/{p.rounds}  "
+                            f"loss {p.loss:.4f}  {p.samples_per_s:,.0f} samples/s")
+        summary = train_local(cfg, progress=show).summary
+    else:
+        from ..training.cluster_run import train_on_local_cluster
+        show = training_progress(line, cfg)
+        summary, _ = train_on_local_cluster(cfg, workers=cfg.units, threads=max(1, cfg.threads // cfg.units),
+                                            progress=show)
+        for h in summary.history[show.shown:]:  # epochs that ended between two progress polls
+            line.line(f"epoch {h.epoch}/{cfg.epochs}  loss {h.train_loss:.4f}  test acc {h.test_accuracy:.2%}")
     print(f"final test accuracy {summary.test_accuracy:.2%}  {summary.samples_per_s:,.0f} samples/s  "
           f"wall {summary.wall_s:.1f} s")
     if a.summary:
         summary.write(a.summary)
         print(f"summary written to {a.summary}", file=sys.stderr)
     return 0
+
+
+def training_progress(line: ProgressLine, cfg):
+    """Render the sync bolt's progress records; a permanent line per evaluated epoch."""
+    def show(p):
+        if "test_accuracy" in p:
+            show.shown = p["eval_epoch"]
+            line.line(f"epoch {p['eval_epoch']}/{cfg.epochs}  loss {p['loss']:.4f}  test acc {p['test_accuracy']:.2%}"
+                      f"  {p['samples_per_s']:,.0f} samples/s  {p['elapsed_s']:.0f} s")
+        else:
+            line.update(f"epoch {p['epoch']}/{cfg.epochs} {bar(p['round'] / max(p['rounds'] / p['epoch'], 1))} "
+                        f"round {p['rounds']}  loss {p['loss']:.4f}  {p['samples_per_s']:,.0f} samples/s")
+    show.shown = 0
+    return show
 
 
 def cmd_run_example(a: argparse.Namespace) -> int:
@@ -62,7 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a network (--local: in this machine)")
     add_training_options(t)
     t.add_argument("--local", action="store_true", default=True,
-                   help="train on this machine (the default; cluster training uses `submit`)")
+                   help="train on an embedded local cluster on this machine (the default; a ZooKeeper "
+                        "cluster uses `submit`)")
+    t.add_argument("--in-process", action="store_true",
+                   help="run the units in this process without the engine (the reference trainer)")
     t.add_argument("--summary", metavar="FILE", help="write a JSON run summary")
     t.set_defaults(func=cmd_train)
     e = sub.add_parser("run-example", help="run an example topology (wordcount, tensor_pipe) and check it")

@@ -104,12 +104,13 @@ class Context:
     def __init__(self, *, topology: str, component: str, task: int, task_index: int, parallelism: int,
                  worker: str, config: dict, component_config: dict, component_tasks: Callable[[str], range],
                  compute: Callable[..., Awaitable], publish: Callable[[str, Any], None],
-                 save_state: Callable[[Any], None]):
+                 save_state: Callable[[Any], None], put_checkpoint: Callable[[dict], None] = None):
         self.topology, self.component, self.task = topology, component, task
         self.task_index, self.parallelism, self.worker = task_index, parallelism, worker
         self.config, self.component_config = config, component_config
         self._component_tasks, self._compute, self._publish = component_tasks, compute, publish
         self._save_state = save_state
+        self._put_checkpoint = put_checkpoint
         self.log = logging.getLogger(f"streamnet.task.{component}.{task_index}")
 
     def component_tasks(self, component: str) -> list[int]:
@@ -125,6 +126,10 @@ class Context:
         (here or on another worker, after a failure or a rebalance) the engine calls
         restore(state) with the last one saved. Keep it small (ZooKeeper nodes: < 1 MB)."""
         self._save_state(state)
+
+    def put_checkpoint(self, pointer: dict) -> None:
+        """Record the topology's latest checkpoint (step, path, checksum) in the coordinator."""
+        self._put_checkpoint(pointer)
 
     def publish(self, key: str, value) -> None:
         """Store a (small) result under the topology's results, readable by clients."""

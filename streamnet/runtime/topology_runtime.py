@@ -75,7 +75,8 @@ class TopologyRuntime:
                       parallelism=c["parallelism"], worker=self.worker.id, config=self.topology.config,
                       component_config=c["config"], component_tasks=self.topology.tasks,
                       compute=self.worker.compute, publish=lambda k, v: self.worker.publish(self.name, k, v),
-                      save_state=lambda v, key=f"{c['id']}.{task - r.start}": self.worker.save_state(self.name, key, v))
+                      save_state=lambda v, key=f"{c['id']}.{task - r.start}": self.worker.save_state(self.name, key, v),
+                      put_checkpoint=lambda p: self.worker.state.put_checkpoint(self.name, p))
         if c["kind"] == "spout":
             return SpoutExecutor(self, task, c, instance, ctx)
         return BoltExecutor(self, task, c, instance, ctx, queue_size=int(self.topology.config["queue_size"]))

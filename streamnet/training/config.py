@@ -120,6 +120,26 @@ class RunConfig:
                      f"has {len(v) if v else 0} entries for {self.units} units")
 
 
+def run_config_to_dict(cfg: RunConfig) -> dict:
+    """Plain data (JSON-safe) for a topology spec; run_config_from_dict inverts it."""
+    from dataclasses import asdict
+    d = asdict(cfg)
+    for key in ("unit_batches", "unit_sync_periods"):
+        if d["algorithm"][key] is not None:
+            d["algorithm"][key] = list(d["algorithm"][key])
+    return d
+
+
+def run_config_from_dict(d: dict) -> RunConfig:
+    alg = dict(d["algorithm"])
+    for key in ("unit_batches", "unit_sync_periods"):
+        if alg.get(key) is not None:
+            alg[key] = tuple(alg[key])
+    return RunConfig(model=ModelConfig(**d["model"]), data=DataConfig(**d["data"]),
+                     algorithm=AlgorithmConfig(**alg),
+                     **{k: v for k, v in d.items() if k not in ("model", "data", "algorithm")})
+
+
 # -- named setups -----------------------------------------------------------
 
 def lenet5_mixbp(**overrides) -> RunConfig:

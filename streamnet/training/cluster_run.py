@@ -1,0 +1,49 @@
+"""Training on the engine: submit the NS-Map topology to a cluster (embedded or
+ZooKeeper), follow its progress, collect the summary."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from ..errors import StreamnetError
+from .config import RunConfig
+from .nsmap import build_topology
+from .summary_from_results import summarise
+
+
+def follow(state, topology, cfg: RunConfig, progress: Callable[[dict], None] | None = None,
+           timeout: float = 24 * 3600, poll_s: float = 0.5):
+    """Wait until the topology's spouts are done, reporting progress; then kill it and
+    return (results, wall seconds)."""
+    from ..cli.cluster_commands import _kill
+    spouts = {t for c in topology.components if c["kind"] == "spout" for t in topology.tasks(c["id"])}
+    t0 = time.monotonic()
+    seen_epochs = 0
+    while not spouts <= state.done_tasks(topology.name):
+        if time.monotonic() - t0 > timeout:
+            raise StreamnetError(f"training did not finish within {timeout:.0f} s")
+        if state.status(topology.name) != "active":
+            raise StreamnetError(f"topology {topology.name} was killed")
+        if progress:
+            results = state.results(topology.name)
+            p = results.get("sync.0.progress")
+            hist = results.get("eval.0.history") or []
+            if p:
+                p = dict(p, epochs=cfg.epochs, elapsed_s=time.monotonic() - t0)
+                if len(hist) > seen_epochs:
+                    p["test_accuracy"] = hist[-1]["test_accuracy"]
+                    p["eval_epoch"] = hist[-1]["epoch"]
+                    seen_epochs = len(hist)
+                progress(p)
+        time.sleep(poll_s)
+    wall = time.monotonic() - t0
+    return _kill(state, topology.name, 120), wall
+
+
+def train_on_local_cluster(cfg: RunConfig, workers: int, threads: int = 1, progress=None, secret=None):
+    from ..runtime import LocalCluster
+    topo = build_topology(cfg)
+    with LocalCluster(workers=workers, threads=threads, secret=secret) as cluster:
+        cluster.submit(topo)
+        results, wall = follow(cluster.state, topo, cfg, progress)
+    return summarise(cfg, results, workers=workers, wall_s=wall), results

@@ -1,0 +1,302 @@
+"""NN-S as runtime components: the data spout, compute bolts, the sync bolt, the
+evaluation bolt and the checkpoint bolt.
+
+One round, for every unit k with work in it:
+
+    data --work(k, epoch, round, batches)--> compute[k]          (direct; root of k's tree)
+    compute[k] --contribution(k, vector)--> sync                 (anchored to the work)
+    sync, once every expected unit of the round has reported:
+        combine (weighted, in unit order) and one outer step
+        --params--> every compute task (all), and at epoch ends --params--> eval, checkpoint
+        (anchored to all of the round's contributions), then ack the contributions
+    compute[j] sets the params, acks.
+
+So unit k's tree completes only when every replica holds the new parameters (and,
+at an epoch's end, the evaluation is done); the spout's max_spout_pending equals
+the number of units, which makes the tree completion the synchronisation barrier.
+A lost tuple fails the tree and the spout replays the unit's work; the sync bolt
+counts each (epoch, round, unit) once and answers a replay of a round it already
+combined by sending the current parameters again.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+
+import numpy as np
+
+from ..runtime import Bolt, Spout
+from .bp import Aggregator, ComputeUnit, Contribution, lr_scale, plan_for
+from .config import run_config_from_dict
+from .evaluate import evaluate
+from .local import UnitSchedule, load_data, make_model
+
+log = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=4)
+def _dataset(data_key: str, seed: int):
+    """One copy per process however many tasks use it (the local cluster runs all
+    workers in one process); read-only, so sharing is safe."""
+    import json
+    from .config import DataConfig
+    return load_data(DataConfig(**json.loads(data_key)), seed)
+
+
+def dataset_for(cfg):
+    import json
+    from dataclasses import asdict
+    return _dataset(json.dumps(asdict(cfg.data), sort_keys=True), cfg.seed)
+
+
+class DataSpout(Spout):
+    """Emits each unit's work, round by round, epoch by epoch."""
+    outputs = ["unit", "epoch", "round", "step", "lr_scale", "batches"]
+
+    def open(self, ctx, collector):
+        super().open(ctx, collector)
+        self.cfg = run_config_from_dict(self.config["run"])
+        self.schedule = UnitSchedule(self.cfg, int(self.config["train_size"]))
+        self.compute_tasks = ctx.component_tasks("compute")
+        self.epoch, self.round, self.step = 0, 0, 0
+        self.plan, self.rounds = self.schedule.epoch(0)
+        self.total = self.rounds * self.cfg.epochs
+        self.in_flight: dict[tuple, list] = {}      # (epoch, round, unit) -> work values
+        self.replay: list[tuple] = []
+        self.replayed = 0
+
+    def restore(self, state):
+        self.epoch, self.round, self.step = state["epoch"], state["round"], state["step"]
+        self.replayed = state["replayed"]
+        if self.epoch < self.cfg.epochs:
+            self.plan, self.rounds = self.schedule.epoch(self.epoch)
+
+    def _emit(self, key, values):
+        self.collector.emit(values, msg_id=key, direct_task=self.compute_tasks[key[2]])
+
+    def next_tuple(self):
+        if self.replay:
+            key = self.replay.pop()
+            self._emit(key, self.in_flight[key])
+            return
+        if self.in_flight or self.epoch >= self.cfg.epochs:
+            return  # the barrier: the whole round must complete first
+        scale = lr_scale(self.cfg.algorithm, self.step / self.total)
+        for unit, rounds in enumerate(self.plan):
+            if self.round < len(rounds):
+                batches = [b.astype(np.int32) for b in rounds[self.round]]
+                key = (self.epoch, self.round, unit)
+                self.in_flight[key] = [unit, self.epoch, self.round, self.step, scale, batches]
+                self._emit(key, self.in_flight[key])
+
+    def ack(self, key):
+        self.in_flight.pop(tuple(key), None)
+        if not self.in_flight:
+            self.round += 1
+            self.step += 1
+            if self.round >= self.rounds:
+                self.epoch, self.round = self.epoch + 1, 0
+                if self.epoch < self.cfg.epochs:
+                    self.plan, self.rounds = self.schedule.epoch(self.epoch)
+            self.ctx.save_state({"epoch": self.epoch, "round": self.round, "step": self.step,
+                                 "replayed": self.replayed})
+
+    def fail(self, key):
+        key = tuple(key)
+        if key in self.in_flight:
+            self.replayed += 1
+            log.warning("replaying work of unit %d, epoch %d, round %d", key[2], key[0], key[1])
+            self.replay.append(key)
+
+    def is_done(self):
+        return self.epoch >= self.cfg.epochs and not self.in_flight
+
+    def close(self):
+        if self.is_done():
+            self.ctx.publish("replayed", self.replayed)
+
+
+class ComputeBolt(Bolt):
+    """One model replica: runs a unit's round on the worker's compute threads."""
+    outputs = {"default": ["unit", "epoch", "round", "step", "lr_scale", "samples", "steps", "loss_sum", "vector"]}
+
+    def prepare(self, ctx, collector):
+        super().prepare(ctx, collector)
+        self.cfg = run_config_from_dict(self.config["run"])
+        self.ds = dataset_for(self.cfg)
+        self.unit = ComputeUnit(ctx.task_index, make_model(self.cfg, self.ds.num_classes), plan_for(self.cfg.algorithm))
+        self.size = self.unit.model.input_shape[-1]
+        self.compute_s = self.wait_s = 0.0
+        self.samples = 0
+        self._sent_at: float | None = None
+
+    def _round(self, batches, scale):
+        t0 = time.perf_counter()
+        c = self.unit.run_round((self.ds.batch(self.ds.train, idx, self.size) for idx in batches), scale)
+        return c, time.perf_counter() - t0
+
+    async def execute(self, tup):
+        if tup.source == "data":
+            c, seconds = await self.ctx.compute(self._round, tup["batches"], tup["lr_scale"])
+            self.compute_s += seconds
+            self.samples += c.samples
+            self.collector.emit([tup["unit"], tup["epoch"], tup["round"], tup["step"], tup["lr_scale"], c.samples,
+                                 c.steps, c.loss_sum, c.vector], anchors=tup)
+            self._sent_at = time.perf_counter()
+        else:  # parameters from the sync bolt
+            if self._sent_at is not None:
+                self.wait_s += time.perf_counter() - self._sent_at
+                self._sent_at = None
+            self.unit.receive(tup["params"])
+        self.collector.ack(tup)
+
+    def close(self):
+        self.ctx.publish("timing", {"worker": self.ctx.worker, "unit": self.ctx.task_index,
+                                    "compute_s": self.compute_s, "wait_s": self.wait_s, "samples": self.samples})
+
+
+class SyncBolt(Bolt):
+    """The parameter aggregator."""
+    outputs = {"params": ["step", "params"], "eval": ["epoch", "step", "params"],
+               "checkpoint": ["epoch", "step", "params"]}
+
+    def prepare(self, ctx, collector):
+        super().prepare(ctx, collector)
+        self.cfg = run_config_from_dict(self.config["run"])
+        ds = dataset_for(self.cfg)
+        model = make_model(self.cfg, ds.num_classes)
+        self.agg = Aggregator(model.params, plan_for(self.cfg.algorithm))
+        self.schedule = UnitSchedule(self.cfg, len(ds.train))
+        self.expected_cache: dict[int, set[int]] = {}
+        self.pending: dict[tuple[int, int], dict[int, object]] = {}
+        self.combined: set[tuple[int, int, int]] = set()   # (epoch, round, unit) already counted
+        self.rounds = self.samples = self.duplicates = 0
+        self.bytes_in = self.bytes_out = 0
+        self.barrier_s: dict[int, float] = {}
+        self.arrived: dict[int, float] = {}
+        self.loss_history: list[float] = []
+        self.epoch_loss: dict[int, list[float]] = {}   # epoch -> [loss sum, samples]
+        self.t0 = time.perf_counter()
+        self._published = 0.0
+
+    def _expected(self, epoch: int, rnd: int) -> set[int]:
+        if epoch not in self.expected_cache:
+            plan, _ = self.schedule.epoch(epoch)
+            self.expected_cache = {epoch: plan}
+        plan = self.expected_cache[epoch]
+        return {u for u, rounds in enumerate(plan) if rnd < len(rounds)}
+
+    async def execute(self, tup):
+        key = (tup["epoch"], tup["round"])
+        unit = tup["unit"]
+        if key + (unit,) in self.combined:
+            # a replay of a round already combined: resend the current parameters to the replayed unit's tree
+            self.duplicates += 1
+            self.collector.emit([tup["step"], self.agg.params], stream="params", anchors=tup)
+            self.collector.ack(tup)
+            return
+        slot = self.pending.setdefault(key, {})
+        if unit in slot:
+            self.duplicates += 1
+            self.collector.ack(slot[unit])  # the newer copy replaces the older; its tree is the one left
+        slot[unit] = tup
+        self.arrived[unit] = time.perf_counter()
+        self.bytes_in += tup["vector"].nbytes
+        if set(slot) < self._expected(*key):
+            return
+        tuples = [slot[u] for u in sorted(slot)]
+        contributions = [Contribution(t["unit"], t["samples"], t["steps"], t["loss_sum"], t["vector"]) for t in tuples]
+        done = time.perf_counter()
+        for u in slot:
+            self.barrier_s[u] = self.barrier_s.get(u, 0.0) + done - self.arrived[u]
+        params = await self.ctx.compute(self.agg.combine, contributions, tuples[0]["lr_scale"])
+        del self.pending[key]
+        self.combined.update(key + (u,) for u in slot)
+        self.rounds += 1
+        n = sum(c.samples for c in contributions)
+        self.samples += n
+        loss_sum = sum(c.loss_sum for c in contributions)
+        self.loss_history.append(loss_sum / max(n, 1))
+        acc = self.epoch_loss.setdefault(key[0] + 1, [0.0, 0])
+        acc[0] += loss_sum
+        acc[1] += n
+        out = params.copy()  # receivers in this process share the array: never hand out the live one
+        self.collector.emit([tuples[0]["step"], out], stream="params", anchors=tuples)
+        self.bytes_out += out.nbytes * len(self.ctx.component_tasks("compute"))
+        epoch, rnd = key
+        if self._epoch_ends(epoch, rnd):
+            self.collector.emit([epoch + 1, tuples[0]["step"], out], stream="eval", anchors=tuples)
+            self.collector.emit([epoch + 1, tuples[0]["step"], out], stream="checkpoint", anchors=tuples)
+        for t in tuples:
+            self.collector.ack(t)
+        now = time.perf_counter()
+        if now - self._published > 0.5:
+            self._publish_progress(epoch, rnd)
+            self._published = now
+
+    def _epoch_ends(self, epoch: int, rnd: int) -> bool:
+        plan = self.expected_cache.get(epoch)
+        return plan is not None and rnd + 1 >= max(len(r) for r in plan)
+
+    def _publish_progress(self, epoch, rnd):
+        elapsed = time.perf_counter() - self.t0
+        self.ctx.publish("progress", {"epoch": epoch + 1, "round": rnd + 1, "rounds": self.rounds,
+                                      "samples": self.samples, "loss": self.loss_history[-1],
+                                      "samples_per_s": self.samples / elapsed if elapsed else 0.0})
+
+    def close(self):
+        if self.loss_history:
+            self._publish_progress(*max(self.combined)[:2])
+        self.ctx.publish("stats", {"sync_rounds": self.rounds, "samples_processed": self.samples,
+                                   "duplicates": self.duplicates, "bytes_received": self.bytes_in,
+                                   "bytes_sent": self.bytes_out, "refused": len(self.agg.refused),
+                                   "barrier_s": {str(k): v for k, v in self.barrier_s.items()},
+                                   "epoch_train_loss": {str(e): l / max(n, 1) for e, (l, n) in self.epoch_loss.items()},
+                                   "num_params": int(self.agg.params.size),
+                                   "wall_s": time.perf_counter() - self.t0})
+        self.ctx.publish("params", self.agg.params if self.agg.params.nbytes <= 512 << 10 else None)
+
+
+class EvalBolt(Bolt):
+    outputs = []
+
+    def prepare(self, ctx, collector):
+        super().prepare(ctx, collector)
+        self.cfg = run_config_from_dict(self.config["run"])
+        self.ds = dataset_for(self.cfg)
+        self.model = make_model(self.cfg, self.ds.num_classes)
+        self.history: list[dict] = []
+
+    def _evaluate(self, params):
+        self.model.set_params(params)
+        return evaluate(self.model, self.ds, self.ds.test, self.cfg.data.test_limit)
+
+    async def execute(self, tup):
+        acc, loss = await self.ctx.compute(self._evaluate, tup["params"])
+        self.history.append({"epoch": tup["epoch"], "step": tup["step"], "test_accuracy": acc, "test_loss": loss})
+        self.ctx.publish("history", self.history)
+        self.collector.ack(tup)
+
+
+class CheckpointBolt(Bolt):
+    outputs = []
+
+    def prepare(self, ctx, collector):
+        super().prepare(ctx, collector)
+        self.dir = self.config.get("dir")
+        self.errors = 0
+
+    async def execute(self, tup):
+        if self.dir:
+            from .checkpoint import CheckpointError, write_checkpoint
+            try:
+                pointer = await self.ctx.compute(write_checkpoint, self.dir, self.ctx.topology, tup["step"],
+                                                 tup["params"])
+                pointer["epoch"] = tup["epoch"]
+                self.ctx.put_checkpoint(pointer)
+            except CheckpointError as e:
+                self.errors += 1
+                log.error("checkpoint failed, training goes on with the previous one: %s", e)
+        self.collector.ack(tup)

@@ -1,0 +1,53 @@
+"""NS-Map: (model, data, algorithm, parallelism) -> a topology of runtime components."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..runtime import TopologyBuilder
+from .config import SETUPS, RunConfig, run_config_to_dict
+from .local import load_data
+
+PKG = "streamnet.training.components"
+
+
+def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str | None = None,
+                   message_timeout_s: float = 300.0, train_size: int | None = None):
+    if train_size is None:
+        train_size = len(load_data(cfg.data, cfg.seed).train)
+    run = run_config_to_dict(cfg)
+    name = name or f"{cfg.model.name}-{cfg.algorithm.name}"
+    b = TopologyBuilder(name)
+    b.add_spout("data", f"{PKG}:DataSpout", run=run, train_size=train_size)
+    (b.add_bolt("compute", f"{PKG}:ComputeBolt", parallelism=cfg.units, run=run)
+        .direct("data").all("sync", stream="params"))
+    b.add_bolt("sync", f"{PKG}:SyncBolt", run=run).global_("compute")
+    b.add_bolt("eval", f"{PKG}:EvalBolt", run=run).all("sync", stream="eval")
+    b.add_bolt("checkpoint", f"{PKG}:CheckpointBolt", dir=checkpoint_dir).all("sync", stream="checkpoint")
+    # the spout holds one tree per unit: a round's trees completing is the sync barrier
+    return b.build(allow_cycles=True, max_spout_pending=cfg.units, message_timeout_s=message_timeout_s,
+                   queue_size=64)
+
+
+def _builder(setup: str):
+    def build(name: str | None = None, **overrides):
+        from .summary_from_results import summarise
+        cfg = SETUPS[setup]()
+        if overrides:
+            cfg = apply_overrides(cfg, overrides)
+        topo = build_topology(cfg, name=name)
+
+        def check(results):
+            s = summarise(cfg, results, workers=None)
+            return True, f"test accuracy {s.test_accuracy:.2%}, {s.samples_per_s:,.0f} samples/s"
+        return topo, check
+    return build
+
+
+def apply_overrides(cfg: RunConfig, o: dict) -> RunConfig:
+    alg_keys = {"batch", "sync_period", "lr", "momentum", "weight_decay", "lr_schedule", "outer_lr", "outer_momentum"}
+    alg = replace(cfg.algorithm, **{k: v for k, v in o.items() if k in alg_keys})
+    top = {k: v for k, v in o.items() if k in ("epochs", "units", "threads", "seed")}
+    return replace(cfg, algorithm=alg, **top)
+
+
+BUILDERS = {name: _builder(name) for name in SETUPS}
