@@ -52,10 +52,18 @@ def _builtin_builders() -> dict:
     return BUILDERS
 
 
+TRAINING_FLAGS = {"epochs": "epochs", "workers": "units", "batch": "batch", "sync_period": "sync_period",
+                  "lr": "lr", "dataset": "dataset", "data": "data_dir", "train_limit": "train_limit",
+                  "test_limit": "test_limit", "checkpoint_dir": "checkpoint_dir", "outer_momentum": "outer_momentum"}
+
+
 def cmd_submit(a) -> int:
     opts = _options(a.set)
     if a.name:
         opts["name"] = a.name
+    for flag, key in TRAINING_FLAGS.items():
+        if getattr(a, flag, None) is not None:
+            opts[key] = getattr(a, flag)
     topo, check = build_topology(a.topology, opts)
     coord, state, _ = connect(a)
     try:
@@ -90,12 +98,14 @@ def _follow(state, topo: Topology, check, a) -> int:
     wall = time.monotonic() - t0
     results = _kill(state, topo.name, a.timeout)
     line.line(f"{topo.name} finished in {wall:.1f} s")
-    ok, text = check(results) if check else (True, f"{len(results)} results")
+    ok, text, *extra = check(results, wall) if check else (True, f"{len(results)} results")
     print(f"{topo.name}: {'OK' if ok else 'WRONG'}: {text}")
     if a.summary:
+        body = {"topology": topo.name, "ok": ok, "wall_s": wall, "text": text}
+        body.update(extra[0] if extra else {"results": _jsonable(results)})
+        body["wall_s"] = wall
         with open(a.summary, "w") as f:
-            json.dump({"topology": topo.name, "ok": ok, "wall_s": wall, "summary": text,
-                       "results": _jsonable(results)}, f, indent=2)
+            json.dump(_jsonable(body), f, indent=2, default=str)
     return 0 if ok else 1
 
 
@@ -239,7 +249,19 @@ def add_commands(sub) -> None:
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="builder option")
     s.add_argument("--wait", action="store_true", help="follow it to completion, then collect its results")
     s.add_argument("--summary", metavar="FILE", help="with --wait: write a JSON summary")
-    s.add_argument("--timeout", type=float, default=3600.0)
+    s.add_argument("--timeout", type=float, default=24 * 3600.0)
+    t = s.add_argument_group("training topologies (lenet5-mixbp, alexnet-mixbp, lenet5-cumulative, lenet5-online)")
+    t.add_argument("--epochs", type=int)
+    t.add_argument("--workers", type=int, help="compute units (parallelism of the compute bolt)")
+    t.add_argument("--batch", type=int)
+    t.add_argument("--sync-period", type=int)
+    t.add_argument("--lr", type=float)
+    t.add_argument("--outer-momentum", type=float)
+    t.add_argument("--dataset")
+    t.add_argument("--data", metavar="DIR")
+    t.add_argument("--train-limit", type=int)
+    t.add_argument("--test-limit", type=int)
+    t.add_argument("--checkpoint-dir", help="write atomic checkpoints here at each epoch's end")
     add_cluster_options(s)
     s.set_defaults(func=cmd_submit)
 

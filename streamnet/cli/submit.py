@@ -52,8 +52,9 @@ def training_progress(line: ProgressLine, cfg):
             line.line(f"epoch {p['eval_epoch']}/{cfg.epochs}  loss {p['loss']:.4f}  test acc {p['test_accuracy']:.2%}"
                       f"  {p['samples_per_s']:,.0f} samples/s  {p['elapsed_s']:.0f} s")
         else:
-            line.update(f"epoch {p['epoch']}/{cfg.epochs} {bar(p['round'] / max(p['rounds'] / p['epoch'], 1))} "
-                        f"round {p['rounds']}  loss {p['loss']:.4f}  {p['samples_per_s']:,.0f} samples/s")
+            line.update(f"epoch {p['epoch']}/{cfg.epochs} {bar(p['round'] / max(p['epoch_rounds'], 1))} "
+                        f"round {p['round']}/{p['epoch_rounds']}  loss {p['loss']:.4f}  "
+                        f"{p['samples_per_s']:,.0f} samples/s")
     show.shown = 0
     return show
 
@@ -72,7 +73,7 @@ def cmd_run_example(a: argparse.Namespace) -> int:
     with LocalCluster(workers=a.workers, threads=a.threads) as cluster:
         t0 = time.perf_counter()
         results = cluster.run(topo, timeout=a.timeout)
-        ok, text = check(results)
+        ok, text = check(results)[:2]
     print(f"{a.name}: {'OK' if ok else 'WRONG'}: {text} ({time.perf_counter() - t0:.2f} s on {a.workers} workers)")
     return 0 if ok else 1
 

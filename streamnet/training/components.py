@@ -242,7 +242,9 @@ class SyncBolt(Bolt):
 
     def _publish_progress(self, epoch, rnd):
         elapsed = time.perf_counter() - self.t0
+        plan = self.expected_cache.get(epoch) or []
         self.ctx.publish("progress", {"epoch": epoch + 1, "round": rnd + 1, "rounds": self.rounds,
+                                      "epoch_rounds": max((len(r) for r in plan), default=0),
                                       "samples": self.samples, "loss": self.loss_history[-1],
                                       "samples_per_s": self.samples / elapsed if elapsed else 0.0})
 

@@ -17,7 +17,10 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
     run = run_config_to_dict(cfg)
     name = name or f"{cfg.model.name}-{cfg.algorithm.name}"
     b = TopologyBuilder(name)
-    b.add_spout("data", f"{PKG}:DataSpout", run=run, train_size=train_size)
+    alg = cfg.algorithm
+    about = (f"{cfg.model.name} on {cfg.data.dataset}: {alg.name} b={alg.batch} H={alg.sync_period} lr={alg.lr}, "
+             f"{cfg.units} units x {cfg.epochs} epochs")
+    b.add_spout("data", f"{PKG}:DataSpout", about=about, run=run, train_size=train_size)
     (b.add_bolt("compute", f"{PKG}:ComputeBolt", parallelism=cfg.units, run=run)
         .direct("data").all("sync", stream="params"))
     b.add_bolt("sync", f"{PKG}:SyncBolt", run=run).global_("compute")
@@ -29,25 +32,31 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
 
 
 def _builder(setup: str):
-    def build(name: str | None = None, **overrides):
+    def build(name: str | None = None, checkpoint_dir: str | None = None, **overrides):
         from .summary_from_results import summarise
-        cfg = SETUPS[setup]()
-        if overrides:
-            cfg = apply_overrides(cfg, overrides)
-        topo = build_topology(cfg, name=name)
+        cfg = apply_overrides(SETUPS[setup](), overrides)
+        topo = build_topology(cfg, name=name, checkpoint_dir=checkpoint_dir)
 
-        def check(results):
-            s = summarise(cfg, results, workers=None)
-            return True, f"test accuracy {s.test_accuracy:.2%}, {s.samples_per_s:,.0f} samples/s"
+        def check(results, wall_s=None):
+            s = summarise(cfg, results, workers=None, wall_s=wall_s)
+            return True, f"test accuracy {s.test_accuracy:.2%}, {s.samples_per_s:,.0f} samples/s", s.to_dict()
         return topo, check
     return build
 
 
+ALG_KEYS = ("batch", "sync_period", "lr", "momentum", "weight_decay", "lr_schedule", "outer_lr", "outer_momentum")
+DATA_KEYS = ("dataset", "data_dir", "train_limit", "test_limit")
+
+
 def apply_overrides(cfg: RunConfig, o: dict) -> RunConfig:
-    alg_keys = {"batch", "sync_period", "lr", "momentum", "weight_decay", "lr_schedule", "outer_lr", "outer_momentum"}
-    alg = replace(cfg.algorithm, **{k: v for k, v in o.items() if k in alg_keys})
-    top = {k: v for k, v in o.items() if k in ("epochs", "units", "threads", "seed")}
-    return replace(cfg, algorithm=alg, **top)
+    unknown = set(o) - set(ALG_KEYS) - set(DATA_KEYS) - {"epochs", "units", "threads", "seed"}
+    if unknown:
+        from ..errors import ConfigError
+        raise ConfigError(f"unknown training option(s) {sorted(unknown)}")
+    alg = replace(cfg.algorithm, **{k: o[k] for k in ALG_KEYS if k in o})
+    data = replace(cfg.data, **{k: o[k] for k in DATA_KEYS if k in o})
+    top = {k: o[k] for k in ("epochs", "units", "threads", "seed") if k in o}
+    return replace(cfg, algorithm=alg, data=data, **top)
 
 
 BUILDERS = {name: _builder(name) for name in SETUPS}

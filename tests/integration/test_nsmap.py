@@ -1,0 +1,73 @@
+"""NN-S on the engine: the topology computes what the in-process BP family computes."""
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from streamnet.training import AlgorithmConfig, DataConfig, ModelConfig, RunConfig, train_local
+from streamnet.training.cluster_run import train_on_local_cluster
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+DATA = DataConfig(dataset="synthetic", synthetic_train=256, synthetic_test=64)
+
+
+def cfg(units, name="cumulative", **alg):
+    a = dict(name=name, batch=8, sync_period=1, lr=0.05, momentum=0.9, weight_decay=1e-3)
+    a.update(alg)
+    return RunConfig(model=ModelConfig(name="lenet5"), data=DATA, algorithm=AlgorithmConfig(**a),
+                     units=units, threads=units, epochs=2, seed=3)
+
+
+@pytest.mark.parametrize("units", [1, 2, 4])
+def test_cumulative_topology_equals_single_process_sgd(units):
+    """train_local's cumulative mode equals plain SGD (tests/unit/test_bp_family.py); the
+    topology must give the same parameters, whatever the arrival order of contributions."""
+    c = cfg(units)
+    summary, results = train_on_local_cluster(c, workers=min(units, 2))
+    reference = train_local(c).params
+    params = results["sync.0.params"]
+    err = np.max(np.abs(params - reference)) / np.max(np.abs(reference))
+    assert err < 1e-5, err
+    assert summary.sync_rounds == 2 * 256 // (8 * units) and summary.samples_processed == 512
+
+
+def test_mixbp_topology_with_per_unit_batches():
+    c = cfg(3, name="mixbp", sync_period=4, unit_batches=(4, 8, 12))
+    summary, results = train_on_local_cluster(c, workers=2)
+    np.testing.assert_allclose(results["sync.0.params"], train_local(c).params, rtol=1e-5, atol=1e-6)
+    assert summary.samples_processed == 2 * 256
+    assert len(summary.history) == 2 and summary.test_accuracy > 0.3
+    d = summary.to_dict()
+    for key in ("test_accuracy", "samples_per_s", "wall_s", "epochs", "algorithm", "workers", "sync_rounds",
+                "bytes_sent", "samples_processed", "samples_replayed", "per_worker"):
+        assert key in d, key
+    assert {"compute_s", "communication_s", "barrier_wait_s"} <= set(next(iter(d["per_worker"].values())))
+
+
+def test_online_topology_trains():
+    c = replace(cfg(2, name="online", batch=1, momentum=0.0, lr=0.01), epochs=1)
+    summary, _ = train_on_local_cluster(c, workers=2)
+    assert summary.sync_rounds == 128 and summary.history[0].train_loss < 2.3
+
+
+def test_describe_prints_the_nsmap_topology():
+    r = subprocess.run([sys.executable, "-m", "streamnet.cli.submit", "describe", "lenet5-mixbp", "--set",
+                        "dataset=synthetic"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    for part in ("spout data", "bolt  compute", "<- data [direct]", "<- sync stream 'params' [all]",
+                 "bolt  sync", "<- compute [global]", "bolt  eval", "bolt  checkpoint"):
+        assert part in r.stdout, part
+
+
+def test_train_cli_on_the_embedded_cluster(tmp_path):
+    out = tmp_path / "s.json"
+    r = subprocess.run([sys.executable, "-m", "streamnet.cli.submit", "train", "--dataset", "synthetic",
+                        "--epochs", "1", "--workers", "2", "--local", "--summary", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "embedded local cluster of 2 workers" in r.stderr and "final test accuracy" in r.stdout
+    import json
+    s = json.loads(out.read_text())
+    assert s["workers"] == 2 and s["sync_rounds"] > 0 and s["samples_processed"] == 2048
