@@ -19,12 +19,13 @@ class CheckpointError(StreamnetError):
 
 def write_checkpoint(directory: str, name: str, step: int, params: np.ndarray, meta: bytes = b"") -> dict:
     """Write atomically; return the pointer {step, path, sha256, bytes}."""
-    os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"{name}-{step:08d}.ckpt")
     body = np.ascontiguousarray(params, dtype=np.float32).tobytes()
     digest = hashlib.sha256(body).hexdigest()
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}-", suffix=".tmp")
+    tmp = None
     try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}-", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(MAGIC + digest.encode() + b"\n" + body)
             f.flush()
@@ -36,10 +37,11 @@ def write_checkpoint(directory: str, name: str, step: int, params: np.ndarray, m
         finally:
             os.close(dfd)
     except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
         raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
     return {"step": step, "path": path, "sha256": digest, "bytes": len(body)}
 

@@ -71,3 +71,15 @@ def test_train_cli_on_the_embedded_cluster(tmp_path):
     import json
     s = json.loads(out.read_text())
     assert s["workers"] == 2 and s["sync_rounds"] > 0 and s["samples_processed"] == 2048
+
+
+def test_alexnet_smoke_on_the_embedded_cluster():
+    c = RunConfig(model=ModelConfig(name="alexnet", options={"input_size": 64}),
+                  data=DataConfig(dataset="synthetic", synthetic_train=64, synthetic_test=32),
+                  algorithm=AlgorithmConfig(name="mixbp", batch=8, sync_period=2, lr=0.02), units=2, threads=2,
+                  epochs=1)
+    summary, results = train_on_local_cluster(c, workers=2)
+    assert summary.samples_processed == 64 and summary.sync_rounds == 2
+    assert summary.num_params == 7703242 and np.isfinite(summary.history[0].train_loss)
+    # 31 MB of parameters per contribution crossed the socket
+    assert summary.extra["bytes_sent"] >= 2 * 2 * 7703242 * 4

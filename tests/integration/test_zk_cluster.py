@@ -192,3 +192,45 @@ def test_zookeeper_restart_mid_run():
         state.coord.close()
         c.close()
         server.stop()
+
+
+def test_cluster_trains_lenet5_to_completion(cluster, tmp_path):
+    c, _ = cluster
+    summary = tmp_path / "train.json"
+    r = c.submit_cli("submit", "lenet5-mixbp", "--dataset", "synthetic", "--epochs", "2", "--workers", "3",
+                     "--checkpoint-dir", str(tmp_path / "ckpt"), "--wait", "--timeout", "300",
+                     "--summary", str(summary), timeout=400)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    import json
+    s = json.loads(summary.read_text())
+    assert s["epochs"] == 2 and s["units"] == 3 and s["samples_processed"] == 2 * 2048
+    assert s["test_accuracy"] > 0.5 and len(s["per_worker"]) >= 2
+    # one checkpoint per epoch, the last one at the last step, intact
+    ckpts = sorted((tmp_path / "ckpt").iterdir())
+    assert len(ckpts) == 2 and ckpts[-1].name.endswith(f"-{s['sync_rounds'] - 1:08d}.ckpt")
+    from streamnet.training.checkpoint import read_checkpoint
+    assert read_checkpoint(str(ckpts[-1])).size == s["num_params"]
+
+
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir(FASHION), reason="install dataset-fashion-mnist (make test does)")
+def test_lenet5_mixbp_on_two_workers_reaches_89_percent(zk, tmp_path):
+    c = Cluster(zk, workers=2, threads=1)
+    state = c.state()
+    try:
+        c.wait_registered(2, state)
+        summary = tmp_path / "lenet5.json"
+        r = c.submit_cli("submit", "lenet5-mixbp", "--workers", "2", "--wait", "--summary", str(summary),
+                         timeout=1800)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        import json
+        s = json.loads(summary.read_text())
+        print("LeNet-5 MixBP, 2 worker processes on ZooKeeper:",
+              {k: s[k] for k in ("test_accuracy", "samples_per_s", "wall_s", "epochs", "sync_rounds", "bytes_sent")})
+        assert s["test_accuracy"] >= 0.89
+    finally:
+        state.coord.close()
+        c.close()
