@@ -12,9 +12,9 @@ from .summary_from_results import summarise
 
 
 def follow(state, topology, cfg: RunConfig, progress: Callable[[dict], None] | None = None,
-           timeout: float = 24 * 3600, poll_s: float = 0.5):
-    """Wait until the topology's spouts are done, reporting progress; then kill it and
-    return (results, wall seconds)."""
+           timeout: float = 24 * 3600, poll_s: float = 0.5, stop_when: Callable[[dict], bool] | None = None):
+    """Wait until the topology's spouts are done (or stop_when(progress) says so),
+    reporting progress; then kill it and return (results, wall seconds)."""
     from ..cli.cluster_commands import _kill
     spouts = {t for c in topology.components if c["kind"] == "spout" for t in topology.tasks(c["id"])}
     t0 = time.monotonic()
@@ -24,7 +24,7 @@ def follow(state, topology, cfg: RunConfig, progress: Callable[[dict], None] | N
             raise StreamnetError(f"training did not finish within {timeout:.0f} s")
         if state.status(topology.name) != "active":
             raise StreamnetError(f"topology {topology.name} was killed")
-        if progress:
+        if progress or stop_when:
             results = state.results(topology.name)
             p = results.get("sync.0.progress")
             hist = results.get("eval.0.history") or []
@@ -34,16 +34,20 @@ def follow(state, topology, cfg: RunConfig, progress: Callable[[dict], None] | N
                     p["test_accuracy"] = hist[-1]["test_accuracy"]
                     p["eval_epoch"] = hist[-1]["epoch"]
                     seen_epochs = len(hist)
-                progress(p)
+                if progress:
+                    progress(p)
+                if stop_when and stop_when(p):
+                    break
         time.sleep(poll_s)
     wall = time.monotonic() - t0
     return _kill(state, topology.name, 120), wall
 
 
-def train_on_local_cluster(cfg: RunConfig, workers: int, threads: int = 1, progress=None, secret=None):
+def train_on_local_cluster(cfg: RunConfig, workers: int, threads: int = 1, progress=None, secret=None,
+                           stop_when=None):
     from ..runtime import LocalCluster
     topo = build_topology(cfg)
     with LocalCluster(workers=workers, threads=threads, secret=secret) as cluster:
         cluster.submit(topo)
-        results, wall = follow(cluster.state, topo, cfg, progress)
+        results, wall = follow(cluster.state, topo, cfg, progress, stop_when=stop_when)
     return summarise(cfg, results, workers=workers, wall_s=wall), results

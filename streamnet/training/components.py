@@ -179,6 +179,7 @@ class SyncBolt(Bolt):
         self.loss_history: list[float] = []
         self.epoch_loss: dict[int, list[float]] = {}   # epoch -> [loss sum, samples]
         self.t0 = time.perf_counter()
+        self.started = time.time()
         self._published = 0.0
 
     def _expected(self, epoch: int, rnd: int) -> set[int]:
@@ -257,7 +258,7 @@ class SyncBolt(Bolt):
                                    "barrier_s": {str(k): v for k, v in self.barrier_s.items()},
                                    "epoch_train_loss": {str(e): l / max(n, 1) for e, (l, n) in self.epoch_loss.items()},
                                    "num_params": int(self.agg.params.size),
-                                   "wall_s": time.perf_counter() - self.t0})
+                                   "wall_s": time.perf_counter() - self.t0, "started": self.started})
         self.ctx.publish("params", self.agg.params if self.agg.params.nbytes <= 512 << 10 else None)
 
 
@@ -277,7 +278,8 @@ class EvalBolt(Bolt):
 
     async def execute(self, tup):
         acc, loss = await self.ctx.compute(self._evaluate, tup["params"])
-        self.history.append({"epoch": tup["epoch"], "step": tup["step"], "test_accuracy": acc, "test_loss": loss})
+        self.history.append({"epoch": tup["epoch"], "step": tup["step"], "test_accuracy": acc, "test_loss": loss,
+                             "time": time.time()})
         self.ctx.publish("history", self.history)
         self.collector.ack(tup)
 

@@ -46,6 +46,9 @@ def summarise(cfg: RunConfig, results: dict, workers: int | None, wall_s: float 
         w["communication_s"] += max(t["wait_s"] - b, 0.0)
         w["samples"] += t["samples"]
     replayed = _one(results, "data.0.replayed", 0) or 0
+    started = stats.get("started")
+    s.extra["accuracy_at_s"] = [[h["time"] - started, h["test_accuracy"]] for h in history
+                                if started and "time" in h]
     s.extra.update({
         "bytes_sent": stats.get("bytes_sent", 0) + stats.get("bytes_received", 0),
         "bytes_per_sample": (stats.get("bytes_sent", 0) + stats.get("bytes_received", 0)) / max(s.samples_processed, 1),

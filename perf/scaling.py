@@ -1,0 +1,147 @@
+"""Scaling curves for NN-S on the embedded local cluster, against PyTorch DDP.
+
+For 1 and 2 workers (more with --workers): samples/s and wall time to the target
+test accuracy (89 % by default) for cumulative BP, online BP and MixBP with
+H in {1, 4, 8, 16}; the same for PyTorch DDP over gloo (torchrun) on the same
+data, model, per-process batch and schedule; communication bytes per sample.
+
+    python perf/scaling.py [--quick] [--workers 1,2] [--modes ...] [--max-epochs 10]
+
+--quick trains on 12,000 samples for at most 3 epochs to 85 %: minutes, not an hour.
+Writes perf/results/scaling.json and perf/results/scaling.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import machine, pin_blas_threads, png_path, write_json  # noqa: E402
+
+MODES = {
+    "cumulative": dict(name="cumulative", batch=32, sync_period=1, lr=0.05),
+    "online": dict(name="online", batch=1, sync_period=1, lr=0.01, momentum=0.0),
+    "mixbp-H1": dict(name="mixbp", batch=32, sync_period=1, lr=0.05),
+    "mixbp-H4": dict(name="mixbp", batch=32, sync_period=4, lr=0.05),
+    "mixbp-H8": dict(name="mixbp", batch=32, sync_period=8, lr=0.05),
+    "mixbp-H16": dict(name="mixbp", batch=32, sync_period=16, lr=0.05),
+}
+
+
+def run_streamnet(mode: str, workers: int, a) -> dict:
+    from streamnet.training import AlgorithmConfig, DataConfig, ModelConfig, RunConfig
+    from streamnet.training.cluster_run import train_on_local_cluster
+    cfg = RunConfig(model=ModelConfig(name="lenet5"), data=DataConfig(train_limit=a.train_limit),
+                    algorithm=AlgorithmConfig(**MODES[mode]), units=workers, threads=workers,
+                    epochs=a.max_epochs)
+    reached = {}
+
+    def stop(p):
+        if p.get("test_accuracy", 0) >= a.target and "t" not in reached:
+            reached["t"] = p["elapsed_s"]
+        return "t" in reached or p["elapsed_s"] > a.budget_s
+    t0 = time.time()
+    s, _ = train_on_local_cluster(cfg, workers=workers, threads=1, stop_when=stop)
+    hit = [t for t, acc in s.extra["accuracy_at_s"] if acc >= a.target]
+    return {"samples_per_s": s.samples_per_s, "time_to_target_s": hit[0] if hit else None,
+            "best_accuracy": max((h.test_accuracy for h in s.history), default=None),
+            "epochs_run": len(s.history), "bytes_per_sample": s.extra["bytes_per_sample"],
+            "sync_rounds": s.sync_rounds, "wall_s": time.time() - t0, "per_worker": s.extra["per_worker"]}
+
+
+def run_ddp(workers: int, a) -> dict:
+    out = tempfile.mktemp(suffix=".json")
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={workers}", "--master_port",
+           str(29500 + workers), os.path.join(os.path.dirname(__file__), "ddp_peer.py"), "--out", out,
+           "--epochs", str(a.max_epochs), "--target", str(a.target)]
+    if a.train_limit:
+        cmd += ["--train-limit", str(a.train_limit)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.budget_s * 3 + 300)
+    if r.returncode != 0:
+        return {"error": r.stderr[-2000:]}
+    with open(out) as f:
+        d = json.load(f)
+    os.unlink(out)
+    d["best_accuracy"] = max(h["test_accuracy"] for h in d["history"])
+    return d
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--workers", default="1,2")
+    p.add_argument("--modes", default=",".join(list(MODES) + ["ddp"]))
+    p.add_argument("--max-epochs", type=int)
+    p.add_argument("--target", type=float)
+    p.add_argument("--train-limit", type=int)
+    p.add_argument("--budget-s", type=float, default=900.0, help="give up on a run after this long")
+    a = p.parse_args()
+    a.max_epochs = a.max_epochs or (3 if a.quick else 10)
+    a.target = a.target or (0.85 if a.quick else 0.89)
+    a.train_limit = a.train_limit or (12000 if a.quick else None)
+    if a.quick:
+        a.budget_s = min(a.budget_s, 240.0)
+    pin_blas_threads(1)
+    logging.basicConfig(level=logging.WARNING)
+    workers = [int(w) for w in a.workers.split(",")]
+    out = {"machine": machine(), "target_accuracy": a.target, "max_epochs": a.max_epochs,
+           "train_limit": a.train_limit, "runs": {}}
+    for mode in a.modes.split(","):
+        for k in workers:
+            key = f"{mode}/{k}"
+            print(f"{key:<16s} ...", end="", flush=True)
+            r = run_ddp(k, a) if mode == "ddp" else run_streamnet(mode, k, a)
+            out["runs"][key] = r
+            if "error" in r:
+                print(f" failed: {r['error'][-300:]}")
+                continue
+            ttt = r["time_to_target_s"]
+            print(f" {r['samples_per_s']:8,.0f} samples/s  to {a.target:.0%}: "
+                  f"{'%.1f s' % ttt if ttt else 'not reached'} (best {r['best_accuracy']:.2%})  "
+                  f"{r['bytes_per_sample']:,.0f} B/sample")
+            write_json("scaling.json", out)
+    ratios = {}
+    for mode in a.modes.split(","):
+        r1, r2 = out["runs"].get(f"{mode}/1"), out["runs"].get(f"{mode}/2")
+        if r1 and r2 and "error" not in r1 and "error" not in r2:
+            ratios[f"{mode} speed-up 2 vs 1 workers"] = r2["samples_per_s"] / r1["samples_per_s"]
+    mix, ddp = out["runs"].get("mixbp-H8/2"), out["runs"].get("ddp/2")
+    if mix and ddp and mix.get("time_to_target_s") and ddp.get("time_to_target_s"):
+        ratios["mixbp-H8 time-to-target / ddp (2 workers)"] = mix["time_to_target_s"] / ddp["time_to_target_s"]
+    out["ratios"] = ratios
+    for k, v in ratios.items():
+        print(f"{k}: {v:.2f}")
+    print(f"wrote {write_json('scaling.json', out)}")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for mode in a.modes.split(","):
+            xs = [k for k in workers if "error" not in out["runs"].get(f"{mode}/{k}", {"error": 1})]
+            axes[0].plot(xs, [out["runs"][f"{mode}/{k}"]["samples_per_s"] for k in xs], "o-", label=mode)
+            t = [(k, out["runs"][f"{mode}/{k}"]["time_to_target_s"]) for k in xs
+                 if out["runs"][f"{mode}/{k}"]["time_to_target_s"]]
+            if t:
+                axes[1].plot([k for k, _ in t], [v for _, v in t], "o-", label=mode)
+        axes[0].set_xlabel("workers"); axes[0].set_ylabel("samples/s"); axes[0].set_yscale("log"); axes[0].legend()
+        axes[1].set_xlabel("workers"); axes[1].set_ylabel(f"seconds to {a.target:.0%}"); axes[1].legend()
+        for ax in axes:
+            ax.set_xticks(workers)
+        fig.suptitle("LeNet-5 on Fashion-MNIST: streamnet BP modes vs PyTorch DDP (gloo)")
+        fig.tight_layout(); fig.savefig(png_path("scaling.png"), dpi=100)
+        print(f"wrote {png_path('scaling.png')}")
+    except ImportError:
+        print("matplotlib not installed: no PNG")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
