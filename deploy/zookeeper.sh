@@ -76,6 +76,10 @@ start_one() {  # index
   local i=$1 d="$dir/s$1" main=org.apache.zookeeper.server.ZooKeeperServerMain
   [ "$servers" -gt 1 ] && main=org.apache.zookeeper.server.quorum.QuorumPeerMain
   if [ -f "$d/pid" ] && kill -0 "$(cat "$d/pid")" 2>/dev/null; then return 0; fi
+  if ruok "$(probe_host)" $((port + i)); then
+    echo "zookeeper.sh: port $((port + i)) already has a ZooKeeper that is not ours ($dir); pick --port" >&2
+    exit 1
+  fi
   # setsid: the server outlives the shell that started it and gets its own process group
   setsid java -Xmx256m -Dzookeeper.log.dir="$d" -Dzookeeper.root.logger=INFO,CONSOLE \
     -cp "$CP" "$main" "$d/zoo.cfg" > "$d/zookeeper.log" 2>&1 < /dev/null &

@@ -146,6 +146,11 @@ class SpoutExecutor(Executor):
             self.callbacks.append(("fail", entry[2]))
             self.wake.set()
 
+    def fail_all(self) -> None:
+        """Fail every pending tree now (its tuples may have been lost with a worker)."""
+        for root in list(self.pending):
+            self.on_fail(root)
+
     def _expire(self) -> None:
         now = time.monotonic()
         expired = [r for r, e in self.pending.items() if e[1] <= now]

@@ -40,7 +40,17 @@ class TopologyRuntime:
             if version <= self.version:
                 return
             self.version = version
+            before = self.task_worker
             self.task_worker = {int(t): w for t, w in assignment["tasks"].items()}
+            lost = {w for w in before.values() if w not in assignment["workers"] and w != self.worker.id}
+            if lost and before:
+                # tuples in flight to a worker that left are gone: replay now rather than
+                # after message_timeout_s, so no round waits longer than failure detection
+                for ex in self.executors.values():
+                    if isinstance(ex, SpoutExecutor) and ex.pending:
+                        log.warning("%s: worker(s) %s left; failing %d pending tuple tree(s) of task %d for replay",
+                                    self.name, ",".join(sorted(lost)), len(ex.pending), ex.task)
+                        ex.fail_all()
             self.addresses = dict(assignment["workers"])
             mine = {t for t, w in self.task_worker.items() if w == self.worker.id}
             self._build_routes(mine)

@@ -119,8 +119,17 @@ class DataSpout(Spout):
 
 
 class ComputeBolt(Bolt):
-    """One model replica: runs a unit's round on the worker's compute threads."""
-    outputs = {"default": ["unit", "epoch", "round", "step", "lr_scale", "samples", "steps", "loss_sum", "vector"]}
+    """One model replica: runs a unit's round on the worker's compute threads.
+
+    It knows which step its parameters start (`params_step`): work for that step is
+    computed; work for an earlier step was already combined and applied (a replay
+    after a failure) and is answered "applied"; work for a later step means this
+    replica is new or missed a broadcast, so it asks the sync bolt for the current
+    parameters and holds the work until they come.
+    """
+    outputs = {"default": ["unit", "epoch", "round", "step", "lr_scale", "samples", "steps", "loss_sum", "vector",
+                           "status"],
+               "resync": ["task"], "replica": ["task", "step", "params"]}
 
     def prepare(self, ctx, collector):
         super().prepare(ctx, collector)
@@ -128,6 +137,8 @@ class ComputeBolt(Bolt):
         self.ds = dataset_for(self.cfg)
         self.unit = ComputeUnit(ctx.task_index, make_model(self.cfg, self.ds.num_classes), plan_for(self.cfg.algorithm))
         self.size = self.unit.model.input_shape[-1]
+        self.params_step = 0          # a new replica holds the seeded initial parameters: step 0's
+        self.stash: list = []
         self.compute_s = self.wait_s = 0.0
         self.samples = 0
         self._sent_at: float | None = None
@@ -137,20 +148,42 @@ class ComputeBolt(Bolt):
         c = self.unit.run_round((self.ds.batch(self.ds.train, idx, self.size) for idx in batches), scale)
         return c, time.perf_counter() - t0
 
-    async def execute(self, tup):
-        if tup.source == "data":
+    async def _work(self, tup):
+        step = tup["step"]
+        if step > self.params_step:
+            if not self.stash:
+                log.warning("unit %d holds parameters of step %d, work is for step %d: asking for them",
+                            self.ctx.task_index, self.params_step, step)
+                self.collector.emit([self.ctx.task], stream="resync")
+            self.stash.append(tup)
+            return
+        head = [tup["unit"], tup["epoch"], tup["round"], step, tup["lr_scale"]]
+        if step < self.params_step:
+            self.collector.emit(head + [0, 0, 0.0, np.zeros(0, np.float32), "applied"], anchors=tup)
+        else:
             c, seconds = await self.ctx.compute(self._round, tup["batches"], tup["lr_scale"])
             self.compute_s += seconds
             self.samples += c.samples
-            self.collector.emit([tup["unit"], tup["epoch"], tup["round"], tup["step"], tup["lr_scale"], c.samples,
-                                 c.steps, c.loss_sum, c.vector], anchors=tup)
+            self.collector.emit(head + [c.samples, c.steps, c.loss_sum, c.vector, "ok"], anchors=tup)
             self._sent_at = time.perf_counter()
-        else:  # parameters from the sync bolt
+        self.collector.ack(tup)
+
+    async def execute(self, tup):
+        if tup.source == "data":
+            await self._work(tup)
+            return
+        if tup.stream == "state_request":
+            self.collector.emit([self.ctx.task, self.params_step, self.unit.model.params.copy()], stream="replica")
+        elif tup["step"] >= self.params_step:  # parameters: broadcast or sent to us alone
             if self._sent_at is not None:
                 self.wait_s += time.perf_counter() - self._sent_at
                 self._sent_at = None
             self.unit.receive(tup["params"])
+            self.params_step = tup["step"]
         self.collector.ack(tup)
+        stash, self.stash = self.stash, []
+        for work in stash:
+            await self._work(work)
 
     def close(self):
         self.ctx.publish("timing", {"worker": self.ctx.worker, "unit": self.ctx.task_index,
@@ -158,21 +191,33 @@ class ComputeBolt(Bolt):
 
 
 class SyncBolt(Bolt):
-    """The parameter aggregator."""
-    outputs = {"params": ["step", "params"], "eval": ["epoch", "step", "params"],
-               "checkpoint": ["epoch", "step", "params"]}
+    """The parameter aggregator.
+
+    It combines each step once (`next_step` is the step its parameters start). A
+    sync bolt that starts anew (its worker died) holds no parameters: it asks every
+    replica for theirs and continues from the newest - the compute units' replicas
+    are the parameters' backup - with the outer momentum reset (logged).
+    """
+    outputs = {"params": ["step", "params"], "direct_params": ["step", "params"], "state_request": ["nonce"],
+               "eval": ["epoch", "step", "params"], "checkpoint": ["epoch", "step", "params"]}
+    tick_interval_s = 1.0
+    ADOPT_WAIT_S = 5.0
 
     def prepare(self, ctx, collector):
         super().prepare(ctx, collector)
         self.cfg = run_config_from_dict(self.config["run"])
         ds = dataset_for(self.cfg)
+        self.train_size = len(ds.train)
         model = make_model(self.cfg, ds.num_classes)
         self.agg = Aggregator(model.params, plan_for(self.cfg.algorithm))
-        self.schedule = UnitSchedule(self.cfg, len(ds.train))
-        self.expected_cache: dict[int, set[int]] = {}
+        self.schedule = UnitSchedule(self.cfg, self.train_size)
+        self.compute_tasks = ctx.component_tasks("compute")
+        self.expected_cache: dict[int, list] = {}
         self.pending: dict[tuple[int, int], dict[int, object]] = {}
-        self.combined: set[tuple[int, int, int]] = set()   # (epoch, round, unit) already counted
-        self.rounds = self.samples = self.duplicates = 0
+        self.next_step = 0
+        self.adopting: dict | None = None     # replica replies while rebuilding state
+        self.rounds = self.samples = self.duplicates = self.recoveries = 0
+        self.epoch_samples: dict[int, int] = {}
         self.bytes_in = self.bytes_out = 0
         self.barrier_s: dict[int, float] = {}
         self.arrived: dict[int, float] = {}
@@ -181,21 +226,93 @@ class SyncBolt(Bolt):
         self.t0 = time.perf_counter()
         self.started = time.time()
         self._published = 0.0
+        self.restored = False
+        self.last_round = None   # (step, epoch, samples) of the last combine, to undo one never delivered
+
+    def restore(self, state):
+        """Counters survive in the coordinator; parameters come back from the replicas."""
+        self.restored = True
+        self.next_step = state["next_step"]
+        self.epoch_samples = {int(k): v for k, v in state["epoch_samples"].items()}
+        self.rounds, self.samples, self.duplicates = state["rounds"], state["samples"], state["duplicates"]
+        self.recoveries = state["recoveries"] + 1
+        self.started = state["started"]
+        self.last_round = state.get("last_round")
+        self._request_replicas()
+
+    def _request_replicas(self):
+        log.warning("sync bolt starting over at step %d: asking the %d replicas for their parameters",
+                    self.next_step, len(self.compute_tasks))
+        self.adopting = {"replies": {}, "since": time.monotonic()}
+        self.collector.emit([time.time_ns()], stream="state_request")
+
+    def _save(self):
+        self.ctx.save_state({"next_step": self.next_step, "epoch_samples": {str(k): v for k, v in self.epoch_samples.items()},
+                             "rounds": self.rounds, "samples": self.samples, "duplicates": self.duplicates,
+                             "recoveries": self.recoveries, "started": self.started, "last_round": self.last_round})
+
+    def _plan(self, epoch: int) -> list:
+        if epoch not in self.expected_cache:
+            self.expected_cache = {epoch: self.schedule.epoch(epoch)[0]}
+        return self.expected_cache[epoch]
 
     def _expected(self, epoch: int, rnd: int) -> set[int]:
-        if epoch not in self.expected_cache:
-            plan, _ = self.schedule.epoch(epoch)
-            self.expected_cache = {epoch: plan}
-        plan = self.expected_cache[epoch]
-        return {u for u, rounds in enumerate(plan) if rnd < len(rounds)}
+        return {u for u, rounds in enumerate(self._plan(epoch)) if rnd < len(rounds)}
 
     async def execute(self, tup):
+        if tup.stream == "replica":
+            self._replica(tup)
+        elif tup.stream == "resync":
+            if self.adopting is None:
+                self.collector.emit([self.next_step, self.agg.params.copy()], stream="direct_params",
+                                    direct_task=tup["task"])
+            self.collector.ack(tup)
+        else:
+            await self._contribution(tup)
+
+    def _replica(self, tup):
+        self.collector.ack(tup)
+        if self.adopting is None:
+            return
+        self.adopting["replies"][tup["task"]] = (tup["step"], tup["params"])
+        if len(self.adopting["replies"]) == len(self.compute_tasks):
+            self._adopt()
+
+    def tick(self):
+        if self.adopting is not None and time.monotonic() - self.adopting["since"] > self.ADOPT_WAIT_S:
+            if self.adopting["replies"]:
+                self._adopt()   # some replica died with the old sync bolt: go on with the others
+            else:
+                self._request_replicas()
+
+    def _adopt(self):
+        replies = self.adopting["replies"]
+        step, params = max(replies.values(), key=lambda r: r[0])
+        log.warning("sync bolt adopts the parameters of step %d from %d replica(s); outer momentum restarts",
+                    step, len(replies))
+        self.agg = Aggregator(params, self.agg.plan)
+        if self.next_step > step and self.last_round and self.last_round[0] == step:
+            # the old sync bolt saved its last combine but died before sending it: undo its count
+            _, epoch, n = self.last_round
+            log.warning("step %d was combined but never delivered; it will be combined again", step)
+            self.epoch_samples[epoch] -= n
+            self.samples -= n
+            self.rounds -= 1
+        self.next_step = step
+        self.adopting = None
+        # replicas behind the newest one catch up before they compute again
+        self.collector.emit([self.next_step, self.agg.params.copy()], stream="params")
+
+    async def _contribution(self, tup):
+        if self.adopting is None and not self.restored and self.next_step == 0 and tup["step"] > 0:
+            self.restored = True           # a new sync bolt with no saved state: same recovery
+            self._request_replicas()
         key = (tup["epoch"], tup["round"])
         unit = tup["unit"]
-        if key + (unit,) in self.combined:
-            # a replay of a round already combined: resend the current parameters to the replayed unit's tree
+        if self.adopting is None and (tup["status"] == "applied" or tup["step"] < self.next_step):
+            # a replay of a step already combined: complete its tree with the current parameters
             self.duplicates += 1
-            self.collector.emit([tup["step"], self.agg.params], stream="params", anchors=tup)
+            self.collector.emit([self.next_step, self.agg.params.copy()], stream="params", anchors=tup)
             self.collector.ack(tup)
             return
         slot = self.pending.setdefault(key, {})
@@ -205,41 +322,52 @@ class SyncBolt(Bolt):
         slot[unit] = tup
         self.arrived[unit] = time.perf_counter()
         self.bytes_in += tup["vector"].nbytes
-        if set(slot) < self._expected(*key):
+        if self.adopting is None:
+            await self._maybe_combine(key)
+
+    async def _maybe_combine(self, key):
+        slot = self.pending.get(key, {})
+        if not slot or set(slot) < self._expected(*key):
             return
         tuples = [slot[u] for u in sorted(slot)]
+        if any(t["status"] == "applied" or t["step"] != self.next_step for t in tuples):
+            del self.pending[key]
+            for t in tuples:            # stale after a recovery: answer like replays
+                self.duplicates += 1
+                self.collector.emit([self.next_step, self.agg.params.copy()], stream="params", anchors=t)
+                self.collector.ack(t)
+            return
         contributions = [Contribution(t["unit"], t["samples"], t["steps"], t["loss_sum"], t["vector"]) for t in tuples]
         done = time.perf_counter()
         for u in slot:
             self.barrier_s[u] = self.barrier_s.get(u, 0.0) + done - self.arrived[u]
         params = await self.ctx.compute(self.agg.combine, contributions, tuples[0]["lr_scale"])
         del self.pending[key]
-        self.combined.update(key + (u,) for u in slot)
+        epoch, rnd = key
+        self.next_step = tuples[0]["step"] + 1
         self.rounds += 1
         n = sum(c.samples for c in contributions)
         self.samples += n
+        self.epoch_samples[epoch + 1] = self.epoch_samples.get(epoch + 1, 0) + n
+        self.last_round = (tuples[0]["step"], epoch + 1, n)
         loss_sum = sum(c.loss_sum for c in contributions)
         self.loss_history.append(loss_sum / max(n, 1))
-        acc = self.epoch_loss.setdefault(key[0] + 1, [0.0, 0])
+        acc = self.epoch_loss.setdefault(epoch + 1, [0.0, 0])
         acc[0] += loss_sum
         acc[1] += n
         out = params.copy()  # receivers in this process share the array: never hand out the live one
-        self.collector.emit([tuples[0]["step"], out], stream="params", anchors=tuples)
-        self.bytes_out += out.nbytes * len(self.ctx.component_tasks("compute"))
-        epoch, rnd = key
-        if self._epoch_ends(epoch, rnd):
+        self.collector.emit([self.next_step, out], stream="params", anchors=tuples)
+        self.bytes_out += out.nbytes * len(self.compute_tasks)
+        if rnd + 1 >= max(len(r) for r in self._plan(epoch)):
             self.collector.emit([epoch + 1, tuples[0]["step"], out], stream="eval", anchors=tuples)
             self.collector.emit([epoch + 1, tuples[0]["step"], out], stream="checkpoint", anchors=tuples)
+        self._save()
         for t in tuples:
             self.collector.ack(t)
         now = time.perf_counter()
         if now - self._published > 0.5:
             self._publish_progress(epoch, rnd)
             self._published = now
-
-    def _epoch_ends(self, epoch: int, rnd: int) -> bool:
-        plan = self.expected_cache.get(epoch)
-        return plan is not None and rnd + 1 >= max(len(r) for r in plan)
 
     def _publish_progress(self, epoch, rnd):
         elapsed = time.perf_counter() - self.t0
@@ -250,11 +378,13 @@ class SyncBolt(Bolt):
                                       "samples_per_s": self.samples / elapsed if elapsed else 0.0})
 
     def close(self):
-        if self.loss_history:
-            self._publish_progress(*max(self.combined)[:2])
+        finished = {e: n for e, n in self.epoch_samples.items() if n >= self.train_size or e < max(self.epoch_samples, default=0)}
         self.ctx.publish("stats", {"sync_rounds": self.rounds, "samples_processed": self.samples,
                                    "duplicates": self.duplicates, "bytes_received": self.bytes_in,
                                    "bytes_sent": self.bytes_out, "refused": len(self.agg.refused),
+                                   "recoveries": self.recoveries,
+                                   "epoch_samples": {str(e): n for e, n in self.epoch_samples.items()},
+                                   "each_sample_counted_once": all(n == self.train_size for n in finished.values()),
                                    "barrier_s": {str(k): v for k, v in self.barrier_s.items()},
                                    "epoch_train_loss": {str(e): l / max(n, 1) for e, (l, n) in self.epoch_loss.items()},
                                    "num_params": int(self.agg.params.size),

@@ -11,7 +11,7 @@ PKG = "streamnet.training.components"
 
 
 def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str | None = None,
-                   message_timeout_s: float = 300.0, train_size: int | None = None):
+                   message_timeout_s: float = 60.0, train_size: int | None = None):
     if train_size is None:
         train_size = len(load_data(cfg.data, cfg.seed).train)
     run = run_config_to_dict(cfg)
@@ -22,8 +22,10 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
              f"{cfg.units} units x {cfg.epochs} epochs")
     b.add_spout("data", f"{PKG}:DataSpout", about=about, run=run, train_size=train_size)
     (b.add_bolt("compute", f"{PKG}:ComputeBolt", parallelism=cfg.units, run=run)
-        .direct("data").all("sync", stream="params"))
-    b.add_bolt("sync", f"{PKG}:SyncBolt", run=run).global_("compute")
+        .direct("data").all("sync", stream="params").direct("sync", stream="direct_params")
+        .all("sync", stream="state_request"))
+    (b.add_bolt("sync", f"{PKG}:SyncBolt", run=run).global_("compute")
+        .global_("compute", stream="resync").global_("compute", stream="replica"))
     b.add_bolt("eval", f"{PKG}:EvalBolt", run=run).all("sync", stream="eval")
     b.add_bolt("checkpoint", f"{PKG}:CheckpointBolt", dir=checkpoint_dir).all("sync", stream="checkpoint")
     # the spout holds one tree per unit: a round's trees completing is the sync barrier

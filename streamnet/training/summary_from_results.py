@@ -54,6 +54,8 @@ def summarise(cfg: RunConfig, results: dict, workers: int | None, wall_s: float 
         "bytes_per_sample": (stats.get("bytes_sent", 0) + stats.get("bytes_received", 0)) / max(s.samples_processed, 1),
         "samples_replayed": replayed,
         "duplicate_contributions": stats.get("duplicates", 0),
+        "each_sample_counted_once": stats.get("each_sample_counted_once"),
+        "sync_recoveries": stats.get("recoveries", 0),
         "refused_contributions": stats.get("refused", 0),
         "per_worker": dict(per_worker),
     })

@@ -1,6 +1,5 @@
 """The engine as a real cluster: streamnet-worker processes on a real ZooKeeper."""
 import os
-import signal
 import time
 
 import pytest
@@ -9,7 +8,7 @@ from streamnet.examples import wordcount
 from streamnet.runtime import wait_for
 from streamnet.runtime.zk import ZkCoordinator
 
-from .zk_harness import SESSION_TIMEOUT, Cluster, ZooKeeper, zookeeper_installed
+from .zk_harness import SESSION_TIMEOUT, ZooKeeper, finish, running_cluster, zookeeper_installed
 
 pytestmark = pytest.mark.skipif(not zookeeper_installed(),
                                 reason="needs Debian's zookeeper package (make test installs it)")
@@ -30,25 +29,8 @@ def zk():
 
 @pytest.fixture
 def cluster(zk):
-    c = Cluster(zk, workers=3)
-    state = c.state()
-    try:
-        c.wait_registered(3, state)
+    with running_cluster(zk, workers=3) as (c, state):
         yield c, state
-    except BaseException:
-        print(c.dump_logs())
-        raise
-    finally:
-        state.coord.close()
-        c.close()
-
-
-def _run_to_end(c, state, topo, timeout=120):
-    state.submit_topology(topo.name, topo.to_dict())
-    spouts = {t for comp in topo.components if comp["kind"] == "spout" for t in topo.tasks(comp["id"])}
-    wait_for(lambda: spouts <= state.done_tasks(topo.name), timeout, f"{topo.name} to finish", interval=0.1)
-    from streamnet.cli.cluster_commands import _kill
-    return _kill(state, topo.name, 60)
 
 
 def test_workers_register_and_status_lists_them(cluster):
@@ -93,10 +75,7 @@ def test_kill9_of_a_worker_mid_topology(cluster):
     wait_for(lambda: victim not in (state.assignment(topo.name)[0] or {}).get("tasks", {}).values(),
              SESSION_TIMEOUT + 5, "the dead worker's tasks to be reassigned", interval=0.05)
     reassigned_after = time.monotonic() - t_kill
-    spouts = set(topo.tasks("sentences"))
-    wait_for(lambda: spouts <= state.done_tasks(topo.name), 180, "the topology to finish", interval=0.2)
-    from streamnet.cli.cluster_commands import _kill
-    results = _kill(state, topo.name, 60)
+    results = finish(state, topo.name)
     assert reassigned_after <= SESSION_TIMEOUT + 1.0, reassigned_after
     assert wordcount.merge_counts(results) == wordcount.expected_counts(4000, 0)
 
@@ -111,7 +90,9 @@ def test_kill9_of_the_leader(cluster):
     elected_after = time.monotonic() - t_kill
     assert new != leader and elected_after <= SESSION_TIMEOUT + 2.0, (new, elected_after)
     # and scheduling continues: a new topology is placed on the survivors and completes
-    results = _run_to_end(c, state, wordcount.topology(count=1000), timeout=60)
+    topo = wordcount.topology(count=1000)
+    state.submit_topology(topo.name, topo.to_dict())
+    results = finish(state, topo.name, 60)
     assert wordcount.merge_counts(results) == wordcount.expected_counts(1000, 0)
 
 
@@ -153,44 +134,26 @@ def test_rebalance_changes_parallelism_live_without_losing_tuples(cluster):
              state.assignment(topo.name)[0].get("spec_version") == 1, 60, "the new layout", interval=0.1)
     assert [comp["parallelism"] for comp in state.topology(topo.name)["components"]] == [1, 4, 3]
     assert state.assignment(topo.name)[0]["threads"]["w0"] == 2
-    spouts = set(Topology_tasks(state, topo.name, "sentences"))
-    wait_for(lambda: spouts <= state.done_tasks(topo.name), 180, "the topology to finish", interval=0.2)
-    from streamnet.cli.cluster_commands import _kill
-    results = _kill(state, topo.name, 60)
+    results = finish(state, topo.name)
     assert wordcount.merge_counts(results) == wordcount.expected_counts(3000, 0)
-
-
-def Topology_tasks(state, name, component):
-    from streamnet.runtime.topology import Topology
-    return Topology.from_dict(state.topology(name)).tasks(component)
 
 
 def test_zookeeper_restart_mid_run():
     server = ZooKeeper().start()
-    c = Cluster(server.hosts, workers=2)
-    state = c.state()
     try:
-        c.wait_registered(2, state)
-        topo = _slow_wordcount(3000)
-        state.submit_topology(topo.name, topo.to_dict())
-        wait_for(lambda: (state.assignment(topo.name)[0] or {}).get("tasks"), 30, "the first assignment")
-        server.kill()
-        # down for a while (less than the session timeout, as a restart usually is)
-        deadline = time.monotonic() + 2.0
-        wait_for(lambda: time.monotonic() >= deadline, 5, "the outage", interval=0.1)
-        server.restart()
-        spouts = set(topo.tasks("sentences"))
-        wait_for(lambda: spouts <= state.done_tasks(topo.name), 180, "the topology to finish", interval=0.2)
-        from streamnet.cli.cluster_commands import _kill
-        results = _kill(state, topo.name, 60)
-        assert wordcount.merge_counts(results) == wordcount.expected_counts(3000, 0)
-        assert all(p.poll() is None for p in c.procs.values())
-    except BaseException:
-        print(c.dump_logs())
-        raise
+        with running_cluster(server.hosts, workers=2) as (c, state):
+            topo = _slow_wordcount(3000)
+            state.submit_topology(topo.name, topo.to_dict())
+            wait_for(lambda: (state.assignment(topo.name)[0] or {}).get("tasks"), 30, "the first assignment")
+            server.kill()
+            # down for a while (less than the session timeout, as a restart usually is)
+            deadline = time.monotonic() + 2.0
+            wait_for(lambda: time.monotonic() >= deadline, 5, "the outage", interval=0.1)
+            server.restart()
+            results = finish(state, topo.name)
+            assert wordcount.merge_counts(results) == wordcount.expected_counts(3000, 0)
+            assert all(p.poll() is None for p in c.procs.values())
     finally:
-        state.coord.close()
-        c.close()
         server.stop()
 
 
@@ -218,10 +181,7 @@ FASHION = "/usr/share/datasets/fashion-mnist"
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir(FASHION), reason="install dataset-fashion-mnist (make test does)")
 def test_lenet5_mixbp_on_two_workers_reaches_89_percent(zk, tmp_path):
-    c = Cluster(zk, workers=2, threads=1)
-    state = c.state()
-    try:
-        c.wait_registered(2, state)
+    with running_cluster(zk, workers=2) as (c, _):
         summary = tmp_path / "lenet5.json"
         r = c.submit_cli("submit", "lenet5-mixbp", "--workers", "2", "--wait", "--summary", str(summary),
                          timeout=1800)
@@ -231,6 +191,3 @@ def test_lenet5_mixbp_on_two_workers_reaches_89_percent(zk, tmp_path):
         print("LeNet-5 MixBP, 2 worker processes on ZooKeeper:",
               {k: s[k] for k in ("test_accuracy", "samples_per_s", "wall_s", "epochs", "sync_rounds", "bytes_sent")})
         assert s["test_accuracy"] >= 0.89
-    finally:
-        state.coord.close()
-        c.close()

@@ -1,6 +1,7 @@
 """Real ZooKeeper servers and worker processes for the cluster tests."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -150,3 +151,31 @@ class Cluster:
             except OSError:
                 pass
         return "\n".join(out)
+
+
+@contextlib.contextmanager
+def running_cluster(zk_hosts: str, workers: int = 3, threads: int = 1):
+    """A registered cluster and a client ClusterState; worker logs are printed on failure."""
+    c = Cluster(zk_hosts, workers=workers, threads=threads)
+    state = None
+    try:
+        state = c.state()
+        c.wait_registered(workers, state)
+        yield c, state
+    except BaseException:
+        print(c.dump_logs())
+        raise
+    finally:
+        if state is not None:
+            state.coord.close()
+        c.close()
+
+
+def finish(state, name: str, timeout: float = 180) -> dict:
+    """Wait until the topology's spouts are done, kill it, return its results."""
+    from streamnet.cli.cluster_commands import _kill
+    from streamnet.runtime.topology import Topology
+    topo = Topology.from_dict(state.topology(name))
+    spouts = {t for comp in topo.components if comp["kind"] == "spout" for t in topo.tasks(comp["id"])}
+    wait_for(lambda: spouts <= state.done_tasks(name), timeout, f"{name} to finish", interval=0.2)
+    return _kill(state, name, 60)
