@@ -120,14 +120,24 @@ class ClusterState:
                 pass
         return out
 
-    def save_state(self, name: str, key: str, value) -> None:
-        self.coord.put(self.path("topologies", name, "state", key), codec.encode_bytes(value))
+    def save_state(self, name: str, key: str, value, version: int) -> int:
+        """Compare-and-set on the node's version (-1: it must not exist yet); returns the
+        new version. BadVersionError/NodeExistsError mean another instance of the task
+        wrote since: this one is stale."""
+        path = self.path("topologies", name, "state", key)
+        data = codec.encode_bytes(value)
+        if version == -1:
+            self.coord.create(path, data, makepath=True)
+            return 0
+        return self.coord.set(path, data, version)
 
-    def load_state(self, name: str, key: str):
+    def load_state(self, name: str, key: str) -> tuple[object, int]:
+        """(state, version), or (None, -1) if none was saved."""
         try:
-            return codec.decode(self.coord.get(self.path("topologies", name, "state", key))[0])
+            data, version = self.coord.get(self.path("topologies", name, "state", key))
+            return codec.decode(data), version
         except NoNodeError:
-            return None
+            return None, -1
 
     def topology_names(self) -> list[str]:
         return self.coord.children(self.path("topologies"))

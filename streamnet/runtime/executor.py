@@ -28,6 +28,10 @@ STOP = object()
 ROOT_BITS = 48
 
 
+class FencedError(Exception):
+    """This task instance was superseded by another (its state was claimed since)."""
+
+
 def root_task(root: int) -> int:
     return root >> ROOT_BITS
 
@@ -72,6 +76,8 @@ class Executor:
         self._task: asyncio.Task | None = None
         self.stopping = False
         self.restored = None   # the last saved state, handed to restore() after open/prepare
+        self.state_version = -1  # version of the state node this instance owns (fencing)
+        self.fenced = False
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._guarded(), name=f"{self.cid}-{self.task}")
@@ -81,6 +87,8 @@ class Executor:
             await self.run()
         except asyncio.CancelledError:
             pass
+        except FencedError as e:
+            log.warning("%s", e)
         except Exception:  # noqa: BLE001 - a task's crash is logged, the worker lives on
             log.exception("task %s[%d] of %s crashed", self.cid, self.task, self.rt.name)
 
@@ -203,8 +211,12 @@ class SpoutExecutor(Executor):
                     await asyncio.wait_for(self.wake.wait(), idle)
                 except asyncio.TimeoutError:
                     idle = min(idle * 2, 0.05)
+        except FencedError:
+            self.fenced = True
+            raise
         finally:
-            spout.close()
+            if not self.fenced:   # a stale instance publishes nothing
+                spout.close()
 
 
 class BoltExecutor(Executor):
@@ -291,6 +303,8 @@ class BoltExecutor(Executor):
                         await r
                     if self.auto_ack:
                         self.ack(tup)
+                except FencedError:
+                    raise
                 except Exception:  # noqa: BLE001 - user code: fail the tuple, keep going
                     self.metrics.errors += 1
                     log.exception("bolt %s[%d] failed on %r", self.cid, self.task, tup)
@@ -298,5 +312,9 @@ class BoltExecutor(Executor):
                 self._current = None
                 self.metrics.observe(time.perf_counter() - t0)
                 await self.flush()
+        except FencedError:
+            self.fenced = True
+            raise
         finally:
-            bolt.close()
+            if not self.fenced:
+                bolt.close()

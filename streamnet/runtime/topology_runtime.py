@@ -59,7 +59,7 @@ class TopologyRuntime:
                 await self._stop_executor(self.executors.pop(t))
             for t in sorted(mine - set(self.executors)):
                 ex = self.executors[t] = self._make_executor(t)
-                ex.restored = await self.worker.load_state(self.name, f"{ex.cid}.{ex.ctx.task_index}")
+                await self.worker.claim_state(self.name, f"{ex.cid}.{ex.ctx.task_index}", ex)
             for t in sorted(mine):
                 ex = self.executors[t]
                 if ex._task is None:
@@ -85,11 +85,15 @@ class TopologyRuntime:
                       parallelism=c["parallelism"], worker=self.worker.id, config=self.topology.config,
                       component_config=c["config"], component_tasks=self.topology.tasks,
                       compute=self.worker.compute, publish=lambda k, v: self.worker.publish(self.name, k, v),
-                      save_state=lambda v, key=f"{c['id']}.{task - r.start}": self.worker.save_state(self.name, key, v),
+                      save_state=None,
                       put_checkpoint=lambda p: self.worker.state.put_checkpoint(self.name, p))
         if c["kind"] == "spout":
-            return SpoutExecutor(self, task, c, instance, ctx)
-        return BoltExecutor(self, task, c, instance, ctx, queue_size=int(self.topology.config["queue_size"]))
+            ex = SpoutExecutor(self, task, c, instance, ctx)
+        else:
+            ex = BoltExecutor(self, task, c, instance, ctx, queue_size=int(self.topology.config["queue_size"]))
+        key = f"{c['id']}.{task - r.start}"
+        ctx._save_state = lambda v: self.worker.save_state(self.name, key, v, ex)
+        return ex
 
     async def _stop_executor(self, ex, timeout: float = 10.0) -> None:
         if ex._task is None:

@@ -20,6 +20,8 @@ from . import codec
 from .cluster_state import ClusterState
 from .component import Tuple
 from .compute import ComputePool
+from .coordinator import BadVersionError, NodeExistsError
+from .executor import FencedError
 from .executor import BoltExecutor, SpoutExecutor
 from .metrics import prometheus
 from .scheduler_service import SchedulerService
@@ -191,11 +193,21 @@ class Worker:
     def publish(self, topology: str, key: str, value) -> None:
         self.state.publish_result(topology, key, value)
 
-    def save_state(self, topology: str, key: str, value) -> None:
-        self.state.save_state(topology, key, value)
+    def save_state(self, topology: str, key: str, value, ex) -> None:
+        try:
+            ex.state_version = self.state.save_state(topology, key, value, ex.state_version)
+        except (BadVersionError, NodeExistsError):
+            raise FencedError(f"task {key} of {topology} was taken over by another instance; this one "
+                              "(on worker {self.id}) stops without saving or acking") from None
 
-    async def load_state(self, topology: str, key: str):
-        return await asyncio.to_thread(self.state.load_state, topology, key)
+    async def claim_state(self, topology: str, key: str, ex) -> None:
+        """Load the task's last state and take ownership of it: rewriting it bumps the
+        version, so an older instance still running somewhere (a worker that was cut
+        off and came back) fails its next save and stops - it is fenced."""
+        value, version = await asyncio.to_thread(self.state.load_state, topology, key)
+        ex.restored, ex.state_version = value, version
+        if version >= 0:
+            ex.state_version = await asyncio.to_thread(self.state.save_state, topology, key, value, version)
 
     def mark_done(self, topology: str, task: int) -> None:
         self._spawn(asyncio.to_thread(self.state.mark_done, topology, task))

@@ -191,3 +191,26 @@ def test_lenet5_mixbp_on_two_workers_reaches_89_percent(zk, tmp_path):
         print("LeNet-5 MixBP, 2 worker processes on ZooKeeper:",
               {k: s[k] for k in ("test_accuracy", "samples_per_s", "wall_s", "epochs", "sync_rounds", "bytes_sent")})
         assert s["test_accuracy"] >= 0.89
+
+
+def test_a_paused_worker_whose_session_expired_rejoins(cluster):
+    """SIGSTOP a worker past the session timeout (a long GC pause, a frozen VM): its
+    session expires, its tasks move; on SIGCONT it registers again and the topology
+    still completes exactly."""
+    c, state = cluster
+    topo = _slow_wordcount(3000)
+    state.submit_topology(topo.name, topo.to_dict())
+    wait_for(lambda: (state.assignment(topo.name)[0] or {}).get("tasks"), 30, "the first assignment")
+    leader = c.leader(state)
+    victim = next(w for w in sorted(state.assignment(topo.name)[0]["workers"]) if w != leader)
+    import signal
+    c.procs[victim].send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: victim not in state.workers(), SESSION_TIMEOUT + 5, "the session to expire", interval=0.1)
+        wait_for(lambda: victim not in (state.assignment(topo.name)[0] or {}).get("tasks", {}).values(), 10,
+                 "its tasks to move", interval=0.1)
+    finally:
+        c.procs[victim].send_signal(signal.SIGCONT)
+    wait_for(lambda: victim in state.workers(), 30, "the paused worker to register again", interval=0.1)
+    results = finish(state, topo.name)
+    assert wordcount.merge_counts(results) == wordcount.expected_counts(3000, 0)
