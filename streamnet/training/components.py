@@ -402,14 +402,19 @@ class EvalBolt(Bolt):
         self.model = make_model(self.cfg, self.ds.num_classes)
         self.history: list[dict] = []
 
+    def restore(self, state):
+        self.history = list(state)
+
     def _evaluate(self, params):
         self.model.set_params(params)
         return evaluate(self.model, self.ds, self.ds.test, self.cfg.data.test_limit)
 
     async def execute(self, tup):
         acc, loss = await self.ctx.compute(self._evaluate, tup["params"])
+        self.history = [h for h in self.history if h["epoch"] != tup["epoch"]]  # a recomputed epoch end
         self.history.append({"epoch": tup["epoch"], "step": tup["step"], "test_accuracy": acc, "test_loss": loss,
                              "time": time.time()})
+        self.ctx.save_state(self.history)   # survives this worker
         self.ctx.publish("history", self.history)
         self.collector.ack(tup)
 
