@@ -261,7 +261,7 @@ class SyncBolt(Bolt):
 
     async def execute(self, tup):
         if tup.stream == "replica":
-            self._replica(tup)
+            await self._replica(tup)
         elif tup.stream == "resync":
             if self.adopting is None:
                 self.collector.emit([self.next_step, self.agg.params.copy()], stream="direct_params",
@@ -270,22 +270,22 @@ class SyncBolt(Bolt):
         else:
             await self._contribution(tup)
 
-    def _replica(self, tup):
+    async def _replica(self, tup):
         self.collector.ack(tup)
         if self.adopting is None:
             return
         self.adopting["replies"][tup["task"]] = (tup["step"], tup["params"])
         if len(self.adopting["replies"]) == len(self.compute_tasks):
-            self._adopt()
+            await self._adopt()
 
-    def tick(self):
+    async def tick(self):
         if self.adopting is not None and time.monotonic() - self.adopting["since"] > self.ADOPT_WAIT_S:
             if self.adopting["replies"]:
-                self._adopt()   # some replica died with the old sync bolt: go on with the others
+                await self._adopt()   # some replica died with the old sync bolt: go on with the others
             else:
                 self._request_replicas()
 
-    def _adopt(self):
+    async def _adopt(self):
         replies = self.adopting["replies"]
         step, params = max(replies.values(), key=lambda r: r[0])
         log.warning("sync bolt adopts the parameters of step %d from %d replica(s); outer momentum restarts",
@@ -302,6 +302,22 @@ class SyncBolt(Bolt):
         self.adopting = None
         # replicas behind the newest one catch up before they compute again
         self.collector.emit([self.next_step, self.agg.params.copy()], stream="params")
+        for key in sorted(self.pending):   # what arrived while we were rebuilding
+            slot = self.pending[key]
+            for unit, t in sorted(slot.items()):
+                if t["status"] == "applied" or t["step"] < self.next_step:
+                    del slot[unit]
+                    self._answer_replay(t)
+            if not slot:
+                del self.pending[key]
+        for key in sorted(self.pending):
+            await self._maybe_combine(key)
+
+    def _answer_replay(self, tup):
+        """A step already combined: complete the tree with the current parameters."""
+        self.duplicates += 1
+        self.collector.emit([self.next_step, self.agg.params.copy()], stream="params", anchors=tup)
+        self.collector.ack(tup)
 
     async def _contribution(self, tup):
         if self.adopting is None and not self.restored and self.next_step == 0 and tup["step"] > 0:
@@ -310,10 +326,7 @@ class SyncBolt(Bolt):
         key = (tup["epoch"], tup["round"])
         unit = tup["unit"]
         if self.adopting is None and (tup["status"] == "applied" or tup["step"] < self.next_step):
-            # a replay of a step already combined: complete its tree with the current parameters
-            self.duplicates += 1
-            self.collector.emit([self.next_step, self.agg.params.copy()], stream="params", anchors=tup)
-            self.collector.ack(tup)
+            self._answer_replay(tup)
             return
         slot = self.pending.setdefault(key, {})
         if unit in slot:
@@ -333,9 +346,7 @@ class SyncBolt(Bolt):
         if any(t["status"] == "applied" or t["step"] != self.next_step for t in tuples):
             del self.pending[key]
             for t in tuples:            # stale after a recovery: answer like replays
-                self.duplicates += 1
-                self.collector.emit([self.next_step, self.agg.params.copy()], stream="params", anchors=t)
-                self.collector.ack(t)
+                self._answer_replay(t)
             return
         contributions = [Contribution(t["unit"], t["samples"], t["steps"], t["loss_sum"], t["vector"]) for t in tuples]
         done = time.perf_counter()

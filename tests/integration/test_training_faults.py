@@ -10,7 +10,7 @@ from streamnet.training import DataConfig, lenet5_mixbp
 from streamnet.training.nsmap import build_topology
 from streamnet.training.summary_from_results import summarise
 
-from .zk_harness import finish, running_cluster, zookeeper_installed
+from streamnet.testing import finish, running_cluster, zookeeper_installed
 from .test_zk_cluster import zk  # noqa: F401 - the module-scoped ZooKeeper fixture
 
 FASHION = "/usr/share/datasets/fashion-mnist"

@@ -8,7 +8,7 @@ from streamnet.examples import wordcount
 from streamnet.runtime import wait_for
 from streamnet.runtime.zk import ZkCoordinator
 
-from .zk_harness import SESSION_TIMEOUT, ZooKeeper, finish, running_cluster, zookeeper_installed
+from streamnet.testing import SESSION_TIMEOUT, ZooKeeper, finish, running_cluster, zookeeper_installed
 
 pytestmark = pytest.mark.skipif(not zookeeper_installed(),
                                 reason="needs Debian's zookeeper package (make test installs it)")

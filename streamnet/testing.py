@@ -1,4 +1,5 @@
-"""Real ZooKeeper servers and worker processes for the cluster tests."""
+"""Real ZooKeeper servers and streamnet-worker processes, for the cluster tests and
+perf/chaos.py. Needs the checkout (deploy/zookeeper.sh) and Debian's zookeeper package."""
 from __future__ import annotations
 
 import contextlib
@@ -16,7 +17,7 @@ import uuid
 
 from streamnet.runtime import wait_for
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZK_SCRIPT = os.path.join(ROOT, "deploy", "zookeeper.sh")
 SESSION_TIMEOUT = 4.0
 

@@ -1,0 +1,138 @@
+"""Chaos trials: LeNet-5 MixBP on 3 streamnet-worker processes and a real ZooKeeper;
+each trial SIGKILLs a random worker (the leader included) at a random time.
+
+Reports completed/trials, final accuracy against a fault-free run, detection time
+(kill -> the dead worker's tasks reassigned) and resume time (kill -> the next
+synchronisation round completes), and draws rounds-over-time around each kill.
+
+    python perf/chaos.py [--trials 20] [--quick]
+
+Writes perf/results/chaos.json and perf/results/chaos.png.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import machine, png_path, write_json  # noqa: E402
+
+from streamnet.runtime import wait_for  # noqa: E402
+from streamnet.testing import ZooKeeper, finish, running_cluster  # noqa: E402
+from streamnet.training import DataConfig, lenet5_mixbp  # noqa: E402
+from streamnet.training.nsmap import build_topology  # noqa: E402
+from streamnet.training.summary_from_results import summarise  # noqa: E402
+
+
+def trial(zk_hosts: str, cfg, rng: random.Random, kill_at: float | None, name: str) -> dict:
+    topo = build_topology(cfg, name=name)
+    out = {"killed": None, "completed": False}
+    with running_cluster(zk_hosts, workers=3) as (c, state):
+        t_submit = time.monotonic()
+        state.submit_topology(topo.name, topo.to_dict())
+        timeline = []   # (seconds since submit, sync rounds)
+
+        def sample():
+            p = state.results(topo.name).get("sync.0.progress")
+            if p:
+                timeline.append((time.monotonic() - t_submit, p["rounds"]))
+            return p
+        wait_for(lambda: (sample() or {}).get("rounds", 0) >= 1, 120, "training to start", interval=0.1)
+        out["start_s"] = time.monotonic() - t_submit
+        if kill_at is not None:
+            deadline = t_submit + out["start_s"] + kill_at
+            wait_for(lambda: sample() is not None and time.monotonic() >= deadline, kill_at + 60, "the kill time",
+                     interval=0.1)
+            victim = rng.choice(sorted(state.workers()))
+            out["killed"] = {"worker": victim, "was_leader": victim == c.leader(state),
+                             "tasks": sorted(c.status(state, victim)["topologies"].get(topo.name, {}).get("tasks", {}))}
+            rounds_at_kill = timeline[-1][1]
+            t_kill = time.monotonic()
+            c.kill9(victim)
+            out["kill_at_s"] = t_kill - t_submit
+            wait_for(lambda: victim not in (state.assignment(topo.name)[0] or {}).get("tasks", {}).values(), 60,
+                     "reassignment", interval=0.05)
+            out["detection_s"] = time.monotonic() - t_kill
+            wait_for(lambda: (sample() or {}).get("rounds", 0) > rounds_at_kill, 120, "the next round",
+                     interval=0.05)
+            out["resume_s"] = time.monotonic() - t_kill
+        spouts = set(topo.tasks("data"))
+        wait_for(lambda: sample() is not None and spouts <= state.done_tasks(topo.name), 900, "the end",
+                 interval=0.2)
+        results = finish(state, topo.name, 60)
+    s = summarise(cfg, results, workers=3)
+    out["train_s"] = time.monotonic() - t_submit - out["start_s"]
+    out.update({"completed": True, "test_accuracy": s.test_accuracy,
+                "each_sample_counted_once": s.extra["each_sample_counted_once"],
+                "samples_replayed": s.extra["samples_replayed"], "sync_recoveries": s.extra["sync_recoveries"],
+                "timeline": timeline})
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trials", type=int, default=20)
+    p.add_argument("--quick", action="store_true", help="5 trials")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    trials = 5 if a.quick and a.trials == 20 else a.trials
+    limit = 12000
+    cfg = lenet5_mixbp(units=2, epochs=2, data=DataConfig(train_limit=limit, test_limit=2000))
+    rng = random.Random(a.seed)
+    zk = ZooKeeper().start()
+    out = {"machine": machine(), "trials": trials, "train_limit": limit, "epochs": cfg.epochs, "runs": []}
+    try:
+        base = trial(zk.hosts, cfg, rng, kill_at=None, name="chaos-base")
+        out["fault_free"] = {k: v for k, v in base.items() if k != "timeline"}
+        print(f"fault-free: accuracy {base['test_accuracy']:.2%}, {base['train_s']:.1f} s of training, "
+              f"{base['timeline'][-1][1]} rounds")
+        for i in range(trials):
+            try:
+                # somewhere in the middle of the run, so the kill lands while it trains
+                r = trial(zk.hosts, cfg, rng, kill_at=rng.uniform(0.15, 0.7) * base["train_s"], name=f"chaos-{i}")
+            except Exception as e:  # noqa: BLE001 - a failed trial is a result, not a crash
+                r = {"completed": False, "error": f"{type(e).__name__}: {e}"}
+            out["runs"].append(r)
+            k = r.get("killed") or {}
+            print(f"trial {i + 1:2d}: killed {k.get('worker')}{' (leader)' if k.get('was_leader') else ''} "
+                  f"tasks {k.get('tasks')}: " + (f"detected {r['detection_s']:.1f} s, resumed {r['resume_s']:.1f} s, "
+                                                 f"accuracy {r['test_accuracy']:.2%}, counted once "
+                                                 f"{r['each_sample_counted_once']}" if r["completed"] else r["error"]))
+            write_json("chaos.json", out)
+    finally:
+        zk.stop()
+    done = [r for r in out["runs"] if r["completed"]]
+    out["summary"] = {
+        "completed": f"{len(done)}/{trials}",
+        "accuracy_gap_pp_max": max((abs(r["test_accuracy"] - base["test_accuracy"]) * 100 for r in done), default=None),
+        "detection_s_max": max((r["detection_s"] for r in done), default=None),
+        "resume_s_max": max((r["resume_s"] for r in done), default=None),
+        "all_counted_once": all(r["each_sample_counted_once"] for r in done),
+    }
+    print(out["summary"])
+    print(f"wrote {write_json('chaos.json', out)}")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for r in done[:8]:
+            t = [x - r["kill_at_s"] for x, _ in r["timeline"]]
+            ax.plot(t, [n for _, n in r["timeline"]], label=r["killed"]["worker"])
+        ax.axvline(0, c="k", ls="--")
+        ax.set_xlabel("seconds from the kill"); ax.set_ylabel("synchronisation rounds done")
+        ax.set_title("training progress around a SIGKILL"); ax.legend(fontsize=7)
+        fig.tight_layout(); fig.savefig(png_path("chaos.png"), dpi=100)
+        print(f"wrote {png_path('chaos.png')}")
+    except ImportError:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
