@@ -15,7 +15,7 @@ import time
 import urllib.request
 import uuid
 
-from streamnet.runtime import wait_for
+from streamnet.runtime import kill_topology, wait_done, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZK_SCRIPT = os.path.join(ROOT, "deploy", "zookeeper.sh")
@@ -174,9 +174,5 @@ def running_cluster(zk_hosts: str, workers: int = 3, threads: int = 1):
 
 def finish(state, name: str, timeout: float = 180) -> dict:
     """Wait until the topology's spouts are done, kill it, return its results."""
-    from streamnet.cli.cluster_commands import _kill
-    from streamnet.runtime.topology import Topology
-    topo = Topology.from_dict(state.topology(name))
-    spouts = {t for comp in topo.components if comp["kind"] == "spout" for t in topo.tasks(comp["id"])}
-    wait_for(lambda: spouts <= state.done_tasks(name), timeout, f"{name} to finish", interval=0.2)
-    return _kill(state, name, 60)
+    wait_done(state, name, timeout, interval=0.2)
+    return kill_topology(state, name, 60)

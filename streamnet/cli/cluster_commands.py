@@ -8,6 +8,7 @@ import time
 import urllib.request
 
 from ..errors import StreamnetError
+from ..runtime.control import kill_topology, spout_tasks
 from ..runtime.topology import Topology, resolve
 from .common import add_cluster_options, connect
 from .progress import ProgressLine, bar
@@ -79,7 +80,7 @@ def cmd_submit(a) -> int:
 
 
 def _follow(state, topo: Topology, check, a) -> int:
-    spouts = {t for c in topo.components if c["kind"] == "spout" for t in topo.tasks(c["id"])}
+    spouts = spout_tasks(topo)
     line = ProgressLine()
     t0 = time.monotonic()
     while True:
@@ -96,7 +97,7 @@ def _follow(state, topo: Topology, check, a) -> int:
             return 1
         time.sleep(0.2)
     wall = time.monotonic() - t0
-    results = _kill(state, topo.name, a.timeout)
+    results = kill_topology(state, topo.name, a.timeout)
     line.line(f"{topo.name} finished in {wall:.1f} s")
     ok, text, *extra = check(results, wall) if check else (True, f"{len(results)} results")
     print(f"{topo.name}: {'OK' if ok else 'WRONG'}: {text}")
@@ -123,22 +124,10 @@ def _jsonable(value):
     return value
 
 
-def _kill(state, name: str, timeout: float) -> dict:
-    from ..runtime.local import wait_for
-    state.topology(name)
-    assigned = set((state.assignment(name)[0] or {}).get("workers", {}))
-    state.set_status(name, "killed")
-    wait_for(lambda: state.stopped_workers(name) >= (assigned & set(state.workers())), timeout,
-             f"workers to stop {name}", interval=0.1)
-    results = state.results(name)
-    state.remove_topology(name)
-    return results
-
-
 def cmd_kill(a) -> int:
     coord, state, _ = connect(a)
     try:
-        results = _kill(state, a.topology, a.timeout)
+        results = kill_topology(state, a.topology, a.timeout)
         print(f"killed {a.topology}; {len(results)} results published")
         return 0
     finally:

@@ -7,12 +7,13 @@ from .codec import CodecError, Limits
 from .component import BasicBolt, Bolt, Context, Spout, Tuple
 from .coordinator import (BadVersionError, Coordinator, CoordinatorError, InProcessServer, NoNodeError,
                           NodeExistsError)
-from .local import LocalCluster, wait_for
+from .control import ClusterTimeout, kill_topology, wait_done, wait_for
+from .local import LocalCluster
 from .scheduler import assign
 from .topology import Topology, TopologyBuilder, TopologyError
 from .worker import Worker
 
 __all__ = ["ClusterState", "CodecError", "Limits", "BasicBolt", "Bolt", "Context", "Spout", "Tuple",
            "BadVersionError", "Coordinator", "CoordinatorError", "InProcessServer", "NoNodeError",
-           "NodeExistsError", "LocalCluster", "wait_for", "assign", "Topology", "TopologyBuilder",
+           "NodeExistsError", "LocalCluster", "wait_for", "wait_done", "kill_topology", "ClusterTimeout", "assign", "Topology", "TopologyBuilder",
            "TopologyError", "Worker"]

@@ -17,32 +17,16 @@ import json
 import logging
 import os
 import threading
-import time
 import urllib.request
 
 from ..errors import StreamnetError
 from .cluster_state import ClusterState
+from .control import kill_topology, wait_done, wait_for
 from .coordinator import InProcessServer
 from .topology import Topology
 from .worker import Worker
 
 log = logging.getLogger(__name__)
-
-
-class ClusterTimeout(StreamnetError):
-    pass
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.01):
-    """Poll predicate until it returns something truthy; ClusterTimeout after timeout s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise ClusterTimeout(f"timed out after {timeout:.1f} s waiting for {what}")
-        time.sleep(interval)
 
 
 class _WorkerThread:
@@ -129,19 +113,11 @@ class LocalCluster:
 
     def wait_done(self, name: str, timeout: float = 60.0) -> None:
         """Until every spout task is done and its tuple trees are complete."""
-        t = Topology.from_dict(self.state.topology(name))
-        spout_tasks = {task for c in t.components if c["kind"] == "spout" for task in t.tasks(c["id"])}
-        wait_for(lambda: spout_tasks <= self.state.done_tasks(name), timeout,
-                 f"topology {name!r} to finish")
+        wait_done(self.state, name, timeout, interval=0.01)
 
     def kill(self, name: str, timeout: float = 30.0) -> dict:
         """Stop the topology's tasks everywhere (their close() runs); return its results."""
-        self.state.set_status(name, "killed")
-        wait_for(lambda: self.state.stopped_workers(name) >= {w.id for w in self.workers}, timeout,
-                 f"workers to stop topology {name!r}")
-        results = self.state.results(name)
-        self.state.remove_topology(name)
-        return results
+        return kill_topology(self.state, name, timeout)
 
     def run(self, topology: Topology, timeout: float = 120.0) -> dict:
         """Submit, wait until done, kill, and return the published results."""

@@ -6,6 +6,7 @@ import time
 from typing import Callable
 
 from ..errors import StreamnetError
+from ..runtime.control import kill_topology, spout_tasks
 from .config import RunConfig
 from .nsmap import build_topology
 from .summary_from_results import summarise
@@ -15,8 +16,7 @@ def follow(state, topology, cfg: RunConfig, progress: Callable[[dict], None] | N
            timeout: float = 24 * 3600, poll_s: float = 0.5, stop_when: Callable[[dict], bool] | None = None):
     """Wait until the topology's spouts are done (or stop_when(progress) says so),
     reporting progress; then kill it and return (results, wall seconds)."""
-    from ..cli.cluster_commands import _kill
-    spouts = {t for c in topology.components if c["kind"] == "spout" for t in topology.tasks(c["id"])}
+    spouts = spout_tasks(topology)
     t0 = time.monotonic()
     seen_epochs = 0
     while not spouts <= state.done_tasks(topology.name):
@@ -40,7 +40,7 @@ def follow(state, topology, cfg: RunConfig, progress: Callable[[dict], None] | N
                     break
         time.sleep(poll_s)
     wall = time.monotonic() - t0
-    return _kill(state, topology.name, 120), wall
+    return kill_topology(state, topology.name, 120), wall
 
 
 def train_on_local_cluster(cfg: RunConfig, workers: int, threads: int = 1, progress=None, secret=None,
