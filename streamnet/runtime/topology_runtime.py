@@ -53,6 +53,7 @@ class TopologyRuntime:
                         ex.fail_all()
             self.addresses = dict(assignment["workers"])
             mine = {t for t, w in self.task_worker.items() if w == self.worker.id}
+            log.info("%s: assignment v%d: tasks here %s", self.name, version, sorted(mine))
             self._build_routes(mine)
             for t in sorted(set(self.executors) - mine):
                 log.info("%s: task %d moved away; stopping it here", self.name, t)
