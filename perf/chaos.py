@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import machine, png_path, write_json  # noqa: E402
 
 from streamnet.runtime import wait_for  # noqa: E402
+from streamnet.runtime.control import is_done  # noqa: E402
 from streamnet.testing import ZooKeeper, finish, running_cluster  # noqa: E402
 from streamnet.training import DataConfig, lenet5_mixbp  # noqa: E402
 from streamnet.training.nsmap import build_topology  # noqa: E402
@@ -57,8 +58,10 @@ def trial(zk_hosts: str, cfg, rng: random.Random, kill_at: float | None, name: s
             wait_for(lambda: victim not in (state.assignment(topo.name)[0] or {}).get("tasks", {}).values(), 60,
                      "reassignment", interval=0.05)
             out["detection_s"] = time.monotonic() - t_kill
-            wait_for(lambda: (sample() or {}).get("rounds", 0) > rounds_at_kill, 120, "the next round",
-                     interval=0.05)
+            # progress is published at most every 0.5 s, so a kill during the last rounds may be
+            # followed by the end of training with no newer progress record: count that as resumed
+            wait_for(lambda: (sample() or {}).get("rounds", 0) > rounds_at_kill or is_done(state, topo.name), 120,
+                     "the next round (or the end)", interval=0.05)
             out["resume_s"] = time.monotonic() - t_kill
         spouts = set(topo.tasks("data"))
         wait_for(lambda: sample() is not None and spouts <= state.done_tasks(topo.name), 900, "the end",
@@ -96,7 +99,7 @@ def main() -> int:
                 # somewhere in the middle of the run, so the kill lands while it trains
                 r = trial(zk.hosts, cfg, rng, kill_at=rng.uniform(0.15, 0.7) * base["train_s"], name=f"chaos-{i}")
             except Exception as e:  # noqa: BLE001 - a failed trial is a result, not a crash
-                r = {"completed": False, "error": f"{type(e).__name__}: {e}"}
+                r = {"completed": False, "error": f"{type(e).__name__}: {e}", "killed": None}
             out["runs"].append(r)
             k = r.get("killed") or {}
             print(f"trial {i + 1:2d}: killed {k.get('worker')}{' (leader)' if k.get('was_leader') else ''} "
