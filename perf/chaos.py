@@ -48,6 +48,8 @@ def trial(zk_hosts: str, cfg, rng: random.Random, kill_at: float | None, name: s
             deadline = t_submit + out["start_s"] + kill_at
             wait_for(lambda: sample() is not None and time.monotonic() >= deadline, kill_at + 60, "the kill time",
                      interval=0.1)
+            if is_done(state, topo.name):
+                raise RuntimeError("training ended before the kill time; the trial tested nothing")
             victim = rng.choice(sorted(state.workers()))
             out["killed"] = {"worker": victim, "was_leader": victim == c.leader(state),
                              "tasks": sorted(c.status(state, victim)["topologies"].get(topo.name, {}).get("tasks", {}))}
@@ -97,7 +99,7 @@ def main() -> int:
         for i in range(trials):
             try:
                 # somewhere in the middle of the run, so the kill lands while it trains
-                r = trial(zk.hosts, cfg, rng, kill_at=rng.uniform(0.15, 0.7) * base["train_s"], name=f"chaos-{i}")
+                r = trial(zk.hosts, cfg, rng, kill_at=rng.uniform(0.1, 0.5) * base["train_s"], name=f"chaos-{i}")
             except Exception as e:  # noqa: BLE001 - a failed trial is a result, not a crash
                 r = {"completed": False, "error": f"{type(e).__name__}: {e}", "killed": None}
             out["runs"].append(r)
