@@ -53,8 +53,8 @@ class SentenceSpout(Spout):
 
     def next_tuple(self):
         if time.monotonic() - self._saved_at > 0.5:
+            self._saved_at = time.monotonic()   # a failed save is retried at the next interval
             self.ctx.save_state({"completed": sorted(self.completed), "replayed": self.replayed})
-            self._saved_at = time.monotonic()
         if self.todo:
             i = self.todo.pop()
             self.in_flight.add(i)

@@ -8,6 +8,7 @@ from .component import BasicBolt, Bolt, Context, Spout, Tuple
 from .coordinator import (BadVersionError, Coordinator, CoordinatorError, InProcessServer, NoNodeError,
                           NodeExistsError)
 from .control import ClusterTimeout, kill_topology, wait_done, wait_for
+from .executor import FencedError
 from .local import LocalCluster
 from .scheduler import assign
 from .topology import Topology, TopologyBuilder, TopologyError
@@ -15,5 +16,5 @@ from .worker import Worker
 
 __all__ = ["ClusterState", "CodecError", "Limits", "BasicBolt", "Bolt", "Context", "Spout", "Tuple",
            "BadVersionError", "Coordinator", "CoordinatorError", "InProcessServer", "NoNodeError",
-           "NodeExistsError", "LocalCluster", "wait_for", "wait_done", "kill_topology", "ClusterTimeout", "assign", "Topology", "TopologyBuilder",
+           "NodeExistsError", "FencedError", "LocalCluster", "wait_for", "wait_done", "kill_topology", "ClusterTimeout", "assign", "Topology", "TopologyBuilder",
            "TopologyError", "Worker"]

@@ -167,16 +167,26 @@ class SpoutExecutor(Executor):
             self.metrics.timed_out += 1
             self.callbacks.append(("fail", msg_id))
 
+    def _call(self, fn, *args) -> None:
+        """A spout method: its errors are logged and counted, the task goes on."""
+        try:
+            fn(*args)
+        except FencedError:
+            raise
+        except Exception:  # noqa: BLE001 - e.g. a save while the coordinator is unreachable
+            self.metrics.errors += 1
+            log.exception("spout %s[%d]: %s failed", self.cid, self.task, getattr(fn, "__name__", fn))
+
     def _run_callbacks(self) -> None:
         spout: Spout = self.instance
         while self.callbacks:
             kind, msg_id = self.callbacks.popleft()
             if kind == "ack":
                 self.metrics.acked += 1
-                spout.ack(msg_id)
+                self._call(spout.ack, msg_id)
             else:
                 self.metrics.failed += 1
-                spout.fail(msg_id)
+                self._call(spout.fail, msg_id)
 
     async def run(self) -> None:
         spout: Spout = self.instance
@@ -195,7 +205,7 @@ class SpoutExecutor(Executor):
                 if self.active and len(self.pending) < self.max_pending and not spout.is_done():
                     before = self.metrics.emitted
                     t0 = time.perf_counter()
-                    spout.next_tuple()
+                    self._call(spout.next_tuple)
                     emitted = self.metrics.emitted > before
                     if emitted:
                         self.metrics.observe(time.perf_counter() - t0)
@@ -267,9 +277,15 @@ class BoltExecutor(Executor):
             self.out.append((task, ["f", self.rt.name, task, root]))
 
     async def _tick(self) -> None:
-        r = self.instance.tick()
-        if inspect.isawaitable(r):
-            await r
+        try:
+            r = self.instance.tick()
+            if inspect.isawaitable(r):
+                await r
+        except FencedError:
+            raise
+        except Exception:  # noqa: BLE001 - e.g. the coordinator briefly unreachable: try again next tick
+            self.metrics.errors += 1
+            log.exception("bolt %s[%d] tick failed", self.cid, self.task)
         await self.flush()
 
     async def run(self) -> None:

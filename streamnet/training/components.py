@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from ..runtime import Bolt, Spout
+from ..runtime import Bolt, CoordinatorError, FencedError, Spout
 from .bp import Aggregator, ComputeUnit, Contribution, lr_scale, plan_for
 from .config import run_config_from_dict
 from .evaluate import evaluate
@@ -247,6 +247,14 @@ class SyncBolt(Bolt):
         self.collector.emit([time.time_ns()], stream="state_request")
 
     def _save(self):
+        try:
+            self._save_now()
+        except FencedError:
+            raise
+        except CoordinatorError as e:  # best effort: the next round saves again
+            log.warning("sync bolt could not save its counters: %s", e)
+
+    def _save_now(self):
         self.ctx.save_state({"next_step": self.next_step, "epoch_samples": {str(k): v for k, v in self.epoch_samples.items()},
                              "rounds": self.rounds, "samples": self.samples, "duplicates": self.duplicates,
                              "recoveries": self.recoveries, "started": self.started, "last_round": self.last_round})
@@ -314,9 +322,16 @@ class SyncBolt(Bolt):
             await self._maybe_combine(key)
 
     def _answer_replay(self, tup):
-        """A step already combined: complete the tree with the current parameters."""
+        """A step already combined: complete the tree with the current parameters. If it
+        was an epoch's last step, its evaluation and checkpoint may have been lost with a
+        worker: send them again (the eval bolt keeps one result per epoch)."""
         self.duplicates += 1
-        self.collector.emit([self.next_step, self.agg.params.copy()], stream="params", anchors=tup)
+        params = self.agg.params.copy()
+        self.collector.emit([self.next_step, params], stream="params", anchors=tup)
+        epoch, rnd = tup["epoch"], tup["round"]
+        if tup["step"] == self.next_step - 1 and rnd + 1 >= max(len(r) for r in self._plan(epoch)):
+            self.collector.emit([epoch + 1, tup["step"], params], stream="eval", anchors=tup)
+            self.collector.emit([epoch + 1, tup["step"], params], stream="checkpoint", anchors=tup)
         self.collector.ack(tup)
 
     async def _contribution(self, tup):
