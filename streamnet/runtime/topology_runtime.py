@@ -59,8 +59,13 @@ class TopologyRuntime:
                 log.info("%s: task %d moved away; stopping it here", self.name, t)
                 await self._stop_executor(self.executors.pop(t))
             for t in sorted(mine - set(self.executors)):
-                ex = self.executors[t] = self._make_executor(t)
-                await self.worker.claim_state(self.name, f"{ex.cid}.{ex.ctx.task_index}", ex)
+                ex = self._make_executor(t)
+                try:
+                    await self.worker.claim_state(self.name, f"{ex.cid}.{ex.ctx.task_index}", ex)
+                except Exception:
+                    self.version = -1  # not converged: the next assignment event applies it again
+                    raise
+                self.executors[t] = ex
             for t in sorted(mine):
                 ex = self.executors[t]
                 if ex._task is None:

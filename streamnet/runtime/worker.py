@@ -20,7 +20,7 @@ from . import codec
 from .cluster_state import ClusterState
 from .component import Tuple
 from .compute import ComputePool
-from .coordinator import BadVersionError, NodeExistsError
+from .coordinator import BadVersionError, ConnectionLostError, NodeExistsError
 from .executor import FencedError
 from .executor import BoltExecutor, SpoutExecutor
 from .metrics import prometheus
@@ -204,10 +204,21 @@ class Worker:
         """Load the task's last state and take ownership of it: rewriting it bumps the
         version, so an older instance still running somewhere (a worker that was cut
         off and came back) fails its next save and stops - it is fenced."""
-        value, version = await asyncio.to_thread(self.state.load_state, topology, key)
-        ex.restored, ex.state_version = value, version
-        if version >= 0:
-            ex.state_version = await asyncio.to_thread(self.state.save_state, topology, key, value, version)
+        delay, deadline = 0.1, self.loop.time() + 120
+        while True:
+            try:
+                value, version = await asyncio.to_thread(self.state.load_state, topology, key)
+                ex.restored, ex.state_version = value, version
+                if version >= 0:
+                    ex.state_version = await asyncio.to_thread(self.state.save_state, topology, key, value, version)
+                return
+            except ConnectionLostError as e:
+                # the task cannot start without its state: wait for the coordinator to come back
+                if self.loop.time() > deadline or self._closing:
+                    raise
+                log.warning("worker %s: cannot claim the state of %s yet (%s); retrying", self.id, key, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     def mark_done(self, topology: str, task: int) -> None:
         self._spawn(asyncio.to_thread(self.state.mark_done, topology, task))
