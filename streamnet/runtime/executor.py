@@ -193,6 +193,7 @@ class SpoutExecutor(Executor):
         spout.open(self.ctx, SpoutCollector(self))
         if self.restored is not None:
             spout.restore(self.restored)
+        await self.rt.wait_converged()
         idle = 0.001
         next_expiry_check = time.monotonic() + 0.1
         try:

@@ -145,6 +145,24 @@ class TopologyRuntime:
             out += choose(values, direct)
         return out
 
+    async def wait_converged(self, timeout: float = 30.0) -> None:
+        """Until every worker of the current assignment has applied it: a spout that
+        starts before its bolts exist elsewhere would have its first tuples dropped and
+        replayed only after message_timeout_s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline and not self.worker._closing:
+            version = self.version
+            needed = set(self.task_worker.values())
+            try:
+                done = await asyncio.to_thread(self.worker.state.applied_workers, self.name, version)
+            except Exception:  # noqa: BLE001 - the coordinator may be briefly away: keep waiting
+                done = set()
+            if needed <= done:
+                return
+            await asyncio.sleep(0.05)
+        log.warning("%s: not every worker reported the assignment after %.0f s; starting anyway", self.name, timeout)
+
     def task_done(self, task: int) -> None:
         self.worker.mark_done(self.name, task)
 
