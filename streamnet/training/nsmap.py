@@ -11,7 +11,7 @@ PKG = "streamnet.training.components"
 
 
 def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str | None = None,
-                   message_timeout_s: float = 60.0, train_size: int | None = None):
+                   message_timeout_s: float = 300.0, train_size: int | None = None):
     if train_size is None:
         train_size = len(load_data(cfg.data, cfg.seed).train)
     run = run_config_to_dict(cfg)
@@ -28,7 +28,10 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
         .global_("compute", stream="resync").global_("compute", stream="replica"))
     b.add_bolt("eval", f"{PKG}:EvalBolt", run=run).all("sync", stream="eval")
     b.add_bolt("checkpoint", f"{PKG}:CheckpointBolt", dir=checkpoint_dir).all("sync", stream="checkpoint")
-    # the spout holds one tree per unit: a round's trees completing is the sync barrier
+    # the spout holds one tree per unit: a round's trees completing is the sync barrier. The
+    # timeout covers an epoch's end, whose trees include the evaluation (AlexNet-64 on 10,000
+    # test images takes over a minute on one core); a lost worker is handled sooner, when the
+    # assignment changes.
     return b.build(allow_cycles=True, max_spout_pending=cfg.units, message_timeout_s=message_timeout_s,
                    queue_size=64)
 
