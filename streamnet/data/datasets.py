@@ -6,7 +6,7 @@ to 224x224 would need 12 GB as float32, a batch of it a few MB.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,11 +22,12 @@ FILES = {
 }
 # per-dataset pixel mean and std (of x / 255) over the training set
 STATS = {"fashion-mnist": (0.2860, 0.3530), "mnist": (0.1307, 0.3081)}
+CLASSES = {"fashion-mnist": 10, "mnist": 10}
 
 
 @dataclass(frozen=True)
 class Split:
-    images: np.ndarray  # (N, H, W) uint8
+    images: np.ndarray  # (N, H, W) uint8 (or float32 from float IDX files), values 0..255
     labels: np.ndarray  # (N,) int64
 
     def __len__(self) -> int:
@@ -41,6 +42,7 @@ class Dataset:
     num_classes: int
     mean: float
     std: float
+    quarantined: dict = field(default_factory=dict)   # see data.quarantine
 
     def batch(self, split: Split, indices: np.ndarray, size: int | None = None):
         """(x float32 (n, 1, S, S), y int64) for the given sample indices."""
@@ -97,8 +99,10 @@ def _find(directory: str, stem: str) -> str:
 def _read_split(directory: str, xkey: str, ykey: str) -> Split:
     xpath, ypath = _find(directory, FILES[xkey]), _find(directory, FILES[ykey])
     images, labels = read_idx(xpath), read_idx(ypath)
-    if images.ndim != 3 or images.dtype != np.uint8:
-        raise DataError(f"{xpath}: expected uint8 images of 3 dimensions, got {images.dtype} {images.shape}")
+    if images.ndim != 3 or images.dtype.kind not in "uif":
+        raise DataError(f"{xpath}: expected images of 3 dimensions, got {images.dtype} {images.shape}")
+    if images.dtype != np.uint8:
+        images = images.astype(np.float32)  # float files may hold NaN/Inf: quarantined later
     if images.shape[1] != images.shape[2]:
         raise DataError(f"{xpath}: images must be square, got {images.shape[1]}x{images.shape[2]}")
     if labels.ndim != 1:
@@ -111,14 +115,13 @@ def _read_split(directory: str, xkey: str, ykey: str) -> Split:
 def load_idx_dir(directory: str, name: str = "idx") -> Dataset:
     train = _read_split(directory, "train_x", "train_y")
     test = _read_split(directory, "test_x", "test_y")
-    classes = int(max(train.labels.max(initial=0), test.labels.max(initial=0))) + 1
-    for split, key in ((train, "train_y"), (test, "test_y")):
-        if split.labels.size and split.labels.min() < 0:
-            raise DataError(f"{directory}/{FILES[key]}: negative label {split.labels.min()}")
+    # labels out of range (and NaN/Inf pixels) are quarantined, not trained on: see data.quarantine
+    classes = CLASSES.get(name) or int(max(train.labels.max(initial=0), test.labels.max(initial=0))) + 1
     if train.images.shape[1:] != test.images.shape[1:]:
         raise DataError(f"{directory}: train images {train.images.shape[1:]} and test images "
                         f"{test.images.shape[1:]} differ in size")
-    mean, std = STATS.get(name, (float(train.images.mean() / 255), float(train.images.std() / 255) or 1.0))
+    finite = train.images[np.isfinite(train.images)] if train.images.dtype.kind == "f" else train.images
+    mean, std = STATS.get(name, (float(finite.mean() / 255), float(finite.std() / 255) or 1.0))
     return Dataset(name, train, test, classes, mean, std)
 
 

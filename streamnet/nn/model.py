@@ -58,6 +58,17 @@ class Model:
     def named_grads(self) -> list[tuple[str, np.ndarray]]:
         return list(self._named_grads)
 
+    # -- random state (dropout counters): part of what a resumable checkpoint saves --
+    def random_state(self) -> list[int]:
+        return [int(layer.step) for layer in self.layers if hasattr(layer, "step")]
+
+    def set_random_state(self, steps: list[int]) -> None:
+        layers = [layer for layer in self.layers if hasattr(layer, "step")]
+        if len(steps) != len(layers):
+            raise ValueError(f"random state has {len(steps)} counters for {len(layers)} seeded layers")
+        for layer, step in zip(layers, steps):
+            layer.step = int(step)
+
     def set_params(self, params: np.ndarray) -> None:
         params = np.asarray(params)
         if params.shape != self.params.shape:

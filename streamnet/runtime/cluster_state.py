@@ -27,6 +27,10 @@ class UnknownTopologyError(StreamnetError):
     pass
 
 
+#: topology statuses whose tasks run (and are scheduled); "killed" stops them
+RUNNING = ("active", "stopping")
+
+
 def _j(obj) -> bytes:
     return json.dumps(obj, sort_keys=True).encode()
 

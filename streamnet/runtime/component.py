@@ -45,6 +45,15 @@ class Spout(Component):
         """A finite spout returns True once it will emit nothing more."""
         return False
 
+    #: set by the default drain(): the executor then treats the spout as done
+    drained: bool = False
+
+    def drain(self) -> None:
+        """The topology is asked to stop cleanly (`streamnet-submit kill --checkpoint`,
+        SIGTERM to a worker). Finish what must be finished, then report is_done().
+        The default stops emitting at once; pending trees still complete."""
+        self.drained = True
+
     def close(self) -> None:
         pass
 

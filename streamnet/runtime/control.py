@@ -39,6 +39,18 @@ def wait_done(state: ClusterState, name: str, timeout: float, interval: float = 
     wait_for(lambda: spouts <= state.done_tasks(name), timeout, f"topology {name!r} to finish", interval)
 
 
+def drain_topology(state: ClusterState, name: str, timeout: float) -> dict:
+    """Ask the spouts to stop cleanly (Spout.drain), wait until they report done, then
+    kill the topology and return its results."""
+    status = state.status(name)
+    if status is None:
+        state.topology(name)  # UnknownTopologyError
+    if status == "active":
+        state.set_status(name, "stopping")
+    wait_done(state, name, timeout)
+    return kill_topology(state, name, timeout)
+
+
 def kill_topology(state: ClusterState, name: str, timeout: float = 60.0) -> dict:
     """Stop the topology on every worker (their components' close() runs and publishes),
     then return its results and remove it."""

@@ -116,6 +116,7 @@ class SpoutExecutor(Executor):
         self.timeout_s = float(self.rt.topology.config["message_timeout_s"])
         self.done_reported = False
         self.active = True
+        self.drain_called = False
 
     # -- emit -----------------------------------------------------------------------
     def emit(self, values, stream, msg_id, direct_task):
@@ -203,7 +204,11 @@ class SpoutExecutor(Executor):
                     next_expiry_check = time.monotonic() + min(0.1, self.timeout_s / 4)
                 self._run_callbacks()
                 emitted = False
-                if self.active and len(self.pending) < self.max_pending and not spout.is_done():
+                if self.rt.stop_requested and not self.drain_called:
+                    self.drain_called = True
+                    self._call(spout.drain)
+                finished = spout.is_done() or spout.drained
+                if self.active and len(self.pending) < self.max_pending and not finished:
                     before = self.metrics.emitted
                     t0 = time.perf_counter()
                     self._call(spout.next_tuple)
@@ -214,7 +219,7 @@ class SpoutExecutor(Executor):
                 if emitted:
                     idle = 0.001
                     continue
-                if spout.is_done() and not self.pending and not self.callbacks and not self.done_reported:
+                if finished and not self.pending and not self.callbacks and not self.done_reported:
                     self.done_reported = True
                     self.rt.task_done(self.task)
                 self.wake.clear()

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 
-from .cluster_state import ClusterState
+from .cluster_state import RUNNING, ClusterState
 from .coordinator import BadVersionError, CoordinatorError, NoNodeError
 from .scheduler import NoWorkersError, assign, moved_tasks
 from .topology import Topology
@@ -128,7 +128,7 @@ class SchedulerService:
     def reconcile(self) -> None:
         workers = self.state.workers()
         for name in self.state.topology_names():
-            if self.state.status(name) != "active":
+            if self.state.status(name) not in RUNNING:
                 continue
             try:
                 self._reconcile_topology(name, workers)

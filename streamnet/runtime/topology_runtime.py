@@ -32,6 +32,7 @@ class TopologyRuntime:
         self.choosers: dict[tuple[str, str], list] = {}
         self.version = -1
         self.dropped = 0
+        self.stop_requested = False   # the topology is stopping cleanly: its spouts get drain()
         self.lock = asyncio.Lock()
 
     # -- assignment -------------------------------------------------------------------

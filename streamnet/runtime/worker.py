@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from . import codec
-from .cluster_state import ClusterState
+from .cluster_state import RUNNING, ClusterState
 from .component import Tuple
 from .compute import ComputePool
 from .coordinator import BadVersionError, ConnectionLostError, NodeExistsError
@@ -161,12 +161,14 @@ class Worker:
             await self._drop_runtime(name)
             rt = None
         if rt is None:
-            if await asyncio.to_thread(self.state.status, name) != "active":
+            status = await asyncio.to_thread(self.state.status, name)
+            if status not in RUNNING:
                 return
             spec = await asyncio.to_thread(self.state.topology, name)
             if spec.get("version", 0) < assignment.get("spec_version", 0):
                 return  # the new spec is not readable yet; its watch will call again
             rt = self.runtimes[name] = TopologyRuntime(self, name, spec)
+            rt.stop_requested = status == "stopping"
         threads = assignment.get("threads", {}).get(self.id)
         if threads and threads != self.pool.size:
             log.info("worker %s: compute threads %d -> %d (assignment)", self.id, self.pool.size, threads)
@@ -176,6 +178,9 @@ class Worker:
         self._spawn(asyncio.to_thread(self.state.mark_applied, name, self.id, version))
 
     async def _on_status(self, name: str, status: str | None) -> None:
+        if status == "stopping" and name in self.runtimes:
+            log.info("worker %s: topology %s is stopping cleanly", self.id, name)
+            self.runtimes[name].stop_requested = True
         if status in ("killed", None):
             await self._drop_runtime(name)
             if status == "killed":

@@ -114,6 +114,19 @@ class ComputeUnit:
         self.model.set_params(params)
         self.start[...] = params
 
+    def state(self) -> dict:
+        """What this unit carries from one round to the next besides the parameters."""
+        return {"velocity": self.velocity.copy() if self.velocity is not None else None,
+                "random": self.model.random_state()}
+
+    def set_state(self, state: dict) -> None:
+        if self.velocity is not None and state.get("velocity") is not None:
+            if state["velocity"].shape != self.velocity.shape:
+                raise ValueError(f"unit {self.unit}: velocity of {state['velocity'].size} values for "
+                                 f"{self.velocity.size} parameters")
+            self.velocity[...] = state["velocity"]
+        self.model.set_random_state(state.get("random", []))
+
 
 class Aggregator:
     """The sync bolt's arithmetic: weighted average of contributions, then one outer step."""
@@ -123,6 +136,14 @@ class Aggregator:
         self.params = np.array(params, dtype=np.float32, copy=True)
         self.velocity = plan.outer.new_velocity(self.params.size)
         self.refused: list[tuple[int, str]] = []
+
+    def state(self) -> dict:
+        return {"velocity": self.velocity.copy()}
+
+    def set_state(self, state: dict) -> None:
+        v = state.get("velocity")
+        if v is not None and v.shape == self.velocity.shape:
+            self.velocity[...] = v
 
     def combine(self, contributions: list[Contribution], lr_scale: float = 1.0) -> np.ndarray:
         usable = []

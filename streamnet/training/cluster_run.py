@@ -2,52 +2,81 @@
 ZooKeeper), follow its progress, collect the summary."""
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
 from ..errors import StreamnetError
+from ..runtime.cluster_state import RUNNING
 from ..runtime.control import kill_topology, spout_tasks
 from .config import RunConfig
-from .nsmap import build_topology
+from .nsmap import build_topology, default_name, resume_point
 from .summary_from_results import summarise
+
+log = logging.getLogger(__name__)
 
 
 def follow(state, topology, cfg: RunConfig, progress: Callable[[dict], None] | None = None,
            timeout: float = 24 * 3600, poll_s: float = 0.5, stop_when: Callable[[dict], bool] | None = None):
-    """Wait until the topology's spouts are done (or stop_when(progress) says so),
-    reporting progress; then kill it and return (results, wall seconds)."""
+    """Wait until the topology's spouts are done, reporting progress; then kill it and
+    return (results, wall seconds).
+
+    When stop_when(progress) says so, or on Ctrl-C, the run is asked to stop cleanly:
+    it finishes the round in flight, takes one more round that writes a checkpoint
+    (when the topology has a checkpoint directory), and ends. A second Ctrl-C aborts."""
     spouts = spout_tasks(topology)
     t0 = time.monotonic()
     seen_epochs = 0
+    stopping = False
+
+    def request_stop(why: str):
+        nonlocal stopping
+        if not stopping:
+            log.warning("%s: stopping %s cleanly after a checkpoint round", why, topology.name)
+            state.set_status(topology.name, "stopping")
+            stopping = True
+
     while not spouts <= state.done_tasks(topology.name):
-        if time.monotonic() - t0 > timeout:
-            raise StreamnetError(f"training did not finish within {timeout:.0f} s")
-        if state.status(topology.name) != "active":
-            raise StreamnetError(f"topology {topology.name} was killed")
-        if progress or stop_when:
-            results = state.results(topology.name)
-            p = results.get("sync.0.progress")
-            hist = results.get("eval.0.history") or []
-            if p:
-                p = dict(p, epochs=cfg.epochs, elapsed_s=time.monotonic() - t0)
-                if len(hist) > seen_epochs:
-                    p["test_accuracy"] = hist[-1]["test_accuracy"]
-                    p["eval_epoch"] = hist[-1]["epoch"]
-                    seen_epochs = len(hist)
-                if progress:
-                    progress(p)
-                if stop_when and stop_when(p):
-                    break
-        time.sleep(poll_s)
+        try:
+            if time.monotonic() - t0 > timeout:
+                raise StreamnetError(f"training did not finish within {timeout:.0f} s")
+            if state.status(topology.name) not in RUNNING:
+                raise StreamnetError(f"topology {topology.name} was killed")
+            if progress or stop_when:
+                results = state.results(topology.name)
+                p = results.get("sync.0.progress")
+                hist = results.get("eval.0.history") or []
+                if p:
+                    p = dict(p, epochs=cfg.epochs, elapsed_s=time.monotonic() - t0)
+                    if len(hist) > seen_epochs:
+                        p["test_accuracy"] = hist[-1]["test_accuracy"]
+                        p["eval_epoch"] = hist[-1]["epoch"]
+                        seen_epochs = len(hist)
+                    if progress:
+                        progress(p)
+                    if stop_when and stop_when(p):
+                        request_stop("stop condition met")
+            time.sleep(poll_s)
+        except KeyboardInterrupt:
+            if stopping:
+                raise
+            request_stop("interrupted (Ctrl-C again aborts without a checkpoint)")
     wall = time.monotonic() - t0
     return kill_topology(state, topology.name, 120), wall
 
 
 def train_on_local_cluster(cfg: RunConfig, workers: int, threads: int = 1, progress=None, secret=None,
-                           stop_when=None):
+                           stop_when=None, checkpoint_dir: str | None = None, resume: bool | str = False,
+                           name: str | None = None, poll_s: float = 0.5):
+    """Train on an embedded cluster. `resume`: True continues from the newest checkpoint of
+    `name` in `checkpoint_dir`, a path from that file."""
     from ..runtime import LocalCluster
-    topo = build_topology(cfg)
+    name = name or default_name(cfg)
+    point = None
+    if resume:
+        point = resume_point(cfg, checkpoint_dir, name, None if resume is True else resume)
+    topo = build_topology(cfg, name=name, checkpoint_dir=checkpoint_dir, resume=point)
     with LocalCluster(workers=workers, threads=threads, secret=secret) as cluster:
         cluster.submit(topo)
-        results, wall = follow(cluster.state, topo, cfg, progress, stop_when=stop_when)
+        results, wall = follow(cluster.state, topo, cfg, progress, stop_when=stop_when, poll_s=poll_s)
     return summarise(cfg, results, workers=workers, wall_s=wall), results

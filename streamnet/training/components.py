@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 
 import numpy as np
@@ -52,26 +51,45 @@ def dataset_for(cfg):
 
 
 class DataSpout(Spout):
-    """Emits each unit's work, round by round, epoch by epoch."""
-    outputs = ["unit", "epoch", "round", "step", "lr_scale", "batches"]
+    """Emits each unit's work, round by round, epoch by epoch.
+
+    A round flagged `checkpoint` (an epoch's last round when the topology writes
+    checkpoints, and the round that ends a drain) goes to every unit, so that each
+    hands over its state with its contribution and the sync bolt can write a
+    checkpoint that resumes exactly. A drain (`streamnet-submit kill --checkpoint`,
+    SIGTERM to a worker) ends the run after its next checkpoint round.
+    """
+    outputs = ["unit", "epoch", "round", "step", "lr_scale", "batches", "checkpoint"]
 
     def open(self, ctx, collector):
         super().open(ctx, collector)
         self.cfg = run_config_from_dict(self.config["run"])
         self.schedule = UnitSchedule(self.cfg, int(self.config["train_size"]))
         self.compute_tasks = ctx.component_tasks("compute")
-        self.epoch, self.round, self.step = 0, 0, 0
-        self.plan, self.rounds = self.schedule.epoch(0)
-        self.total = self.rounds * self.cfg.epochs
+        self.checkpoints = bool(self.config.get("checkpoints"))
+        start = self.config.get("resume") or {}
+        self.epoch, self.round, self.step = start.get("epoch", 0), start.get("round", 0), start.get("step", 0)
+        self.total = self.schedule.epoch(0)[1] * self.cfg.epochs
+        if self.epoch < self.cfg.epochs:
+            self.plan, self.rounds = self.schedule.epoch(self.epoch)
         self.in_flight: dict[tuple, list] = {}      # (epoch, round, unit) -> work values
+        self.flagged = False                        # is the round in flight a checkpoint round?
         self.replay: list[tuple] = []
         self.replayed = 0
+        self.draining = self.stopped = False
 
     def restore(self, state):
         self.epoch, self.round, self.step = state["epoch"], state["round"], state["step"]
         self.replayed = state["replayed"]
+        self.stopped = state.get("stopped", False)
         if self.epoch < self.cfg.epochs:
             self.plan, self.rounds = self.schedule.epoch(self.epoch)
+
+    def drain(self):
+        if not self.draining and not self.is_done():
+            log.warning("drain requested at epoch %d, round %d: stopping after the next checkpoint round",
+                        self.epoch + 1, self.round + 1)
+        self.draining = True
 
     def _emit(self, key, values):
         self.collector.emit(values, msg_id=key, direct_task=self.compute_tasks[key[2]])
@@ -81,14 +99,15 @@ class DataSpout(Spout):
             key = self.replay.pop()
             self._emit(key, self.in_flight[key])
             return
-        if self.in_flight or self.epoch >= self.cfg.epochs:
+        if self.in_flight or self.epoch >= self.cfg.epochs or self.stopped:
             return  # the barrier: the whole round must complete first
         scale = lr_scale(self.cfg.algorithm, self.step / self.total)
+        self.flagged = self.draining or (self.checkpoints and self.round + 1 >= self.rounds)
         for unit, rounds in enumerate(self.plan):
-            if self.round < len(rounds):
-                batches = [b.astype(np.int32) for b in rounds[self.round]]
+            if self.round < len(rounds) or self.flagged:
+                batches = [b.astype(np.int32) for b in rounds[self.round]] if self.round < len(rounds) else []
                 key = (self.epoch, self.round, unit)
-                self.in_flight[key] = [unit, self.epoch, self.round, self.step, scale, batches]
+                self.in_flight[key] = [unit, self.epoch, self.round, self.step, scale, batches, self.flagged]
                 self._emit(key, self.in_flight[key])
 
     def ack(self, key):
@@ -100,8 +119,12 @@ class DataSpout(Spout):
                 self.epoch, self.round = self.epoch + 1, 0
                 if self.epoch < self.cfg.epochs:
                     self.plan, self.rounds = self.schedule.epoch(self.epoch)
+            if self.draining and self.flagged and self.epoch < self.cfg.epochs:
+                self.stopped = True
+                log.warning("drained: stopped before epoch %d, round %d (step %d)",
+                            self.epoch + 1, self.round + 1, self.step)
             self.ctx.save_state({"epoch": self.epoch, "round": self.round, "step": self.step,
-                                 "replayed": self.replayed})
+                                 "replayed": self.replayed, "stopped": self.stopped})
 
     def fail(self, key):
         key = tuple(key)
@@ -111,11 +134,13 @@ class DataSpout(Spout):
             self.replay.append(key)
 
     def is_done(self):
-        return self.epoch >= self.cfg.epochs and not self.in_flight
+        return (self.epoch >= self.cfg.epochs or self.stopped) and not self.in_flight
 
     def close(self):
         if self.is_done():
             self.ctx.publish("replayed", self.replayed)
+            if self.stopped:
+                self.ctx.publish("stopped_at", {"epoch": self.epoch, "round": self.round, "step": self.step})
 
 
 class ComputeBolt(Bolt):
@@ -128,7 +153,7 @@ class ComputeBolt(Bolt):
     parameters and holds the work until they come.
     """
     outputs = {"default": ["unit", "epoch", "round", "step", "lr_scale", "samples", "steps", "loss_sum", "vector",
-                           "status"],
+                           "status", "checkpoint", "unit_state"],
                "resync": ["task"], "replica": ["task", "step", "params"]}
 
     def prepare(self, ctx, collector):
@@ -159,12 +184,15 @@ class ComputeBolt(Bolt):
             return
         head = [tup["unit"], tup["epoch"], tup["round"], step, tup["lr_scale"]]
         if step < self.params_step:
-            self.collector.emit(head + [0, 0, 0.0, np.zeros(0, np.float32), "applied"], anchors=tup)
+            self.collector.emit(head + [0, 0, 0.0, np.zeros(0, np.float32), "applied", tup["checkpoint"], None],
+                                anchors=tup)
         else:
             c, seconds = await self.ctx.compute(self._round, tup["batches"], tup["lr_scale"])
             self.compute_s += seconds
             self.samples += c.samples
-            self.collector.emit(head + [c.samples, c.steps, c.loss_sum, c.vector, "ok"], anchors=tup)
+            state = self.unit.state() if tup["checkpoint"] else None   # for a checkpoint that resumes exactly
+            self.collector.emit(head + [c.samples, c.steps, c.loss_sum, c.vector, "ok", tup["checkpoint"], state],
+                                anchors=tup)
             self._sent_at = time.perf_counter()
         self.collector.ack(tup)
 
@@ -180,6 +208,8 @@ class ComputeBolt(Bolt):
                 self._sent_at = None
             self.unit.receive(tup["params"])
             self.params_step = tup["step"]
+            if tup.stream == "direct_params" and tup["unit_state"] is not None:
+                self.unit.set_state(tup["unit_state"])   # resuming from a checkpoint
         self.collector.ack(tup)
         stash, self.stash = self.stash, []
         for work in stash:
@@ -198,8 +228,9 @@ class SyncBolt(Bolt):
     replica for theirs and continues from the newest - the compute units' replicas
     are the parameters' backup - with the outer momentum reset (logged).
     """
-    outputs = {"params": ["step", "params"], "direct_params": ["step", "params"], "state_request": ["nonce"],
-               "eval": ["epoch", "step", "params"], "checkpoint": ["epoch", "step", "params"]}
+    outputs = {"params": ["step", "params"], "direct_params": ["step", "params", "unit_state"],
+               "state_request": ["nonce"], "eval": ["epoch", "step", "params"],
+               "checkpoint": ["epoch", "step", "params", "state"]}
     tick_interval_s = 1.0
     ADOPT_WAIT_S = 5.0
 
@@ -228,10 +259,29 @@ class SyncBolt(Bolt):
         self._published = 0.0
         self.restored = False
         self.last_round = None   # (step, epoch, samples) of the last combine, to undo one never delivered
+        self.last_checkpoint = None   # (step, checkpoint tuple values), to send again if its round is replayed
+        self.unit_states: dict[int, dict] = {}   # from the checkpoint resumed, for the units' first resync
+        self.resumed_from = None
+        if self.config.get("resume"):
+            self._resume(self.config["resume"])
+
+    def _resume(self, where: dict):
+        from .checkpoint import load_checkpoint
+        ck = load_checkpoint(where["path"], where.get("sha256"))
+        st = ck["state"]
+        self.agg = Aggregator(ck["params"], self.agg.plan)
+        self.agg.set_state(st["outer"])
+        self.next_step = self.resumed_from = ck["step"]
+        c = st["counters"]
+        self.epoch_samples = {int(k): v for k, v in c["epoch_samples"].items()}
+        self.rounds, self.samples = c["rounds"], c["samples"]
+        self.unit_states = {int(k): v for k, v in st["units"].items()}
+        log.warning("sync bolt resumes from %s at step %d", where["path"], self.next_step)
 
     def restore(self, state):
         """Counters survive in the coordinator; parameters come back from the replicas."""
         self.restored = True
+        self.unit_states = {}
         self.next_step = state["next_step"]
         self.epoch_samples = {int(k): v for k, v in state["epoch_samples"].items()}
         self.rounds, self.samples, self.duplicates = state["rounds"], state["samples"], state["duplicates"]
@@ -264,16 +314,21 @@ class SyncBolt(Bolt):
             self.expected_cache = {epoch: self.schedule.epoch(epoch)[0]}
         return self.expected_cache[epoch]
 
-    def _expected(self, epoch: int, rnd: int) -> set[int]:
-        return {u for u, rounds in enumerate(self._plan(epoch)) if rnd < len(rounds)}
+    def _expected(self, epoch: int, rnd: int, flagged: bool = False) -> set[int]:
+        """The units with work in a round; every unit in a checkpoint round."""
+        return {u for u, rounds in enumerate(self._plan(epoch)) if flagged or rnd < len(rounds)}
+
+    def _epoch_end(self, epoch: int, rnd: int) -> bool:
+        return rnd + 1 >= max(len(r) for r in self._plan(epoch))
 
     async def execute(self, tup):
         if tup.stream == "replica":
             await self._replica(tup)
         elif tup.stream == "resync":
             if self.adopting is None:
-                self.collector.emit([self.next_step, self.agg.params.copy()], stream="direct_params",
-                                    direct_task=tup["task"])
+                unit = self.compute_tasks.index(tup["task"])
+                self.collector.emit([self.next_step, self.agg.params.copy(), self.unit_states.get(unit)],
+                                    stream="direct_params", direct_task=tup["task"])
             self.collector.ack(tup)
         else:
             await self._contribution(tup)
@@ -329,9 +384,15 @@ class SyncBolt(Bolt):
         params = self.agg.params.copy()
         self.collector.emit([self.next_step, params], stream="params", anchors=tup)
         epoch, rnd = tup["epoch"], tup["round"]
-        if tup["step"] == self.next_step - 1 and rnd + 1 >= max(len(r) for r in self._plan(epoch)):
-            self.collector.emit([epoch + 1, tup["step"], params], stream="eval", anchors=tup)
-            self.collector.emit([epoch + 1, tup["step"], params], stream="checkpoint", anchors=tup)
+        if tup["step"] == self.next_step - 1:
+            if self._epoch_end(epoch, rnd):
+                self.collector.emit([epoch + 1, tup["step"], params], stream="eval", anchors=tup)
+            if tup["checkpoint"]:
+                if self.last_checkpoint and self.last_checkpoint[0] == tup["step"]:
+                    self.collector.emit(self.last_checkpoint[1], stream="checkpoint", anchors=tup)
+                else:
+                    log.warning("the checkpoint of step %d was lost with a worker; the previous one stays the "
+                                "newest", self.next_step)
         self.collector.ack(tup)
 
     async def _contribution(self, tup):
@@ -355,7 +416,8 @@ class SyncBolt(Bolt):
 
     async def _maybe_combine(self, key):
         slot = self.pending.get(key, {})
-        if not slot or set(slot) < self._expected(*key):
+        flagged = any(t["checkpoint"] for t in slot.values())
+        if not slot or set(slot) < self._expected(*key, flagged):
             return
         tuples = [slot[u] for u in sorted(slot)]
         if any(t["status"] == "applied" or t["step"] != self.next_step for t in tuples):
@@ -381,12 +443,18 @@ class SyncBolt(Bolt):
         acc = self.epoch_loss.setdefault(epoch + 1, [0.0, 0])
         acc[0] += loss_sum
         acc[1] += n
+        self.unit_states = {}
         out = params.copy()  # receivers in this process share the array: never hand out the live one
         self.collector.emit([self.next_step, out], stream="params", anchors=tuples)
         self.bytes_out += out.nbytes * len(self.compute_tasks)
-        if rnd + 1 >= max(len(r) for r in self._plan(epoch)):
+        end = self._epoch_end(epoch, rnd)
+        if end:
             self.collector.emit([epoch + 1, tuples[0]["step"], out], stream="eval", anchors=tuples)
-            self.collector.emit([epoch + 1, tuples[0]["step"], out], stream="checkpoint", anchors=tuples)
+        if flagged:
+            values = [epoch + 1 if end else epoch, self.next_step, out,
+                      self._checkpoint_state(tuples, (epoch + 1, 0) if end else (epoch, rnd + 1))]
+            self.last_checkpoint = (tuples[0]["step"], values)
+            self.collector.emit(values, stream="checkpoint", anchors=tuples)
         self._save()
         for t in tuples:
             self.collector.ack(t)
@@ -394,6 +462,15 @@ class SyncBolt(Bolt):
         if now - self._published > 0.5:
             self._publish_progress(epoch, rnd)
             self._published = now
+
+    def _checkpoint_state(self, tuples, position) -> dict:
+        """Everything besides the parameters that the run needs to continue exactly."""
+        return {"position": {"epoch": position[0], "round": position[1], "step": self.next_step},
+                "outer": self.agg.state(),
+                "units": {str(t["unit"]): t["unit_state"] for t in tuples if t["unit_state"] is not None},
+                "counters": {"epoch_samples": {str(k): v for k, v in self.epoch_samples.items()},
+                             "rounds": self.rounds, "samples": self.samples},
+                "config": self.config["run"]}
 
     def _publish_progress(self, epoch, rnd):
         elapsed = time.perf_counter() - self.t0
@@ -414,6 +491,8 @@ class SyncBolt(Bolt):
                                    "barrier_s": {str(k): v for k, v in self.barrier_s.items()},
                                    "epoch_train_loss": {str(e): l / max(n, 1) for e, (l, n) in self.epoch_loss.items()},
                                    "num_params": int(self.agg.params.size),
+                                   "resumed_from_step": self.resumed_from,
+                                   "quarantined": dataset_for(self.cfg).quarantined,
                                    "wall_s": time.perf_counter() - self.t0, "started": self.started})
         self.ctx.publish("params", self.agg.params if self.agg.params.nbytes <= 512 << 10 else None)
 
@@ -452,16 +531,21 @@ class CheckpointBolt(Bolt):
         super().prepare(ctx, collector)
         self.dir = self.config.get("dir")
         self.errors = 0
+        self.last = None
 
     async def execute(self, tup):
         if self.dir:
             from .checkpoint import CheckpointError, write_checkpoint
             try:
                 pointer = await self.ctx.compute(write_checkpoint, self.dir, self.ctx.topology, tup["step"],
-                                                 tup["params"])
+                                                 tup["params"], tup["state"])
                 pointer["epoch"] = tup["epoch"]
                 self.ctx.put_checkpoint(pointer)
+                self.last = pointer
             except CheckpointError as e:
                 self.errors += 1
                 log.error("checkpoint failed, training goes on with the previous one: %s", e)
         self.collector.ack(tup)
+
+    def close(self):
+        self.ctx.publish("checkpoints", {"last": self.last, "errors": self.errors})

@@ -5,7 +5,6 @@ with one unit it is plain mini-batch SGD.
 """
 from __future__ import annotations
 
-import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,6 +33,8 @@ class Progress:
 
 
 def load_data(cfg: DataConfig, seed: int = 0) -> Dataset:
+    """The run's data, with bad samples (NaN/Inf pixels, labels out of range) quarantined."""
+    from ..data.quarantine import quarantine
     if cfg.dataset == "synthetic":
         ds = load_dataset("synthetic", train_size=cfg.synthetic_train, test_size=cfg.synthetic_test, seed=seed)
     else:
@@ -43,7 +44,7 @@ def load_data(cfg: DataConfig, seed: int = 0) -> Dataset:
         cut = lambda s, n: s if n is None else Split(s.images[:n], s.labels[:n])
         ds = Dataset(ds.name, cut(ds.train, cfg.train_limit), cut(ds.test, cfg.test_limit),
                      ds.num_classes, ds.mean, ds.std)
-    return ds
+    return quarantine(ds)
 
 
 def make_model(cfg: RunConfig, num_classes: int = 10) -> Model:
@@ -137,4 +138,6 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
     summary.samples_per_s = summary.samples_processed / train_s if train_s > 0 else 0.0
     summary.wall_s = time.perf_counter() - wall0
     summary.extra["refused_contributions"] = len(agg.refused)
+    summary.extra["quarantined"] = ds.quarantined
+    summary.extra["samples_quarantined"] = sum(q["count"] for q in ds.quarantined.values())
     return TrainResult(summary, agg.params.copy(), units[0].model.spec())

@@ -1,6 +1,7 @@
 """NS-Map: (model, data, algorithm, parallelism) -> a topology of runtime components."""
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 from ..runtime import TopologyBuilder
@@ -10,21 +11,30 @@ from .local import load_data
 PKG = "streamnet.training.components"
 
 
+def default_name(cfg: RunConfig) -> str:
+    return f"{cfg.model.name}-{cfg.algorithm.name}"
+
+
 def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str | None = None,
-                   message_timeout_s: float = 300.0, train_size: int | None = None):
+                   message_timeout_s: float = 300.0, train_size: int | None = None, resume: dict | None = None):
+    """The NS-Map topology. With `checkpoint_dir`, every epoch ends with a checkpoint that
+    resumes exactly; `resume` (from `resume_point`) continues a stopped run."""
     if train_size is None:
         train_size = len(load_data(cfg.data, cfg.seed).train)
     run = run_config_to_dict(cfg)
-    name = name or f"{cfg.model.name}-{cfg.algorithm.name}"
+    name = name or default_name(cfg)
     b = TopologyBuilder(name)
     alg = cfg.algorithm
     about = (f"{cfg.model.name} on {cfg.data.dataset}: {alg.name} b={alg.batch} H={alg.sync_period} lr={alg.lr}, "
              f"{cfg.units} units x {cfg.epochs} epochs")
-    b.add_spout("data", f"{PKG}:DataSpout", about=about, run=run, train_size=train_size)
+    if resume:
+        about += f", resumed at step {resume['step']}"
+    b.add_spout("data", f"{PKG}:DataSpout", about=about, run=run, train_size=train_size,
+                checkpoints=checkpoint_dir is not None, resume=resume)
     (b.add_bolt("compute", f"{PKG}:ComputeBolt", parallelism=cfg.units, run=run)
         .direct("data").all("sync", stream="params").direct("sync", stream="direct_params")
         .all("sync", stream="state_request"))
-    (b.add_bolt("sync", f"{PKG}:SyncBolt", run=run).global_("compute")
+    (b.add_bolt("sync", f"{PKG}:SyncBolt", run=run, resume=resume).global_("compute")
         .global_("compute", stream="resync").global_("compute", stream="replica"))
     b.add_bolt("eval", f"{PKG}:EvalBolt", run=run).all("sync", stream="eval")
     b.add_bolt("checkpoint", f"{PKG}:CheckpointBolt", dir=checkpoint_dir).all("sync", stream="checkpoint")
@@ -34,6 +44,30 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
     # assignment changes.
     return b.build(allow_cycles=True, max_spout_pending=cfg.units, message_timeout_s=message_timeout_s,
                    queue_size=64)
+
+
+def resume_point(cfg: RunConfig, checkpoint_dir: str | None, name: str, path: str | None = None) -> dict:
+    """Where a stopped run continues: the given checkpoint, or the newest one of `name`
+    in `checkpoint_dir` that verifies (a corrupt one is refused and logged, and the
+    previous one used). Refuses a checkpoint of a different run configuration."""
+    from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+    if path is None:
+        if not checkpoint_dir:
+            raise CheckpointError("--resume needs --checkpoint-dir (or a checkpoint file)")
+        path, ck = latest_checkpoint(checkpoint_dir, name)
+    else:
+        ck = load_checkpoint(path)
+        if not ck.get("state"):
+            raise CheckpointError(f"{path} holds parameters only (not a resumable checkpoint)")
+    saved, now = ck["state"]["config"], run_config_to_dict(cfg)
+    free = {"epochs", "threads"}    # may change; everything else decides the arithmetic
+    differ = sorted(k for k in set(saved) | set(now) if k not in free and saved.get(k) != now.get(k))
+    if differ:
+        raise CheckpointError(f"{path} was written by a run with different {', '.join(differ)}: "
+                              f"{ {k: saved.get(k) for k in differ} }; resume with the same settings")
+    pos = ck["state"]["position"]
+    return {"path": os.path.abspath(path), "sha256": ck["sha256"], "step": pos["step"], "epoch": pos["epoch"],
+            "round": pos["round"]}
 
 
 def _builder(setup: str):

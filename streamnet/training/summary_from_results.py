@@ -57,6 +57,12 @@ def summarise(cfg: RunConfig, results: dict, workers: int | None, wall_s: float 
         "each_sample_counted_once": stats.get("each_sample_counted_once"),
         "sync_recoveries": stats.get("recoveries", 0),
         "refused_contributions": stats.get("refused", 0),
+        "resumed_from_step": stats.get("resumed_from_step"),
+        "stopped_at": _one(results, "data.0.stopped_at"),
+        "last_checkpoint": (_one(results, "checkpoint.0.checkpoints") or {}).get("last"),
+        "checkpoint_errors": (_one(results, "checkpoint.0.checkpoints") or {}).get("errors", 0),
+        "quarantined": stats.get("quarantined", {}),
+        "samples_quarantined": sum(q["count"] for q in (stats.get("quarantined") or {}).values()),
         "per_worker": dict(per_worker),
     })
     return s

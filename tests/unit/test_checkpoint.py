@@ -1,13 +1,15 @@
 import numpy as np
 import pytest
 
-from streamnet.training.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+from streamnet.training.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, read_checkpoint,
+                                          write_checkpoint)
 
 
 def test_round_trip_and_pointer(tmp_path):
     p = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
     ptr = write_checkpoint(str(tmp_path), "run", 7, p)
-    assert ptr["step"] == 7 and ptr["path"].endswith("run-00000007.ckpt") and ptr["bytes"] == 4000
+    assert ptr["step"] == 7 and ptr["path"].endswith("run-00000007.ckpt")
+    assert ptr["bytes"] == (tmp_path / "run-00000007.ckpt").stat().st_size
     np.testing.assert_array_equal(read_checkpoint(ptr["path"], ptr["sha256"]), p)
     assert not [f for f in tmp_path.iterdir() if f.name.endswith(".tmp")]
 
@@ -40,3 +42,29 @@ def test_failed_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(CheckpointError, match="cannot write checkpoint"):
         write_checkpoint(str(tmp_path / "a-file" / "sub"), "run", 3, np.ones(10, np.float32))
+
+
+def test_full_state_round_trip(tmp_path):
+    state = {"position": {"epoch": 1, "round": 3, "step": 11}, "outer": {"velocity": np.arange(5, dtype=np.float32)},
+             "units": {"0": {"velocity": np.ones(5, np.float32), "random": [4, 9]}, "1": {"velocity": None, "random": []}}}
+    ptr = write_checkpoint(str(tmp_path), "run", 11, np.zeros(5, np.float32), state)
+    ck = load_checkpoint(ptr["path"])
+    assert ck["step"] == 11 and ck["sha256"] == ptr["sha256"] and ck["state"]["position"]["round"] == 3
+    np.testing.assert_array_equal(ck["state"]["outer"]["velocity"], np.arange(5))
+    assert ck["state"]["units"]["0"]["random"] == [4, 9] and ck["state"]["units"]["1"]["velocity"] is None
+
+
+def test_latest_skips_corrupt_and_params_only_checkpoints(tmp_path, caplog):
+    good = write_checkpoint(str(tmp_path), "run", 2, np.ones(3, np.float32), {"position": {}})
+    write_checkpoint(str(tmp_path), "run", 3, np.ones(3, np.float32))               # parameters only
+    bad = write_checkpoint(str(tmp_path), "run", 4, np.ones(3, np.float32), {"position": {}})
+    raw = bytearray(open(bad["path"], "rb").read())
+    raw[-3] ^= 0x55
+    open(bad["path"], "wb").write(bytes(raw))
+    write_checkpoint(str(tmp_path), "other", 9, np.ones(3, np.float32), {"position": {}})
+    path, ck = latest_checkpoint(str(tmp_path), "run")
+    assert path == good["path"] and ck["step"] == 2
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "run-00000004.ckpt is corrupt" in messages and "parameters only" in messages
+    with pytest.raises(CheckpointError, match="no checkpoint of 'none'"):
+        latest_checkpoint(str(tmp_path), "none")

@@ -89,7 +89,7 @@ def test_mismatched_image_sizes(tmp_path):
 def test_labels_file_in_place_of_images(tmp_path):
     _write_dir(tmp_path)
     (tmp_path / "train-images-idx3-ubyte.gz").write_bytes((tmp_path / "train-labels-idx1-ubyte.gz").read_bytes())
-    with pytest.raises(DataError, match="expected uint8 images of 3 dimensions"):
+    with pytest.raises(DataError, match="expected images of 3 dimensions"):
         load_idx_dir(str(tmp_path))
 
 
@@ -138,3 +138,27 @@ def test_epoch_order_is_a_seeded_permutation():
     assert sorted(a.tolist()) == list(range(50)) and not np.array_equal(a, b)
     np.testing.assert_array_equal(a, epoch_order(idx, 0, 1, 0))
     assert [s.stop - s.start for s in batch_slices(10, 4)] == [4, 4, 2]
+
+
+def test_bad_samples_are_quarantined_with_a_report(tmp_path):
+    from streamnet.training.config import DataConfig
+    from streamnet.training.local import load_data
+    rng = np.random.default_rng(1)
+    train = rng.uniform(0, 255, (30, 28, 28)).astype(np.float32)
+    train[3, 5, 5] = np.nan
+    train[7, 0, 0] = np.inf
+    labels = rng.integers(0, 10, 30).astype(np.uint8)
+    labels[11] = 200
+    write_idx(tmp_path / "train-images-idx3-ubyte", train)
+    write_idx(tmp_path / "train-labels-idx1-ubyte", labels)
+    write_idx(tmp_path / "t10k-images-idx3-ubyte", rng.integers(0, 255, (10, 28, 28), dtype=np.uint8))
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte", rng.integers(0, 10, 10).astype(np.uint8))
+    ds = load_data(DataConfig(dataset="mnist", data_dir=str(tmp_path)))
+    assert len(ds.train) == 27 and len(ds.test) == 10
+    q = ds.quarantined["train"]
+    assert q["count"] == 3 and q["non-finite"]["first"] == [3, 7] and q["label out of range"]["first"] == [11]
+    assert "test" not in ds.quarantined
+    x, y = ds.batch(ds.train, np.arange(27))
+    assert np.isfinite(x).all() and y.max() < 10
+    kept = np.delete(np.arange(30), [3, 7, 11])
+    np.testing.assert_array_equal(y, labels[kept])
