@@ -8,7 +8,8 @@ import time
 import urllib.request
 
 from ..errors import StreamnetError
-from ..runtime.control import kill_topology, spout_tasks
+from ..runtime.control import drain_topology, is_done, kill_topology, spout_tasks
+from ..runtime.cluster_state import RUNNING
 from ..runtime.topology import Topology, resolve
 from .common import add_cluster_options, connect
 from .progress import ProgressLine, bar
@@ -55,7 +56,8 @@ def _builtin_builders() -> dict:
 
 TRAINING_FLAGS = {"epochs": "epochs", "workers": "units", "batch": "batch", "sync_period": "sync_period",
                   "lr": "lr", "dataset": "dataset", "data": "data_dir", "train_limit": "train_limit",
-                  "test_limit": "test_limit", "checkpoint_dir": "checkpoint_dir", "outer_momentum": "outer_momentum"}
+                  "test_limit": "test_limit", "checkpoint_dir": "checkpoint_dir", "outer_momentum": "outer_momentum",
+                  "resume": "resume"}
 
 
 def cmd_submit(a) -> int:
@@ -70,6 +72,10 @@ def cmd_submit(a) -> int:
     try:
         if not state.workers():
             raise StreamnetError(f"no workers in cluster {a.cluster!r}; start streamnet-worker first")
+        if getattr(a, "resume", None) and state.status(topo.name) == "stopping" and is_done(state, topo.name):
+            # stopped cleanly by SIGTERM to its workers: its checkpoint is what we resume from
+            kill_topology(state, topo.name, a.timeout)
+            print(f"removed the stopped {topo.name}", file=sys.stderr)
         state.submit_topology(topo.name, topo.to_dict())
         print(f"submitted {topo.name} ({topo.num_tasks} tasks) to cluster {a.cluster}", file=sys.stderr)
         if not a.wait:
@@ -92,7 +98,7 @@ def _follow(state, topo: Topology, check, a) -> int:
         if time.monotonic() - t0 > a.timeout:
             print(f"\nstreamnet-submit: error: {topo.name} did not finish within {a.timeout:.0f} s", file=sys.stderr)
             return 1
-        if state.status(topo.name) != "active":
+        if state.status(topo.name) not in RUNNING:
             print(f"\nstreamnet-submit: error: {topo.name} was killed before finishing", file=sys.stderr)
             return 1
         time.sleep(0.2)
@@ -127,8 +133,21 @@ def _jsonable(value):
 def cmd_kill(a) -> int:
     coord, state, _ = connect(a)
     try:
-        results = kill_topology(state, a.topology, a.timeout)
-        print(f"killed {a.topology}; {len(results)} results published")
+        if not a.checkpoint:
+            results = kill_topology(state, a.topology, a.timeout)
+            print(f"killed {a.topology}; {len(results)} results published")
+            return 0
+        print(f"stopping {a.topology} cleanly (a last checkpoint round, then stop)...", file=sys.stderr)
+        results = drain_topology(state, a.topology, a.timeout)
+        stopped = next((v for k, v in results.items() if k.endswith(".stopped_at")), None)
+        ckpt = next((v for k, v in results.items() if k.endswith(".checkpoints")), None) or {}
+        if ckpt.get("last"):
+            print(f"stopped {a.topology} at step {ckpt['last']['step']}; checkpoint {ckpt['last']['path']}; "
+                  f"continue with: streamnet-submit submit ... --resume")
+        elif stopped:
+            print(f"stopped {a.topology} at step {stopped['step']} (it writes no checkpoints: no --checkpoint-dir)")
+        else:
+            print(f"{a.topology} had finished; {len(results)} results published")
         return 0
     finally:
         coord.close()
@@ -250,13 +269,20 @@ def add_commands(sub) -> None:
     t.add_argument("--data", metavar="DIR")
     t.add_argument("--train-limit", type=int)
     t.add_argument("--test-limit", type=int)
-    t.add_argument("--checkpoint-dir", help="write atomic checkpoints here at each epoch's end")
+    t.add_argument("--checkpoint-dir", help="write a checkpoint here at each epoch's end and when stopped "
+                   "(a directory every worker can reach)")
+    t.add_argument("--resume", nargs="?", const=True, metavar="CHECKPOINT",
+                   help="continue from the newest valid checkpoint of this topology in --checkpoint-dir "
+                        "(or from the file given)")
     add_cluster_options(s)
     s.set_defaults(func=cmd_submit)
 
     k = sub.add_parser("kill", help="stop a topology everywhere and collect its results")
     k.add_argument("topology")
-    k.add_argument("--timeout", type=float, default=60.0)
+    k.add_argument("--checkpoint", action="store_true",
+                   help="stop cleanly: finish the round in flight and a checkpoint round, then stop "
+                        "(resume with submit --resume)")
+    k.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the workers")
     add_cluster_options(k)
     k.set_defaults(func=cmd_kill)
 

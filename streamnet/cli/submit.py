@@ -20,6 +20,8 @@ def cmd_train(a: argparse.Namespace) -> int:
     line = ProgressLine()
     if a.in_process:
         from ..training import train_local
+        if a.checkpoint_dir or a.resume:
+            raise StreamnetError("--checkpoint-dir and --resume need the engine; drop --in-process")
 
         def show(p):
             if p.test_accuracy is not None:
@@ -30,12 +32,21 @@ def cmd_train(a: argparse.Namespace) -> int:
                             f"loss {p.loss:.4f}  {p.samples_per_s:,.0f} samples/s")
         summary = train_local(cfg, progress=show).summary
     else:
+        import signal
         from ..training.cluster_run import train_on_local_cluster
         show = training_progress(line, cfg)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)   # SIGTERM stops cleanly, as Ctrl-C does
         summary, _ = train_on_local_cluster(cfg, workers=cfg.units, threads=max(1, cfg.threads // cfg.units),
-                                            progress=show)
-        for h in summary.history[show.shown:]:  # epochs that ended between two progress polls
+                                            progress=show, checkpoint_dir=a.checkpoint_dir, resume=a.resume or False)
+        for h in (h for h in summary.history if h.epoch > show.shown):  # ended between two progress polls
             line.line(f"epoch {h.epoch}/{cfg.epochs}  loss {h.train_loss:.4f}  test acc {h.test_accuracy:.2%}")
+        if summary.extra.get("resumed_from_step") is not None:
+            print(f"resumed from step {summary.extra['resumed_from_step']}", file=sys.stderr)
+        if summary.extra.get("stopped_at"):
+            ck = summary.extra.get("last_checkpoint")
+            print(f"stopped at step {summary.extra['stopped_at']['step']}"
+                  + (f"; checkpoint {ck['path']}; continue with the same command and --resume" if ck else
+                     " (no --checkpoint-dir: nothing to resume from)"), file=sys.stderr)
     print(f"final test accuracy {summary.test_accuracy:.2%}  {summary.samples_per_s:,.0f} samples/s  "
           f"wall {summary.wall_s:.1f} s")
     if a.summary:
@@ -90,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--in-process", action="store_true",
                    help="run the units in this process without the engine (the reference trainer)")
     t.add_argument("--summary", metavar="FILE", help="write a JSON run summary")
+    t.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="write a checkpoint at each epoch's end and on Ctrl-C (clean stop); not with --in-process")
+    t.add_argument("--resume", nargs="?", const=True, metavar="CHECKPOINT",
+                   help="continue from the newest valid checkpoint in --checkpoint-dir (or the file given)")
     t.set_defaults(func=cmd_train)
     e = sub.add_parser("run-example", help="run an example topology (wordcount, tensor_pipe) and check it")
     e.add_argument("name")

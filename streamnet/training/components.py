@@ -262,6 +262,7 @@ class SyncBolt(Bolt):
         self.last_checkpoint = None   # (step, checkpoint tuple values), to send again if its round is replayed
         self.unit_states: dict[int, dict] = {}   # from the checkpoint resumed, for the units' first resync
         self.resumed_from = None
+        self.samples_before = 0     # samples counted before the checkpoint this run resumed from
         if self.config.get("resume"):
             self._resume(self.config["resume"])
 
@@ -275,6 +276,7 @@ class SyncBolt(Bolt):
         c = st["counters"]
         self.epoch_samples = {int(k): v for k, v in c["epoch_samples"].items()}
         self.rounds, self.samples = c["rounds"], c["samples"]
+        self.samples_before = c["samples"]
         self.unit_states = {int(k): v for k, v in st["units"].items()}
         log.warning("sync bolt resumes from %s at step %d", where["path"], self.next_step)
 
@@ -478,11 +480,13 @@ class SyncBolt(Bolt):
         self.ctx.publish("progress", {"epoch": epoch + 1, "round": rnd + 1, "rounds": self.rounds,
                                       "epoch_rounds": max((len(r) for r in plan), default=0),
                                       "samples": self.samples, "loss": self.loss_history[-1],
-                                      "samples_per_s": self.samples / elapsed if elapsed else 0.0})
+                                      "samples_per_s": (self.samples - self.samples_before) / elapsed
+                                      if elapsed else 0.0})
 
     def close(self):
         finished = {e: n for e, n in self.epoch_samples.items() if n >= self.train_size or e < max(self.epoch_samples, default=0)}
         self.ctx.publish("stats", {"sync_rounds": self.rounds, "samples_processed": self.samples,
+                                   "samples_this_run": self.samples - self.samples_before,
                                    "duplicates": self.duplicates, "bytes_received": self.bytes_in,
                                    "bytes_sent": self.bytes_out, "refused": len(self.agg.refused),
                                    "recoveries": self.recoveries,

@@ -71,10 +71,14 @@ def resume_point(cfg: RunConfig, checkpoint_dir: str | None, name: str, path: st
 
 
 def _builder(setup: str):
-    def build(name: str | None = None, checkpoint_dir: str | None = None, **overrides):
+    def build(name: str | None = None, checkpoint_dir: str | None = None, resume: bool | str | None = None,
+              **overrides):
         from .summary_from_results import summarise
         cfg = apply_overrides(SETUPS[setup](), overrides)
-        topo = build_topology(cfg, name=name, checkpoint_dir=checkpoint_dir)
+        point = None
+        if resume:
+            point = resume_point(cfg, checkpoint_dir, name or default_name(cfg), None if resume is True else resume)
+        topo = build_topology(cfg, name=name, checkpoint_dir=checkpoint_dir, resume=point)
 
         def check(results, wall_s=None):
             s = summarise(cfg, results, workers=None, wall_s=wall_s)

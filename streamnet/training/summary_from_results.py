@@ -33,7 +33,7 @@ def summarise(cfg: RunConfig, results: dict, workers: int | None, wall_s: float 
     s.samples_processed = stats.get("samples_processed", 0)
     s.train_s = stats.get("wall_s", 0.0)
     s.wall_s = wall_s if wall_s is not None else s.train_s
-    s.samples_per_s = s.samples_processed / s.train_s if s.train_s else 0.0
+    s.samples_per_s = stats.get("samples_this_run", s.samples_processed) / s.train_s if s.train_s else 0.0
     barrier = stats.get("barrier_s", {})
     per_worker: dict[str, dict] = defaultdict(lambda: {"units": [], "compute_s": 0.0, "communication_s": 0.0,
                                                        "barrier_wait_s": 0.0, "samples": 0})
