@@ -4,9 +4,13 @@
                      --host 0.0.0.0 --advertise-host 10.0.0.5 --port 7700 --threads 8
 
 Registers in ZooKeeper, takes part in the leader election (the leader schedules),
-runs the tasks assigned to it, serves /status and /metrics. SIGTERM or SIGINT:
-stop taking work, drain, hand the tasks back (the session ends and the leader
-reassigns them), exit 0.
+runs the tasks assigned to it, serves /status and /metrics.
+
+SIGTERM or SIGINT: ask the topologies running here to stop cleanly (training
+finishes its round and writes a checkpoint; `streamnet-submit submit ... --resume`
+continues it), wait for that at most --stop-grace seconds, then hand the tasks back
+and exit 0. A second signal skips the wait. With --on-signal leave, the worker only
+hands its tasks back (the leader moves them; the topologies go on elsewhere).
 """
 from __future__ import annotations
 
@@ -31,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=7700, help="port to listen on (0: any free port)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="compute threads")
     p.add_argument("--name", help="worker id (default: HOSTNAME-PORT)")
+    p.add_argument("--on-signal", choices=("checkpoint", "leave"), default="checkpoint",
+                   help="on SIGTERM/SIGINT: stop the topologies cleanly with a checkpoint (default), or just "
+                        "leave and let the others carry on")
+    p.add_argument("--stop-grace", type=float, default=120.0, help="seconds to wait for a clean stop")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -48,14 +56,23 @@ async def serve(a: argparse.Namespace) -> int:
             if e.errno == errno.EADDRINUSE:
                 raise StreamnetError(f"port {a.port} on {a.host} is in use; pick another with --port") from None
             raise StreamnetError(f"cannot listen on {a.host}:{a.port}: {e.strerror}") from None
-        stop = asyncio.Event()
+        stop, hurry = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal():
+            (hurry if stop.is_set() else stop).set()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        logging.getLogger("streamnet").info("worker %s up on %s:%d (cluster %s, ZooKeeper %s)", name,
-                                            a.host, worker.port, a.cluster, a.zk)
+            loop.add_signal_handler(sig, on_signal)
+        log = logging.getLogger("streamnet")
+        log.info("worker %s up on %s:%d (cluster %s, ZooKeeper %s)", name, a.host, worker.port, a.cluster, a.zk)
         await stop.wait()
-        logging.getLogger("streamnet").info("worker %s: signal received; stopping", name)
+        log.info("worker %s: signal received; stopping (%s)", name, a.on_signal)
+        if a.on_signal == "checkpoint" and worker.runtimes:
+            clean = asyncio.ensure_future(worker.stop_topologies_cleanly(a.stop_grace))
+            await asyncio.wait([clean, asyncio.ensure_future(hurry.wait())], return_when=asyncio.FIRST_COMPLETED)
+            if not clean.done():
+                log.warning("worker %s: second signal; leaving without waiting for the clean stop", name)
+                clean.cancel()
         await worker.stop()
         return 0
     finally:

@@ -117,6 +117,34 @@ class Worker:
                 self.loop.call_soon_threadsafe(fn, *args)
         return cb
 
+    async def stop_topologies_cleanly(self, timeout: float) -> list[str]:
+        """Ask every topology with tasks here to stop cleanly (Spout.drain: training ends
+        with a checkpoint round) and wait until their spouts are done, at most `timeout`
+        seconds. Returns the names of those that did not finish in time."""
+        from .control import is_done
+        names = list(self.runtimes)
+
+        def request():
+            for name in names:
+                if self.state.status(name) == "active":
+                    log.warning("worker %s: stopping topology %s cleanly before leaving", self.id, name)
+                    self.state.set_status(name, "stopping")
+        await asyncio.to_thread(request)
+        deadline = time.monotonic() + timeout
+        pending = set(names)
+        while pending and time.monotonic() < deadline:
+            for name in list(pending):
+                try:
+                    if await asyncio.to_thread(is_done, self.state, name):
+                        pending.discard(name)
+                except Exception:  # noqa: BLE001 - removed meanwhile, or the coordinator is away
+                    if await asyncio.to_thread(self.state.status, name) is None:
+                        pending.discard(name)
+            await asyncio.sleep(0.2)
+        for name in pending:
+            log.error("worker %s: topology %s did not stop within %.0f s; leaving anyway", self.id, name, timeout)
+        return sorted(pending)
+
     async def stop(self, drain_s: float = 5.0) -> None:
         """Stop spouts, drain bolts, close connections, deregister."""
         if self._closing:

@@ -55,6 +55,7 @@ def summarise(cfg: RunConfig, results: dict, workers: int | None, wall_s: float 
         "samples_replayed": replayed,
         "duplicate_contributions": stats.get("duplicates", 0),
         "each_sample_counted_once": stats.get("each_sample_counted_once"),
+        "epoch_samples": stats.get("epoch_samples", {}),
         "sync_recoveries": stats.get("recoveries", 0),
         "refused_contributions": stats.get("refused", 0),
         "resumed_from_step": stats.get("resumed_from_step"),

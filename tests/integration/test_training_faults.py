@@ -49,3 +49,66 @@ def test_training_survives_sigkill(zk, victim):  # noqa: F811
     assert results["sync.0.stats"]["epoch_samples"] == {"1": 12000, "2": 12000, "3": 12000}
     assert s.test_accuracy >= 0.80
     assert len(s.history) == 3
+
+
+def _progressed(state, name, rounds):
+    def check():
+        p = state.results(name).get("sync.0.progress")
+        return p and p["rounds"] >= rounds
+    return check
+
+
+TRAIN_ARGS = ["--train-limit", "12000", "--test-limit", "2000", "--epochs", "3", "--workers", "2"]
+
+
+def test_kill_checkpoint_then_submit_resume(zk, tmp_path):  # noqa: F811
+    """`kill --checkpoint` stops a run cleanly with a checkpoint; `submit --resume`
+    finishes it with every sample of every epoch counted once."""
+    ckdir = str(tmp_path / "ck")
+    with running_cluster(zk, workers=3) as (c, state):
+        r = c.submit_cli("submit", "lenet5-mixbp", "--name", "ck", "--checkpoint-dir", ckdir, *TRAIN_ARGS)
+        assert r.returncode == 0, r.stderr
+        wait_for(_progressed(state, "ck", 30), 120, "training to get going", interval=0.2)
+        r = c.submit_cli("kill", "ck", "--checkpoint", "--timeout", "120")
+        assert r.returncode == 0, r.stderr
+        assert "checkpoint " + ckdir in r.stdout, r.stdout
+        step = int(r.stdout.split("at step ")[1].split(";")[0])
+        assert "ck" not in state.topology_names()
+        summary = tmp_path / "summary.json"
+        r = c.submit_cli("submit", "lenet5-mixbp", "--name", "ck", "--checkpoint-dir", ckdir, "--resume", "--wait",
+                         "--summary", str(summary), *TRAIN_ARGS, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+    import json
+    s = json.loads(summary.read_text())
+    print(f"stopped at step {step}, resumed: accuracy {s['test_accuracy']:.2%}, epochs {s['epoch_samples']}")
+    assert s["resumed_from_step"] == step and 0 < step < 72
+    assert s["each_sample_counted_once"] is True and s["epoch_samples"] == {"1": 12000, "2": 12000, "3": 12000}
+    assert s["test_accuracy"] >= 0.80
+
+
+def test_sigterm_to_the_workers_stops_with_a_checkpoint(zk, tmp_path):  # noqa: F811
+    """SIGTERM to every worker (a cluster shutdown): each asks for a clean stop, the run
+    writes its checkpoint, the workers exit 0; a new cluster resumes from it."""
+    import signal
+    ckdir = str(tmp_path / "ck")
+    with running_cluster(zk, workers=2) as (c, state):
+        r = c.submit_cli("submit", "lenet5-mixbp", "--name", "term", "--checkpoint-dir", ckdir, *TRAIN_ARGS)
+        assert r.returncode == 0, r.stderr
+        wait_for(_progressed(state, "term", 10), 120, "training to get going", interval=0.2)
+        for p in c.procs.values():
+            p.send_signal(signal.SIGTERM)
+        for name, p in c.procs.items():
+            assert p.wait(120) == 0, f"{name} exited {p.returncode}"
+        assert state.status("term") == "stopping"
+        from streamnet.training.checkpoint import latest_checkpoint
+        path, ck = latest_checkpoint(ckdir, "term")
+        stopped = ck["state"]["position"]["step"]
+        for name in list(c.procs):
+            c.start_worker(name + "b")
+        c.wait_registered(2, state)
+        r = c.submit_cli("submit", "lenet5-mixbp", "--name", "term", "--checkpoint-dir", ckdir, "--resume", "--wait",
+                         *TRAIN_ARGS, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "removed the stopped term" in r.stderr
+    print(f"SIGTERM stop at step {stopped}; resumed: {r.stdout.strip()}")
+    assert 0 < stopped < 72
