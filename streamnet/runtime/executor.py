@@ -124,14 +124,14 @@ class SpoutExecutor(Executor):
         self.metrics.emitted += 1
         if msg_id is None:
             for t in targets:
-                self.out.append((t, ["t", self.rt.name, t, stream, self.task, values, []]))
+                self.out.append((t, ["t", self.rt.name, t, stream, self.task, values, [], self.rt.version]))
             return targets
         root = (self.task << ROOT_BITS) | self.rng.getrandbits(ROOT_BITS)
         ledger = 0
         for t in targets:
             edge = self._new_edge()
             ledger ^= edge
-            self.out.append((t, ["t", self.rt.name, t, stream, self.task, values, [[root, edge]]]))
+            self.out.append((t, ["t", self.rt.name, t, stream, self.task, values, [[root, edge]], self.rt.version]))
         if targets:
             self.pending[root] = [ledger, time.monotonic() + self.timeout_s, msg_id]
         else:
@@ -261,7 +261,7 @@ class BoltExecutor(Executor):
                 anchor_list = [[r, edge] for r in roots]
             else:
                 anchor_list = []
-            self.out.append((t, ["t", self.rt.name, t, stream, self.task, values, anchor_list]))
+            self.out.append((t, ["t", self.rt.name, t, stream, self.task, values, anchor_list, self.rt.version]))
         return targets
 
     def ack(self, tup: Tuple) -> None:

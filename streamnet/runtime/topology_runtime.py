@@ -32,6 +32,7 @@ class TopologyRuntime:
         self.choosers: dict[tuple[str, str], list] = {}
         self.version = -1
         self.dropped = 0
+        self.stale = 0        # tuples refused from superseded task instances (fencing)
         self.stop_requested = False   # the topology is stopping cleanly: its spouts get drain()
         self.lock = asyncio.Lock()
 
@@ -179,4 +180,4 @@ class TopologyRuntime:
             else:
                 m["pending"], m["pending_max"] = len(ex.pending), ex.max_pending
             tasks[t] = m
-        return {"assignment_version": self.version, "tasks": tasks, "dropped": self.dropped}
+        return {"assignment_version": self.version, "tasks": tasks, "dropped": self.dropped, "stale": self.stale}

@@ -77,7 +77,7 @@ def _array_bytes(msg) -> int:
 class StreamServer:
     """The receiving half, mounted on the worker's aiohttp app."""
 
-    def __init__(self, auth: Auth, dispatch: Callable[[list], Awaitable[None]], limits: codec.Limits):
+    def __init__(self, auth: Auth, dispatch: Callable[[list, str], Awaitable[None]], limits: codec.Limits):
         self.auth, self.dispatch, self.limits = auth, dispatch, limits
         self.rejected = 0
         self.frames_in = 0
@@ -129,7 +129,7 @@ class StreamServer:
                 self.bytes_in += codec.PREFIX.size + hlen + plen
                 for msg in msgs:
                     try:
-                        await self.dispatch(msg)
+                        await self.dispatch(msg, sender)
                     except codec.CodecError as e:
                         return self._reject(peer, f"bad message: {e}")
         except (ConnectionResetError, aiohttp.ClientConnectionError):

@@ -36,8 +36,8 @@ READ_BUFSIZE = 4 << 20  # measured: large frames move fastest with a 4 MiB read 
 def _check_message(msg) -> None:
     """Types of an inbound message, checked before anything uses them."""
     ok = isinstance(msg, list) and len(msg) >= 4 and isinstance(msg[1], str) and isinstance(msg[2], int)
-    if ok and msg[0] == "t":
-        ok = (len(msg) == 7 and isinstance(msg[3], str) and isinstance(msg[4], int) and isinstance(msg[5], list)
+    if ok and msg[0] == "t":   # [t, topology, target, stream, source, values, anchors(, sender's assignment version)]
+        ok = (len(msg) in (7, 8) and (len(msg) == 7 or isinstance(msg[7], int)) and isinstance(msg[3], str) and isinstance(msg[4], int) and isinstance(msg[5], list)
               and isinstance(msg[6], list)
               and all(isinstance(a, list) and len(a) == 2 and all(isinstance(x, int) for x in a) for a in msg[6]))
     elif ok and msg[0] == "a":
@@ -302,14 +302,31 @@ class Worker:
         else:
             rt.dropped += 1
 
-    async def _dispatch(self, msg) -> None:
+    async def _dispatch(self, msg, sender: str | None = None) -> None:
         _check_message(msg)
         rt = self.runtimes.get(msg[1])
         ex = rt.executors.get(msg[2]) if rt else None
         if ex is None:
             self.dropped += 1  # not ours (any more): the sender's view is stale
             return
+        if msg[0] == "t" and sender is not None and self._stale(rt, msg, sender):
+            return
         await self._deliver_local(rt, ex, msg)
+
+    def _stale(self, rt: TopologyRuntime, msg: list, sender: str) -> bool:
+        """Fencing: a tuple from a task instance that an assignment at least as new as the
+        sender's places elsewhere comes from a worker that was cut off (session expired,
+        network healed) and has not caught up yet; it must not reach the topology."""
+        placed = rt.task_worker.get(msg[4])
+        version = msg[7] if len(msg) > 7 else None
+        if placed is None or placed == sender or version is None or version > rt.version:
+            return False
+        rt.stale += 1
+        if rt.stale <= 5 or rt.stale % 1000 == 0:
+            log.warning("worker %s: dropped a stale tuple (%d so far) of %s from task %d on %s: assignment v%d "
+                        "places that task on %s; the sender is at v%d", self.id, rt.stale, rt.name, msg[4], sender,
+                        rt.version, placed, version)
+        return True
 
     # -- status ------------------------------------------------------------------------
     def status(self) -> dict:

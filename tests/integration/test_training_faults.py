@@ -10,7 +10,7 @@ from streamnet.training import DataConfig, lenet5_mixbp
 from streamnet.training.nsmap import build_topology
 from streamnet.training.summary_from_results import summarise
 
-from streamnet.testing import finish, running_cluster, zookeeper_installed
+from streamnet.testing import ZooKeeper, finish, running_cluster, zookeeper_installed
 from .test_zk_cluster import zk  # noqa: F401 - the module-scoped ZooKeeper fixture
 
 FASHION = "/usr/share/datasets/fashion-mnist"
@@ -112,3 +112,63 @@ def test_sigterm_to_the_workers_stops_with_a_checkpoint(zk, tmp_path):  # noqa: 
         assert "removed the stopped term" in r.stderr
     print(f"SIGTERM stop at step {stopped}; resumed: {r.stdout.strip()}")
     assert 0 < stopped < 72
+
+
+@pytest.mark.parametrize("victim", ["compute", "sync"])
+def test_worker_cut_off_and_healed_is_fenced(zk, victim):  # noqa: F811
+    """SIGSTOP the host of a compute unit (or of the sync bolt) past its ZooKeeper
+    session - a worker cut off - then SIGCONT it. Its session has expired and its tasks
+    run elsewhere; whatever its stale instances still send is dropped (assignment
+    fencing, and the CAS on task state), so no update is counted twice and the run
+    finishes."""
+    import signal
+    cfg = _config()
+    topo = build_topology(cfg, name=f"fenced-{victim}")
+    with running_cluster(zk, workers=3) as (c, state):
+        state.submit_topology(topo.name, topo.to_dict())
+        assignment = wait_for(lambda: (state.assignment(topo.name)[0] or {}).get("tasks"), 30, "the assignment")
+        host = assignment[str(topo.tasks(victim)[0])]
+        wait_for(_progressed(state, topo.name, 20), 120, "training to get going", interval=0.2)
+        c.procs[host].send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: host not in (state.assignment(topo.name)[0] or {}).get("tasks", {}).values(), 30,
+                     "the cut-off worker's tasks to move", interval=0.1)
+        finally:
+            c.procs[host].send_signal(signal.SIGCONT)
+        wait_for(lambda: host in state.workers(), 30, "the healed worker to register again", interval=0.1)
+        results = finish(state, topo.name, timeout=600)
+        logs = {w: open(path).read() for w, path in c.logs.items()}
+    s = summarise(cfg, results, workers=2)
+    print(f"cut off {victim} host {host}: accuracy {s.test_accuracy:.2%}, replayed {s.extra['samples_replayed']}, "
+          f"recoveries {s.extra['sync_recoveries']}, fenced instance: "
+          f"{'taken over by another instance' in logs[host]}, stale tuples dropped: "
+          f"{sum(text.count('dropped a stale tuple') for text in logs.values())}")
+    assert s.extra["each_sample_counted_once"] is True
+    assert results["sync.0.stats"]["epoch_samples"] == {"1": 12000, "2": 12000, "3": 12000}
+    assert s.test_accuracy >= 0.80
+
+
+@pytest.mark.parametrize("outage_s", [2.0, 8.0], ids=["within-session", "sessions-expire"])
+def test_training_survives_a_zookeeper_restart(outage_s):
+    """ZooKeeper killed mid-run and restarted after `outage_s`: shorter than the session
+    timeout the sessions survive; longer, every worker's session expires and is
+    re-established. Either way training pauses at most and finishes exactly."""
+    cfg = _config()
+    topo = build_topology(cfg, name="zk-restart")
+    server = ZooKeeper().start()
+    try:
+        with running_cluster(server.hosts, workers=2) as (c, state):
+            state.submit_topology(topo.name, topo.to_dict())
+            wait_for(_progressed(state, topo.name, 20), 120, "training to get going", interval=0.2)
+            server.kill()
+            deadline = time.monotonic() + outage_s
+            wait_for(lambda: time.monotonic() >= deadline, outage_s + 5, "the outage", interval=0.1)
+            server.restart()
+            results = finish(state, topo.name, timeout=600)
+    finally:
+        server.stop()
+    s = summarise(cfg, results, workers=2)
+    print(f"ZooKeeper down {outage_s:.0f} s mid-run: accuracy {s.test_accuracy:.2%}, replayed {s.extra['samples_replayed']}")
+    assert s.extra["each_sample_counted_once"] is True
+    assert results["sync.0.stats"]["epoch_samples"] == {"1": 12000, "2": 12000, "3": 12000}
+    assert s.test_accuracy >= 0.80
