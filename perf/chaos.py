@@ -2,8 +2,10 @@
 each trial SIGKILLs a random worker (the leader included) at a random time.
 
 Reports completed/trials, final accuracy against a fault-free run, detection time
-(kill -> the dead worker's tasks reassigned) and resume time (kill -> the next
-synchronisation round completes), and draws rounds-over-time around each kill.
+(kill -> the dead worker's tasks reassigned), resume time (kill -> the next
+synchronisation round completes) and recovery time (kill -> throughput over a 2 s
+window is back to >= 95 % of the survivors' capacity, measured as the steady rate
+from detection + 2 s to the end), and draws throughput over time around each kill.
 
     python perf/chaos.py [--trials 20] [--quick]
 
@@ -27,6 +29,34 @@ from streamnet.testing import ZooKeeper, finish, running_cluster  # noqa: E402
 from streamnet.training import DataConfig, lenet5_mixbp  # noqa: E402
 from streamnet.training.nsmap import build_topology  # noqa: E402
 from streamnet.training.summary_from_results import summarise  # noqa: E402
+
+
+def rounds_at(timeline: list, t: float) -> float:
+    """Rounds done at time t, interpolated between progress samples."""
+    prev = (0.0, 0)
+    for x, n in timeline:
+        if x >= t:
+            if x == prev[0]:
+                return n
+            return prev[1] + (n - prev[1]) * (t - prev[0]) / (x - prev[0])
+        prev = (x, n)
+    return prev[1]
+
+
+def recovery(timeline: list, kill_s: float, detection_s: float, window: float = 2.0) -> dict:
+    """Survivors' capacity (rounds/s from detection + 2 s to the end) and the first time
+    after the kill at which a `window`-second rate reaches 95 % of it."""
+    end = timeline[-1][0]
+    start = kill_s + detection_s + 2.0
+    if end - start < 3.0:
+        return {"capacity_rps": None, "recovered_s": None}
+    capacity = (rounds_at(timeline, end) - rounds_at(timeline, start)) / (end - start)
+    t = kill_s
+    while t + window <= end:
+        if (rounds_at(timeline, t + window) - rounds_at(timeline, t)) / window >= 0.95 * capacity:
+            return {"capacity_rps": capacity, "recovered_s": t - kill_s}
+        t += 0.1
+    return {"capacity_rps": capacity, "recovered_s": None}
 
 
 def trial(zk_hosts: str, cfg, rng: random.Random, kill_at: float | None, name: str) -> dict:
@@ -71,11 +101,20 @@ def trial(zk_hosts: str, cfg, rng: random.Random, kill_at: float | None, name: s
         results = finish(state, topo.name, 60)
     s = summarise(cfg, results, workers=3)
     out["train_s"] = time.monotonic() - t_submit - out["start_s"]
+    if kill_at is not None:
+        out.update(recovery(timeline, out["kill_at_s"], out["detection_s"]))
+        before = [x for x in timeline if out["kill_at_s"] - 5 <= x[0] <= out["kill_at_s"]]
+        out["rate_before_rps"] = ((before[-1][1] - before[0][1]) / (before[-1][0] - before[0][0])
+                                  if len(before) > 1 and before[-1][0] > before[0][0] else None)
     out.update({"completed": True, "test_accuracy": s.test_accuracy,
                 "each_sample_counted_once": s.extra["each_sample_counted_once"],
                 "samples_replayed": s.extra["samples_replayed"], "sync_recoveries": s.extra["sync_recoveries"],
                 "timeline": timeline})
     return out
+
+
+def _s(v) -> str:
+    return "n/a" if v is None else f"{v:.1f} s"
 
 
 def main() -> int:
@@ -106,6 +145,7 @@ def main() -> int:
             k = r.get("killed") or {}
             print(f"trial {i + 1:2d}: killed {k.get('worker')}{' (leader)' if k.get('was_leader') else ''} "
                   f"tasks {k.get('tasks')}: " + (f"detected {r['detection_s']:.1f} s, resumed {r['resume_s']:.1f} s, "
+                                                 f"recovered {_s(r.get('recovered_s'))}, "
                                                  f"accuracy {r['test_accuracy']:.2%}, counted once "
                                                  f"{r['each_sample_counted_once']}" if r["completed"] else r["error"]))
             write_json("chaos.json", out)
@@ -117,6 +157,10 @@ def main() -> int:
         "accuracy_gap_pp_max": max((abs(r["test_accuracy"] - base["test_accuracy"]) * 100 for r in done), default=None),
         "detection_s_max": max((r["detection_s"] for r in done), default=None),
         "resume_s_max": max((r["resume_s"] for r in done), default=None),
+        "recovered_s_max": max((r["recovered_s"] for r in done if r.get("recovered_s") is not None), default=None),
+        "recovered_within_detection_plus_2s": sum(1 for r in done if r.get("recovered_s") is not None
+                                                  and r["recovered_s"] <= r["detection_s"] + 2.0),
+        "recovery_not_measurable": sum(1 for r in done if r.get("recovered_s") is None),
         "all_counted_once": all(r["each_sample_counted_once"] for r in done),
     }
     print(out["summary"])
@@ -127,11 +171,14 @@ def main() -> int:
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(8, 4))
         for r in done[:8]:
-            t = [x - r["kill_at_s"] for x, _ in r["timeline"]]
-            ax.plot(t, [n for _, n in r["timeline"]], label=r["killed"]["worker"])
+            tl = r["timeline"]
+            ts = [tl[0][0] + 0.5 * i for i in range(int((tl[-1][0] - tl[0][0] - 2) / 0.5))]
+            rate = [(rounds_at(tl, x + 2) - rounds_at(tl, x)) / 2 for x in ts]
+            ax.plot([x - r["kill_at_s"] for x in ts], rate,
+                    label=f"{r['killed']['worker']}{' (leader)' if r['killed']['was_leader'] else ''}")
         ax.axvline(0, c="k", ls="--")
-        ax.set_xlabel("seconds from the kill"); ax.set_ylabel("synchronisation rounds done")
-        ax.set_title("training progress around a SIGKILL"); ax.legend(fontsize=7)
+        ax.set_xlabel("seconds from the SIGKILL"); ax.set_ylabel("sync rounds/s (2 s window)")
+        ax.set_title("throughput around a worker kill"); ax.legend(fontsize=7)
         fig.tight_layout(); fig.savefig(png_path("chaos.png"), dpi=100)
         print(f"wrote {png_path('chaos.png')}")
     except ImportError:

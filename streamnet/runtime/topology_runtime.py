@@ -33,6 +33,7 @@ class TopologyRuntime:
         self.version = -1
         self.dropped = 0
         self.stale = 0        # tuples refused from superseded task instances (fencing)
+        self.parked: list = []   # tuples for tasks of an assignment not applied here yet
         self.stop_requested = False   # the topology is stopping cleanly: its spouts get drain()
         self.lock = asyncio.Lock()
 
@@ -44,14 +45,17 @@ class TopologyRuntime:
             self.version = version
             before = self.task_worker
             self.task_worker = {int(t): w for t, w in assignment["tasks"].items()}
-            lost = {w for w in before.values() if w not in assignment["workers"] and w != self.worker.id}
-            if lost and before:
-                # tuples in flight to a worker that left are gone: replay now rather than
-                # after message_timeout_s, so no round waits longer than failure detection
+            moved = sorted(t for t, w in before.items() if self.task_worker.get(t) != w)
+            if moved and before:
+                # tuples in flight to a worker that left, or to a task instance that was
+                # stopped to move, are gone: replay now rather than after message_timeout_s,
+                # so no round waits longer than failure detection
+                lost = sorted({w for w in before.values() if w not in assignment["workers"]})
+                why = f"worker(s) {','.join(lost)} left" if lost else f"task(s) {moved[:8]} moved"
                 for ex in self.executors.values():
                     if isinstance(ex, SpoutExecutor) and ex.pending:
-                        log.warning("%s: worker(s) %s left; failing %d pending tuple tree(s) of task %d for replay",
-                                    self.name, ",".join(sorted(lost)), len(ex.pending), ex.task)
+                        log.warning("%s: %s; failing %d pending tuple tree(s) of task %d for replay",
+                                    self.name, why, len(ex.pending), ex.task)
                         ex.fail_all()
             self.addresses = dict(assignment["workers"])
             mine = {t for t, w in self.task_worker.items() if w == self.worker.id}
@@ -167,6 +171,14 @@ class TopologyRuntime:
 
     def task_done(self, task: int) -> None:
         self.worker.mark_done(self.name, task)
+
+    MAX_PARKED = 10_000
+
+    def park(self, msg: list) -> None:
+        if len(self.parked) >= self.MAX_PARKED:
+            self.dropped += 1    # bounded: the spout replays what is lost
+        else:
+            self.parked.append(msg)
 
     async def deliver(self, target: int, msg: list) -> None:
         await self.worker.deliver(self, target, msg)

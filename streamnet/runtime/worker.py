@@ -203,6 +203,7 @@ class Worker:
             self.pool.resize(int(threads))
             self._spawn(asyncio.to_thread(self.state.update_worker, self.id, self.info()))
         await rt.apply(assignment, version)
+        await self._deliver_parked(rt)
         self._spawn(asyncio.to_thread(self.state.mark_applied, name, self.id, version))
 
     async def _on_status(self, name: str, status: str | None) -> None:
@@ -231,7 +232,7 @@ class Worker:
             ex.state_version = self.state.save_state(topology, key, value, ex.state_version)
         except (BadVersionError, NodeExistsError):
             raise FencedError(f"task {key} of {topology} was taken over by another instance; this one "
-                              "(on worker {self.id}) stops without saving or acking") from None
+                              f"(on worker {self.id}) stops without saving or acking") from None
 
     async def claim_state(self, topology: str, key: str, ex) -> None:
         """Load the task's last state and take ownership of it: rewriting it bumps the
@@ -273,6 +274,9 @@ class Worker:
             await self._deliver_local(rt, ex, msg)
             return
         peer = rt.task_worker.get(target)
+        if peer == self.id and msg[0] == "t":
+            rt.park(msg)     # ours in the assignment being applied, not started yet
+            return
         if peer is None or peer == self.id or peer not in rt.addresses:
             rt.dropped += 1  # assignment in flux: replay will resend
             return
@@ -307,11 +311,26 @@ class Worker:
         rt = self.runtimes.get(msg[1])
         ex = rt.executors.get(msg[2]) if rt else None
         if ex is None:
+            if rt is not None and msg[0] == "t" and len(msg) > 7 and msg[7] > rt.version:
+                rt.park(msg)   # the sender applied a newer assignment than we have: hold it until we do
+                return
             self.dropped += 1  # not ours (any more): the sender's view is stale
             return
         if msg[0] == "t" and sender is not None and self._stale(rt, msg, sender):
             return
         await self._deliver_local(rt, ex, msg)
+
+    async def _deliver_parked(self, rt: TopologyRuntime) -> None:
+        """Tuples that arrived for tasks of an assignment we had not applied yet."""
+        parked, rt.parked = rt.parked, []
+        for msg in parked:
+            ex = rt.executors.get(msg[2])
+            if ex is not None:
+                await self._deliver_local(rt, ex, msg)
+            elif msg[7] > rt.version:
+                rt.park(msg)
+            else:
+                rt.dropped += 1
 
     def _stale(self, rt: TopologyRuntime, msg: list, sender: str) -> bool:
         """Fencing: a tuple from a task instance that an assignment at least as new as the
