@@ -35,27 +35,29 @@ def zookeeper_installed() -> bool:
 
 
 class ZooKeeper:
-    """A standalone ZooKeeper in its own directory, started with deploy/zookeeper.sh."""
+    """A standalone ZooKeeper (or an ensemble of `servers`) in its own directory,
+    started with deploy/zookeeper.sh."""
 
-    def __init__(self):
+    def __init__(self, servers: int = 1):
         self.dir = tempfile.mkdtemp(prefix="streamnet-zk-")
-        # the quorum ports (port+1000..) must be free too: pick a port whose neighbours are
+        self.servers = servers
+        # an ensemble's client ports are port..port+N-1 (quorum ports above): hope they are free too
         self.port = free_port()
-        self.hosts = f"127.0.0.1:{self.port}"
+        self.hosts = ",".join(f"127.0.0.1:{self.port + i}" for i in range(servers))
 
     def _run(self, *args):
         return subprocess.run([ZK_SCRIPT, *args, "--dir", self.dir], check=True, capture_output=True, text=True,
                               timeout=90)
 
     def start(self):
-        self._run("start", "--port", str(self.port))
+        self._run("start", "--port", str(self.port), "--servers", str(self.servers))
         return self
 
-    def kill(self):
-        self._run("kill", "--server", "0")
+    def kill(self, server: int = 0):
+        self._run("kill", "--server", str(server))
 
-    def restart(self):
-        self._run("restart-server", "--server", "0")
+    def restart(self, server: int = 0):
+        self._run("restart-server", "--server", str(server))
 
     def stop(self):
         try:

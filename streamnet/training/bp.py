@@ -145,13 +145,14 @@ class Aggregator:
         if v is not None and v.shape == self.velocity.shape:
             self.velocity[...] = v
 
-    def combine(self, contributions: list[Contribution], lr_scale: float = 1.0) -> np.ndarray:
+    def combine(self, contributions: list[Contribution], lr_scale: float = 1.0, step: int | None = None) -> np.ndarray:
         usable = []
         for c in sorted(contributions, key=lambda c: c.unit):
             if c.samples == 0:
                 continue
             if not K.all_finite(c.vector):
-                log.warning("refusing the contribution of unit %d: non-finite values", c.unit)
+                log.warning("refusing the contribution of unit %d to step %s: non-finite values (its %d "
+                            "local step(s) diverged); the others are combined", c.unit, step, c.steps)
                 self.refused.append((c.unit, "non-finite"))
                 continue
             usable.append(c)

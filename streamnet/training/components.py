@@ -431,7 +431,7 @@ class SyncBolt(Bolt):
         done = time.perf_counter()
         for u in slot:
             self.barrier_s[u] = self.barrier_s.get(u, 0.0) + done - self.arrived[u]
-        params = await self.ctx.compute(self.agg.combine, contributions, tuples[0]["lr_scale"])
+        params = await self.ctx.compute(self.agg.combine, contributions, tuples[0]["lr_scale"], tuples[0]["step"])
         del self.pending[key]
         epoch, rnd = key
         self.next_step = tuples[0]["step"] + 1

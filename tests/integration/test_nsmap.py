@@ -83,3 +83,27 @@ def test_alexnet_smoke_on_the_embedded_cluster():
     assert summary.num_params == 7703242 and np.isfinite(summary.history[0].train_loss)
     # 31 MB of parameters per contribution crossed the socket
     assert summary.extra["bytes_sent"] >= 2 * 2 * 7703242 * 4
+
+
+def test_bad_samples_are_quarantined_and_reported_on_the_engine(tmp_path):
+    """NaN/Inf pixels and out-of-range labels never reach a unit: the run trains on the
+    rest, each remaining sample is counted once, the parameters stay finite, and the
+    summary reports what was quarantined."""
+    from streamnet.data import synthetic, write_idx
+    ds = synthetic(train_size=512, test_size=64, seed=1)
+    images = ds.train.images.astype(np.float32)
+    images[[5, 77], 3, 3] = [np.nan, np.inf]
+    labels = ds.train.labels.astype(np.uint8)
+    labels[200] = 10   # mnist has classes 0..9
+    write_idx(tmp_path / "train-images-idx3-ubyte", images)
+    write_idx(tmp_path / "train-labels-idx1-ubyte", labels)
+    write_idx(tmp_path / "t10k-images-idx3-ubyte", ds.test.images)
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte", ds.test.labels.astype(np.uint8))
+    c = replace(cfg(2, "mixbp", sync_period=2), data=DataConfig(dataset="mnist", data_dir=str(tmp_path)))
+    summary, results = train_on_local_cluster(c, workers=2)
+    assert summary.extra["samples_quarantined"] == 3
+    q = summary.extra["quarantined"]["train"]
+    assert q["non-finite"]["first"] == [5, 77] and q["label out of range"]["first"] == [200]
+    assert summary.extra["each_sample_counted_once"] is True
+    assert results["sync.0.stats"]["epoch_samples"] == {"1": 509, "2": 509}
+    assert np.isfinite(results["sync.0.params"]).all()

@@ -172,3 +172,24 @@ def test_training_survives_a_zookeeper_restart(outage_s):
     assert s.extra["each_sample_counted_once"] is True
     assert results["sync.0.stats"]["epoch_samples"] == {"1": 12000, "2": 12000, "3": 12000}
     assert s.test_accuracy >= 0.80
+
+
+def test_training_survives_losing_an_ensemble_member():
+    """A 3-server ZooKeeper ensemble loses one server mid-run (SIGKILL): the quorum
+    stands, clients connected to it move to another server, training finishes exactly."""
+    cfg = _config()
+    topo = build_topology(cfg, name="zk-ensemble")
+    server = ZooKeeper(servers=3).start()
+    try:
+        with running_cluster(server.hosts, workers=2) as (c, state):
+            state.submit_topology(topo.name, topo.to_dict())
+            wait_for(_progressed(state, topo.name, 20), 120, "training to get going", interval=0.2)
+            server.kill(0)
+            results = finish(state, topo.name, timeout=600)
+    finally:
+        server.stop()
+    s = summarise(cfg, results, workers=2)
+    print(f"ensemble lost server 0 mid-run: accuracy {s.test_accuracy:.2%}, replayed {s.extra['samples_replayed']}")
+    assert s.extra["each_sample_counted_once"] is True
+    assert results["sync.0.stats"]["epoch_samples"] == {"1": 12000, "2": 12000, "3": 12000}
+    assert s.test_accuracy >= 0.80
