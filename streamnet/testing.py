@@ -69,8 +69,10 @@ class ZooKeeper:
 class Cluster:
     """N streamnet-worker processes in a fresh cluster namespace."""
 
-    def __init__(self, zk_hosts: str, workers: int = 3, threads: int = 1, secret: bytes | None = None):
+    def __init__(self, zk_hosts: str, workers: int = 3, threads: int = 1, secret: bytes | None = None,
+                 session_timeout: float = SESSION_TIMEOUT):
         self.zk_hosts = zk_hosts
+        self.session_timeout = session_timeout
         self.name = "t" + uuid.uuid4().hex[:8]
         self.tmp = tempfile.mkdtemp(prefix="streamnet-cluster-")
         self.secret_file = os.path.join(self.tmp, "secret")
@@ -85,7 +87,7 @@ class Cluster:
 
     def args(self) -> list[str]:
         return ["--zk", self.zk_hosts, "--cluster", self.name, "--secret-file", self.secret_file,
-                "--session-timeout", str(SESSION_TIMEOUT)]
+                "--session-timeout", str(self.session_timeout)]
 
     def start_worker(self, name: str, extra: list[str] = ()) -> subprocess.Popen:
         log = os.path.join(self.tmp, f"{name}.log")
@@ -157,9 +159,9 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def running_cluster(zk_hosts: str, workers: int = 3, threads: int = 1):
+def running_cluster(zk_hosts: str, workers: int = 3, threads: int = 1, session_timeout: float = SESSION_TIMEOUT):
     """A registered cluster and a client ClusterState; worker logs are printed on failure."""
-    c = Cluster(zk_hosts, workers=workers, threads=threads)
+    c = Cluster(zk_hosts, workers=workers, threads=threads, session_timeout=session_timeout)
     state = None
     try:
         state = c.state()

@@ -47,7 +47,7 @@ class ClusterState:
         self.cluster = cluster
         self.base = f"{root.rstrip('/')}/{cluster}"
         coord.ensure_shared(root.rstrip("/"))
-        for sub in ("workers", "topologies", "assignments", "checkpoints", "leader"):
+        for sub in ("workers", "topologies", "assignments", "checkpoints", "leader", "unreachable"):
             coord.ensure(f"{self.base}/{sub}")
 
     def path(self, *parts: str) -> str:
@@ -71,6 +71,30 @@ class ClusterState:
 
     def watch_workers(self, callback: Callable[[list[str]], None]):
         return self.coord.watch_children(self.path("workers"), callback)
+
+    # -- fast failure detection: a worker reports a peer whose connections fail ------
+    def report_unreachable(self, peer: str, reporter: str, why: str) -> None:
+        try:
+            self.coord.create(self.path("unreachable", f"{peer}@{reporter}"), why.encode(), ephemeral=True)
+        except NodeExistsError:
+            pass
+
+    def clear_unreachable(self, peer: str, reporter: str) -> None:
+        try:
+            self.coord.delete(self.path("unreachable", f"{peer}@{reporter}"))
+        except NoNodeError:
+            pass
+
+    def unreachable_reports(self) -> dict[str, list[str]]:
+        """{peer: [reporters]}"""
+        out: dict[str, list[str]] = {}
+        for node in self.coord.children(self.path("unreachable")):
+            peer, _, reporter = node.rpartition("@")
+            out.setdefault(peer, []).append(reporter)
+        return out
+
+    def watch_unreachable(self, callback: Callable[[list[str]], None]):
+        return self.coord.watch_children(self.path("unreachable"), callback)
 
     # -- topologies ---------------------------------------------------------------
     def submit_topology(self, name: str, spec: dict) -> None:

@@ -68,6 +68,22 @@ class Election:
             self.node = None
 
 
+PROBE_TIMEOUT_S = 2.0
+
+
+def probe(info: dict, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """None if the worker answers on its address; else why not."""
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://{info['host']}:{info['port']}/hello", timeout=timeout):
+            return None
+    except urllib.error.HTTPError:
+        return None          # it answered
+    except (OSError, ValueError, KeyError) as e:
+        return f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+
+
 class SchedulerService:
     def __init__(self, state: ClusterState, worker_id: str, period_s: float = 1.0):
         self.state, self.id, self.period = state, worker_id, period_s
@@ -78,6 +94,7 @@ class SchedulerService:
         self._watching = False
         self.leading = False
         self.passes = 0
+        self.unreachable: dict[str, str] = {}   # registered workers placed on no task: why
 
     def start(self) -> None:
         self._thread.start()
@@ -102,6 +119,7 @@ class SchedulerService:
                 self._watching = True
                 self.state.watch_workers(lambda _: self._wake.set())
                 self.state.watch_topologies(lambda _: self._wake.set())
+                self.state.watch_unreachable(lambda _: self._wake.set())
         self.leading = leading
         self._wake.set()
 
@@ -126,7 +144,7 @@ class SchedulerService:
 
     # -- one pass ------------------------------------------------------------------------
     def reconcile(self) -> None:
-        workers = self.state.workers()
+        workers = self._reachable(self.state.workers())
         for name in self.state.topology_names():
             if self.state.status(name) not in RUNNING:
                 continue
@@ -136,6 +154,26 @@ class SchedulerService:
                 log.warning("topology %s: %s", name, e)
             except (BadVersionError, NoNodeError):
                 self._wake.set()  # someone wrote first (or it went away): look again
+
+    def _reachable(self, workers: dict) -> dict:
+        """The registered workers minus those peers report unreachable and our own probe
+        confirms: their tasks move now, not when their ZooKeeper session ends."""
+        reports = self.state.unreachable_reports()
+        out, now_unreachable = dict(workers), {}
+        for peer, reporters in sorted(reports.items()):
+            if peer not in workers or peer == self.id:
+                continue
+            why = probe(workers[peer])
+            if why is None:
+                continue          # it answers us: the reporters' links will recover
+            now_unreachable[peer] = (f"it is unreachable ({', '.join(sorted(reporters))} cannot connect; the "
+                                     f"leader's probe: {why}), before its ZooKeeper session ends")
+            del out[peer]
+        for peer, why in now_unreachable.items():
+            if peer not in self.unreachable:
+                log.warning("worker %s: %s; placing no tasks on it", peer, why)
+        self.unreachable = now_unreachable
+        return out
 
     def _reconcile_topology(self, name: str, workers: dict) -> None:
         spec = self.state.topology(name)
@@ -168,8 +206,9 @@ class SchedulerService:
             if old is not None and old not in workers:
                 gone.setdefault(old, []).append(t)
         for w, tasks in sorted(gone.items()):
-            log.warning("topology %s: reassigning %d task(s) of worker %s: it left the cluster "
-                        "(ZooKeeper session ended); tasks %s", name, len(tasks), w, ",".join(sorted(tasks, key=int)))
+            why = self.unreachable.get(w, "it left the cluster (ZooKeeper session ended)")
+            log.warning("topology %s: reassigning %d task(s) of worker %s: %s; tasks %s", name, len(tasks), w, why,
+                        ",".join(sorted(tasks, key=int)))
         if current is None:
             log.info("topology %s: placing %d tasks on %d workers", name, len(new["tasks"]), len(new["workers"]))
         elif moved and not gone:

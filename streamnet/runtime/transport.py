@@ -138,6 +138,9 @@ class StreamServer:
             self.open_streams -= 1
 
 
+CONNECT_FAILURES = 3   # refused connections in a row (about 0.35 s with the backoff) before reporting
+
+
 class PeerLink:
     """The sending half: a bounded queue and one stream to one peer worker."""
 
@@ -151,6 +154,12 @@ class PeerLink:
         self.last_error = ""
         self._task: asyncio.Task | None = None
         self._closing = False
+        #: called with (peer, error) after CONNECT_FAILURES connection attempts in a row
+        #: failed at the connection level (refused, reset): the peer is probably dead, and
+        #: the worker reports it long before its ZooKeeper session ends; and with (peer,
+        #: None) when a connection succeeds again
+        self.on_unreachable = None
+        self.connect_failures = 0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"link-{self.peer}")
@@ -188,6 +197,10 @@ class PeerLink:
             except Exception as e:  # noqa: BLE001 - any failure: back off and reconnect
                 self.connected = False
                 self.last_error = f"{type(e).__name__}: {e}"
+                if isinstance(e, (aiohttp.ClientConnectorError, ConnectionRefusedError)):
+                    self.connect_failures += 1
+                    if self.connect_failures == CONNECT_FAILURES and self.on_unreachable:
+                        self.on_unreachable(self.peer, self.last_error)
                 log.debug("link %s -> %s failed: %s; retrying in %.2f s", self.sender, self.peer,
                           self.last_error, backoff)
             self.reconnects += 1
@@ -198,6 +211,9 @@ class PeerLink:
         async with self.session.get(self.url + HELLO) as r:
             r.raise_for_status()
             nonce = (await r.json())["nonce"]
+        if self.connect_failures >= CONNECT_FAILURES and self.on_unreachable:
+            self.on_unreachable(self.peer, None)
+        self.connect_failures = 0
         headers = {"X-Streamnet-From": self.sender, "X-Streamnet-Nonce": nonce,
                    "X-Streamnet-Auth": self.auth.sign(nonce, self.sender, self.peer),
                    "Content-Type": "application/x-streamnet-frames"}

@@ -265,8 +265,22 @@ class Worker:
                 self._spawn(link.close(0.0))
             link = self.links[peer] = PeerLink(sender=self.id, peer=peer, url=url, auth=self.auth,
                                                session=self.session, limits=self.limits)
+            link.on_unreachable = self._peer_unreachable
             link.start()
         return link
+
+    def _peer_unreachable(self, peer: str, error: str | None) -> None:
+        """Fast failure detection: connections to `peer` are refused (its process is gone)
+        or work again. The leader confirms with a probe of its own before moving tasks;
+        the ZooKeeper session stays the authority (fencing covers a wrong guess)."""
+        if self._closing:
+            return
+        if error is None:
+            log.info("worker %s: %s is reachable again", self.id, peer)
+            self._spawn(asyncio.to_thread(self.state.clear_unreachable, peer, self.id))
+        else:
+            log.warning("worker %s: connections to %s fail (%s); reporting it to the scheduler", self.id, peer, error)
+            self._spawn(asyncio.to_thread(self.state.report_unreachable, peer, self.id, error))
 
     async def deliver(self, rt: TopologyRuntime, target: int, msg: list) -> None:
         ex = rt.executors.get(target)
