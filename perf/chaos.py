@@ -120,13 +120,14 @@ def _s(v) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=20)
-    p.add_argument("--quick", action="store_true", help="5 trials")
+    p.add_argument("--quick", action="store_true", help="5 short trials")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     logging.basicConfig(level=logging.ERROR)
     trials = 5 if a.quick and a.trials == 20 else a.trials
-    limit = 12000
-    cfg = lenet5_mixbp(units=2, epochs=2, data=DataConfig(train_limit=limit, test_limit=2000))
+    limit = 6000 if a.quick else 24000
+    # long enough (about 15 s of training here) that the throughput after a kill can be measured
+    cfg = lenet5_mixbp(units=2, epochs=3, data=DataConfig(train_limit=limit, test_limit=2000))
     rng = random.Random(a.seed)
     zk = ZooKeeper().start()
     out = {"machine": machine(), "trials": trials, "train_limit": limit, "epochs": cfg.epochs, "runs": []}
