@@ -295,10 +295,25 @@ class Worker:
             rt.dropped += 1  # assignment in flux: replay will resend
             return
         q = self.link(peer, rt.addresses[peer]).queue
-        if q.full():
-            await q.put(msg)      # backpressure: wait for the stream to drain
-        else:
+        if not q.full():
             q.put_nowait(msg)     # the common case, without a suspension point
+            return
+        # backpressure: wait for the stream to drain - but not on a peer that stopped
+        # draining because it is cut off and its tasks moved: look again every second
+        while True:
+            try:
+                await asyncio.wait_for(q.put(msg), 1.0)
+                return
+            except asyncio.TimeoutError:
+                if self._closing:
+                    rt.dropped += 1
+                    return
+                now = rt.task_worker.get(target)
+                if now != peer:
+                    log.warning("worker %s: task %d moved from %s (not draining) to %s while a tuple waited; "
+                                "sending it there", self.id, target, peer, now)
+                    await self.deliver(rt, target, msg)
+                    return
 
     async def _deliver_local(self, rt: TopologyRuntime, ex, msg: list) -> None:
         kind = msg[0]

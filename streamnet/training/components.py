@@ -30,6 +30,7 @@ from ..runtime import Bolt, CoordinatorError, FencedError, Spout
 from .bp import Aggregator, ComputeUnit, Contribution, lr_scale, plan_for
 from .config import run_config_from_dict
 from .evaluate import evaluate
+from .ledger import SampleLedger
 from .local import UnitSchedule, load_data, make_model
 
 log = logging.getLogger(__name__)
@@ -249,6 +250,7 @@ class SyncBolt(Bolt):
         self.adopting: dict | None = None     # replica replies while rebuilding state
         self.rounds = self.samples = self.duplicates = self.recoveries = 0
         self.epoch_samples: dict[int, int] = {}
+        self.ledger = SampleLedger(len(self.compute_tasks))
         self.bytes_in = self.bytes_out = 0
         self.barrier_s: dict[int, float] = {}
         self.arrived: dict[int, float] = {}
@@ -258,7 +260,7 @@ class SyncBolt(Bolt):
         self.started = time.time()
         self._published = 0.0
         self.restored = False
-        self.last_round = None   # (step, epoch, samples) of the last combine, to undo one never delivered
+        self.last_round = None   # (step, epoch, samples, round, units) of the last combine, to undo one never delivered
         self.last_checkpoint = None   # (step, checkpoint tuple values), to send again if its round is replayed
         self.unit_states: dict[int, dict] = {}   # from the checkpoint resumed, for the units' first resync
         self.resumed_from = None
@@ -275,6 +277,7 @@ class SyncBolt(Bolt):
         self.next_step = self.resumed_from = ck["step"]
         c = st["counters"]
         self.epoch_samples = {int(k): v for k, v in c["epoch_samples"].items()}
+        self.ledger.load_state(c.get("ledger"))
         self.rounds, self.samples = c["rounds"], c["samples"]
         self.samples_before = c["samples"]
         self.unit_states = {int(k): v for k, v in st["units"].items()}
@@ -286,6 +289,7 @@ class SyncBolt(Bolt):
         self.unit_states = {}
         self.next_step = state["next_step"]
         self.epoch_samples = {int(k): v for k, v in state["epoch_samples"].items()}
+        self.ledger.load_state(state.get("ledger"))
         self.rounds, self.samples, self.duplicates = state["rounds"], state["samples"], state["duplicates"]
         self.recoveries = state["recoveries"] + 1
         self.started = state["started"]
@@ -309,7 +313,8 @@ class SyncBolt(Bolt):
     def _save_now(self):
         self.ctx.save_state({"next_step": self.next_step, "epoch_samples": {str(k): v for k, v in self.epoch_samples.items()},
                              "rounds": self.rounds, "samples": self.samples, "duplicates": self.duplicates,
-                             "recoveries": self.recoveries, "started": self.started, "last_round": self.last_round})
+                             "recoveries": self.recoveries, "started": self.started, "last_round": self.last_round,
+                             "ledger": self.ledger.to_state()})
 
     def _plan(self, epoch: int) -> list:
         if epoch not in self.expected_cache:
@@ -358,7 +363,8 @@ class SyncBolt(Bolt):
         self.agg = Aggregator(params, self.agg.plan)
         if self.next_step > step and self.last_round and self.last_round[0] == step:
             # the old sync bolt saved its last combine but died before sending it: undo its count
-            _, epoch, n = self.last_round
+            _, epoch, n, rnd, units = self.last_round
+            self.ledger.record(epoch, rnd, units, 0, delta=-1)
             log.warning("step %d was combined but never delivered; it will be combined again", step)
             self.epoch_samples[epoch] -= n
             self.samples -= n
@@ -439,7 +445,12 @@ class SyncBolt(Bolt):
         n = sum(c.samples for c in contributions)
         self.samples += n
         self.epoch_samples[epoch + 1] = self.epoch_samples.get(epoch + 1, 0) + n
-        self.last_round = (tuples[0]["step"], epoch + 1, n)
+        plan = self._plan(epoch)
+        worked = [t["unit"] for t in tuples if rnd < len(plan[t["unit"]])]
+        for done in [e for e in self.ledger.open if e < epoch + 1]:
+            self.ledger.close(done, self._plan(done - 1))   # a later epoch began: it can no longer change
+        self.ledger.record(epoch + 1, rnd, worked, max(len(r) for r in self._plan(epoch)))
+        self.last_round = (tuples[0]["step"], epoch + 1, n, rnd, worked)
         loss_sum = sum(c.loss_sum for c in contributions)
         self.loss_history.append(loss_sum / max(n, 1))
         acc = self.epoch_loss.setdefault(epoch + 1, [0.0, 0])
@@ -471,6 +482,7 @@ class SyncBolt(Bolt):
                 "outer": self.agg.state(),
                 "units": {str(t["unit"]): t["unit_state"] for t in tuples if t["unit_state"] is not None},
                 "counters": {"epoch_samples": {str(k): v for k, v in self.epoch_samples.items()},
+                             "ledger": self.ledger.to_state(),
                              "rounds": self.rounds, "samples": self.samples},
                 "config": self.config["run"]}
 
@@ -485,13 +497,17 @@ class SyncBolt(Bolt):
 
     def close(self):
         finished = {e: n for e, n in self.epoch_samples.items() if n >= self.train_size or e < max(self.epoch_samples, default=0)}
+        for e in finished:
+            self.ledger.close(e, self._plan(e - 1))
         self.ctx.publish("stats", {"sync_rounds": self.rounds, "samples_processed": self.samples,
                                    "samples_this_run": self.samples - self.samples_before,
                                    "duplicates": self.duplicates, "bytes_received": self.bytes_in,
                                    "bytes_sent": self.bytes_out, "refused": len(self.agg.refused),
                                    "recoveries": self.recoveries,
                                    "epoch_samples": {str(e): n for e, n in self.epoch_samples.items()},
-                                   "each_sample_counted_once": all(n == self.train_size for n in finished.values()),
+                                   "each_sample_counted_once": all(n == self.train_size and self.ledger.clean(e)
+                                                                   for e, n in finished.items()),
+                                   "miscounted": self.ledger.report(lambda e: self._plan(e - 1)),
                                    "barrier_s": {str(k): v for k, v in self.barrier_s.items()},
                                    "epoch_train_loss": {str(e): l / max(n, 1) for e, (l, n) in self.epoch_loss.items()},
                                    "num_params": int(self.agg.params.size),

@@ -56,6 +56,7 @@ def summarise(cfg: RunConfig, results: dict, workers: int | None, wall_s: float 
         "duplicate_contributions": stats.get("duplicates", 0),
         "each_sample_counted_once": stats.get("each_sample_counted_once"),
         "epoch_samples": stats.get("epoch_samples", {}),
+        "miscounted": stats.get("miscounted", {}),
         "sync_recoveries": stats.get("recoveries", 0),
         "refused_contributions": stats.get("refused", 0),
         "resumed_from_step": stats.get("resumed_from_step"),
