@@ -89,6 +89,7 @@ class Executor:
             pass
         except FencedError as e:
             log.warning("%s", e)
+            self.rt.on_fenced(self)
         except Exception:  # noqa: BLE001 - a task's crash is logged, the worker lives on
             log.exception("task %s[%d] of %s crashed", self.cid, self.task, self.rt.name)
 

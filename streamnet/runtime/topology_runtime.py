@@ -77,6 +77,32 @@ class TopologyRuntime:
                 if ex._task is None:
                     ex.start()
 
+    def on_fenced(self, ex) -> None:
+        """A task instance here was fenced. Normally a newer instance runs elsewhere; but
+        if the assignment in the coordinator still places the task here, this worker
+        lost a race with an older instance and must run the task again."""
+        if self.executors.get(ex.task) is ex:
+            asyncio.get_running_loop().create_task(self._restart_fenced(ex))
+
+    async def _restart_fenced(self, old) -> None:
+        try:
+            assignment, _ = await asyncio.to_thread(self.worker.state.assignment, self.name)
+        except Exception as e:  # noqa: BLE001 - coordinator away: the next assignment event decides
+            log.warning("%s: cannot check where task %d belongs: %s", self.name, old.task, e)
+            return
+        if str(old.task) not in (assignment or {}).get("tasks", {}) or \
+                assignment["tasks"][str(old.task)] != self.worker.id:
+            return
+        async with self.lock:
+            if self.executors.get(old.task) is not old:
+                return
+            log.warning("%s: task %d was fenced but the assignment places it here; starting it again",
+                        self.name, old.task)
+            ex = self._make_executor(old.task)
+            await self.worker.claim_state(self.name, f"{ex.cid}.{ex.ctx.task_index}", ex)
+            self.executors[old.task] = ex
+            ex.start()
+
     def _build_routes(self, local: set[int]) -> None:
         routes: dict[tuple[str, str], list] = {}
         for c in self.topology.components:

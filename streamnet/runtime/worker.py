@@ -243,9 +243,12 @@ class Worker:
             try:
                 value, version = await asyncio.to_thread(self.state.load_state, topology, key)
                 ex.restored, ex.state_version = value, version
-                if version >= 0:
-                    ex.state_version = await asyncio.to_thread(self.state.save_state, topology, key, value, version)
+                # write it back (or create it empty): an instance that loaded it before us
+                # now fails its next save, even a first one
+                ex.state_version = await asyncio.to_thread(self.state.save_state, topology, key, value, version)
                 return
+            except (BadVersionError, NodeExistsError):
+                continue     # another instance claimed it between our read and write: read again
             except ConnectionLostError as e:
                 # the task cannot start without its state: wait for the coordinator to come back
                 if self.loop.time() > deadline or self._closing:
