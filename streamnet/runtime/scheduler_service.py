@@ -133,6 +133,10 @@ class SchedulerService:
             if self._stop.is_set():
                 return
             if not self.election.is_leader:
+                try:
+                    self._depose_dead_leader()
+                except CoordinatorError as e:
+                    log.warning("checking the leader failed (will retry): %s", e)
                 continue
             try:
                 self.reconcile()
@@ -141,6 +145,30 @@ class SchedulerService:
                 log.warning("scheduler pass failed (will retry): %s", e)
             except Exception:  # noqa: BLE001 - the leader must keep scheduling
                 log.exception("scheduler pass failed")
+
+    def _depose_dead_leader(self) -> None:
+        """The next candidate in line takes over from a leader that peers report
+        unreachable and that does not answer its probe either, without waiting for the
+        leader's session to end: it deletes the leader's election node."""
+        leader = self.election.leader
+        if not leader or leader == self.id or self.election.node is None:
+            return
+        reports = self.state.unreachable_reports()
+        if leader not in reports:
+            return
+        kids = sorted(self.election._kids())
+        if len(kids) < 2 or kids[1] != self.election.node.rsplit("/", 1)[-1]:
+            return    # only the next in line acts
+        info = self.state.workers().get(leader)
+        why = probe(info) if info else "not registered"
+        if why is None:
+            return
+        log.warning("the leader %s is unreachable (%s cannot connect; my probe: %s): taking over before its "
+                    "session ends", leader, ",".join(sorted(reports[leader])), why)
+        try:
+            self.state.coord.delete(self.state.path("leader", kids[0]))
+        except NoNodeError:
+            pass
 
     # -- one pass ------------------------------------------------------------------------
     def reconcile(self) -> None:

@@ -80,16 +80,19 @@ def test_kill9_of_a_worker_mid_topology(cluster):
     assert wordcount.merge_counts(results) == wordcount.expected_counts(4000, 0)
 
 
-def test_dead_worker_found_by_refused_connections_before_its_session_ends(zk):
+@pytest.mark.parametrize("who", ["follower", "leader"])
+def test_dead_worker_found_by_refused_connections_before_its_session_ends(zk, who):
     """With a 10 s session (the most the test ZooKeeper's 500 ms tick allows), a SIGKILLed
-    worker is found by its peers' refused connections and the leader's probe: its tasks
-    move within a few seconds, before the session ends."""
+    worker is found by its peers' refused connections and a probe: its tasks move within
+    a few seconds, before the session ends. A dead leader is deposed by the next
+    candidate in line the same way."""
     with running_cluster(zk, workers=3, session_timeout=10.0) as (c, state):
         topo = _slow_wordcount(3000)
         state.submit_topology(topo.name, topo.to_dict())
         wait_for(lambda: (state.assignment(topo.name)[0] or {}).get("tasks"), 30, "the first assignment")
         leader = c.leader(state)
-        victim = next(w for w in sorted(state.assignment(topo.name)[0]["workers"]) if w != leader)
+        workers = sorted(state.assignment(topo.name)[0]["workers"])
+        victim = leader if who == "leader" else next(w for w in workers if w != leader)
         # the peers must be talking to it (links open) for its death to show as refused connections
         wait_for(lambda: all((c.status(state, w) or {}).get("links", {}).get(victim, {}).get("connected")
                              for w in state.workers() if w != victim), 60, "links to the victim", interval=0.1)
@@ -98,9 +101,11 @@ def test_dead_worker_found_by_refused_connections_before_its_session_ends(zk):
         wait_for(lambda: victim not in (state.assignment(topo.name)[0] or {}).get("tasks", {}).values(), 20,
                  "the dead worker's tasks to be reassigned", interval=0.05)
         reassigned_after = time.monotonic() - t_kill
-        print(f"tasks of {victim} moved {reassigned_after:.1f} s after SIGKILL (session timeout 10 s)")
+        print(f"tasks of the {who} {victim} moved {reassigned_after:.1f} s after SIGKILL (session timeout 10 s)")
         assert reassigned_after < 6.0      # inside: the worker logs are printed if it fails
-        assert "is unreachable" in open(c.logs[leader]).read()
+        logs = "".join(open(c.logs[w]).read() for w in workers if w != victim)
+        assert "is unreachable" in logs
+        assert (f"the leader {victim} is unreachable" in logs) == (who == "leader")
         results = finish(state, topo.name)
     assert wordcount.merge_counts(results) == wordcount.expected_counts(3000, 0)
 
