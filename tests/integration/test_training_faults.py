@@ -22,32 +22,38 @@ def _config():
     return lenet5_mixbp(units=2, epochs=3, data=DataConfig(train_limit=12000, test_limit=2000))
 
 
+def _finished_exactly(cfg, results, what: str):
+    """The run's summary, after checking every sample of every epoch counted once."""
+    s = summarise(cfg, results, workers=2)
+    print(f"{what}: accuracy {s.test_accuracy:.2%}, replayed {s.extra['samples_replayed']}, "
+          f"sync recoveries {s.extra['sync_recoveries']}")
+    assert s.extra["each_sample_counted_once"] is True
+    assert results["sync.0.stats"]["epoch_samples"] == {"1": 12000, "2": 12000, "3": 12000}
+    assert s.test_accuracy >= 0.80
+    return s
+
+
+def _training_with_victim(state, topo, victim: str) -> str:
+    """Submit, wait until it trains (20 rounds), return the host of `victim`'s first task."""
+    state.submit_topology(topo.name, topo.to_dict())
+    assignment = wait_for(lambda: (state.assignment(topo.name)[0] or {}).get("tasks"), 30, "the assignment")
+    wait_for(_progressed(state, topo.name, 20), 120, "training to get going", interval=0.2)
+    return assignment[str(topo.tasks(victim)[0])]
+
+
 @pytest.mark.parametrize("victim", ["compute", "sync"])
 def test_training_survives_sigkill(zk, victim):  # noqa: F811
     cfg = _config()
     topo = build_topology(cfg, name=f"faults-{victim}")
     with running_cluster(zk, workers=3) as (c, state):
-        state.submit_topology(topo.name, topo.to_dict())
-        assignment = wait_for(lambda: (state.assignment(topo.name)[0] or {}).get("tasks"), 30, "the assignment")
-        host = assignment[str(topo.tasks(victim)[0])]
-
-        def progressed():
-            p = state.results(topo.name).get("sync.0.progress")
-            return p and p["rounds"] >= 20
-        wait_for(progressed, 120, "training to get going", interval=0.2)
+        host = _training_with_victim(state, topo, victim)
         c.kill9(host)
         t_kill = time.monotonic()
         wait_for(lambda: host not in (state.assignment(topo.name)[0] or {}).get("tasks", {}).values(), 15,
                  "the dead worker's tasks to move", interval=0.05)
         moved_after = time.monotonic() - t_kill
         results = finish(state, topo.name, timeout=600)
-    s = summarise(cfg, results, workers=2)
-    print(f"killed {victim} host {host}: tasks moved after {moved_after:.1f} s; accuracy {s.test_accuracy:.2%}, "
-          f"replayed {s.extra['samples_replayed']}, recoveries {s.extra['sync_recoveries']}, "
-          f"epoch samples {results['sync.0.stats']['epoch_samples']}")
-    assert s.extra["each_sample_counted_once"] is True
-    assert results["sync.0.stats"]["epoch_samples"] == {"1": 12000, "2": 12000, "3": 12000}
-    assert s.test_accuracy >= 0.80
+    s = _finished_exactly(cfg, results, f"killed {victim} host {host}, its tasks moved after {moved_after:.1f} s")
     assert len(s.history) == 3
 
 
@@ -125,10 +131,7 @@ def test_worker_cut_off_and_healed_is_fenced(zk, victim):  # noqa: F811
     cfg = _config()
     topo = build_topology(cfg, name=f"fenced-{victim}")
     with running_cluster(zk, workers=3) as (c, state):
-        state.submit_topology(topo.name, topo.to_dict())
-        assignment = wait_for(lambda: (state.assignment(topo.name)[0] or {}).get("tasks"), 30, "the assignment")
-        host = assignment[str(topo.tasks(victim)[0])]
-        wait_for(_progressed(state, topo.name, 20), 120, "training to get going", interval=0.2)
+        host = _training_with_victim(state, topo, victim)
         c.procs[host].send_signal(signal.SIGSTOP)
         try:
             wait_for(lambda: host not in (state.assignment(topo.name)[0] or {}).get("tasks", {}).values(), 30,
@@ -138,14 +141,9 @@ def test_worker_cut_off_and_healed_is_fenced(zk, victim):  # noqa: F811
         wait_for(lambda: host in state.workers(), 30, "the healed worker to register again", interval=0.1)
         results = finish(state, topo.name, timeout=600)
         logs = {w: open(path).read() for w, path in c.logs.items()}
-    s = summarise(cfg, results, workers=2)
-    print(f"cut off {victim} host {host}: accuracy {s.test_accuracy:.2%}, replayed {s.extra['samples_replayed']}, "
-          f"recoveries {s.extra['sync_recoveries']}, fenced instance: "
-          f"{'taken over by another instance' in logs[host]}, stale tuples dropped: "
-          f"{sum(text.count('dropped a stale tuple') for text in logs.values())}")
-    assert s.extra["each_sample_counted_once"] is True
-    assert results["sync.0.stats"]["epoch_samples"] == {"1": 12000, "2": 12000, "3": 12000}
-    assert s.test_accuracy >= 0.80
+    _finished_exactly(cfg, results, f"cut off {victim} host {host} (fenced instance: "
+                      f"{'taken over by another instance' in logs[host]}, stale tuples dropped: "
+                      f"{sum(text.count('dropped a stale tuple') for text in logs.values())})")
 
 
 @pytest.mark.parametrize("outage_s", [2.0, 8.0], ids=["within-session", "sessions-expire"])
@@ -167,11 +165,7 @@ def test_training_survives_a_zookeeper_restart(outage_s):
             results = finish(state, topo.name, timeout=600)
     finally:
         server.stop()
-    s = summarise(cfg, results, workers=2)
-    print(f"ZooKeeper down {outage_s:.0f} s mid-run: accuracy {s.test_accuracy:.2%}, replayed {s.extra['samples_replayed']}")
-    assert s.extra["each_sample_counted_once"] is True
-    assert results["sync.0.stats"]["epoch_samples"] == {"1": 12000, "2": 12000, "3": 12000}
-    assert s.test_accuracy >= 0.80
+    _finished_exactly(cfg, results, f"ZooKeeper down {outage_s:.0f} s mid-run")
 
 
 def test_training_survives_losing_an_ensemble_member():
@@ -188,8 +182,4 @@ def test_training_survives_losing_an_ensemble_member():
             results = finish(state, topo.name, timeout=600)
     finally:
         server.stop()
-    s = summarise(cfg, results, workers=2)
-    print(f"ensemble lost server 0 mid-run: accuracy {s.test_accuracy:.2%}, replayed {s.extra['samples_replayed']}")
-    assert s.extra["each_sample_counted_once"] is True
-    assert results["sync.0.stats"]["epoch_samples"] == {"1": 12000, "2": 12000, "3": 12000}
-    assert s.test_accuracy >= 0.80
+    _finished_exactly(cfg, results, "ensemble lost server 0 mid-run")
