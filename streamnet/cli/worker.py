@@ -64,7 +64,9 @@ async def serve(a: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
         log = logging.getLogger("streamnet")
-        log.info("worker %s up on %s:%d (cluster %s, ZooKeeper %s)", name, a.host, worker.port, a.cluster, a.zk)
+        log.info("worker %s up on %s:%d (cluster %s, ZooKeeper %s, session timeout %.1f s: a worker silent that "
+                 "long is declared dead; refused connections are detected sooner)", name, a.host, worker.port,
+                 a.cluster, a.zk, a.session_timeout)
         await stop.wait()
         log.info("worker %s: signal received; stopping (%s)", name, a.on_signal)
         if a.on_signal == "checkpoint" and worker.runtimes:

@@ -41,12 +41,16 @@ def _training_with_victim(state, topo, victim: str) -> str:
     return assignment[str(topo.tasks(victim)[0])]
 
 
-@pytest.mark.parametrize("victim", ["compute", "sync"])
+@pytest.mark.parametrize("victim", ["compute", "sync", "leader"])
 def test_training_survives_sigkill(zk, victim):  # noqa: F811
+    """SIGKILL of the host of a compute unit, of the sync bolt (and spout), or of the
+    leader (the scheduler), mid-run."""
     cfg = _config()
     topo = build_topology(cfg, name=f"faults-{victim}")
     with running_cluster(zk, workers=3) as (c, state):
-        host = _training_with_victim(state, topo, victim)
+        host = _training_with_victim(state, topo, "compute" if victim == "leader" else victim)
+        if victim == "leader":
+            host = c.leader(state)
         c.kill9(host)
         t_kill = time.monotonic()
         wait_for(lambda: host not in (state.assignment(topo.name)[0] or {}).get("tasks", {}).values(), 15,
