@@ -39,14 +39,20 @@ def wait_done(state: ClusterState, name: str, timeout: float, interval: float = 
     wait_for(lambda: spouts <= state.done_tasks(name), timeout, f"topology {name!r} to finish", interval)
 
 
+def request_stop(state: ClusterState, name: str) -> bool:
+    """Ask a running topology to stop cleanly (its spouts get Spout.drain); True if this
+    call asked (it was active), False if it was already stopping or killed."""
+    if state.status(name) == "active":
+        state.set_status(name, "stopping")
+        return True
+    return False
+
+
 def drain_topology(state: ClusterState, name: str, timeout: float) -> dict:
     """Ask the spouts to stop cleanly (Spout.drain), wait until they report done, then
     kill the topology and return its results."""
-    status = state.status(name)
-    if status is None:
-        state.topology(name)  # UnknownTopologyError
-    if status == "active":
-        state.set_status(name, "stopping")
+    state.topology(name)  # UnknownTopologyError if it is not there
+    request_stop(state, name)
     wait_done(state, name, timeout)
     return kill_topology(state, name, timeout)
 

@@ -121,14 +121,13 @@ class Worker:
         """Ask every topology with tasks here to stop cleanly (Spout.drain: training ends
         with a checkpoint round) and wait until their spouts are done, at most `timeout`
         seconds. Returns the names of those that did not finish in time."""
-        from .control import is_done
+        from .control import is_done, request_stop
         names = list(self.runtimes)
 
         def request():
             for name in names:
-                if self.state.status(name) == "active":
+                if request_stop(self.state, name):
                     log.warning("worker %s: stopping topology %s cleanly before leaving", self.id, name)
-                    self.state.set_status(name, "stopping")
         await asyncio.to_thread(request)
         deadline = time.monotonic() + timeout
         pending = set(names)

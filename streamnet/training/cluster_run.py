@@ -8,7 +8,7 @@ from typing import Callable
 
 from ..errors import StreamnetError
 from ..runtime.cluster_state import RUNNING
-from ..runtime.control import kill_topology, spout_tasks
+from ..runtime.control import kill_topology, request_stop, spout_tasks
 from .config import RunConfig
 from .nsmap import build_topology, default_name, resume_point
 from .summary_from_results import summarise
@@ -29,11 +29,11 @@ def follow(state, topology, cfg: RunConfig, progress: Callable[[dict], None] | N
     seen_epochs = 0
     stopping = False
 
-    def request_stop(why: str):
+    def ask_to_stop(why: str):
         nonlocal stopping
         if not stopping:
             log.warning("%s: stopping %s cleanly after a checkpoint round", why, topology.name)
-            state.set_status(topology.name, "stopping")
+            request_stop(state, topology.name)
             stopping = True
 
     while not spouts <= state.done_tasks(topology.name):
@@ -55,12 +55,12 @@ def follow(state, topology, cfg: RunConfig, progress: Callable[[dict], None] | N
                     if progress:
                         progress(p)
                     if stop_when and stop_when(p):
-                        request_stop("stop condition met")
+                        ask_to_stop("stop condition met")
             time.sleep(poll_s)
         except KeyboardInterrupt:
             if stopping:
                 raise
-            request_stop("interrupted (Ctrl-C again aborts without a checkpoint)")
+            ask_to_stop("interrupted (Ctrl-C again aborts without a checkpoint)")
     wall = time.monotonic() - t0
     return kill_topology(state, topology.name, 120), wall
 
