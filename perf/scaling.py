@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import machine, pin_blas_threads, png_path, write_json  # noqa: E402

@@ -1,15 +1,13 @@
 """streamnet-submit's cluster subcommands: submit, list, status, describe, rebalance, kill."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 import urllib.request
 
 from ..errors import StreamnetError
-from ..runtime.control import drain_topology, is_done, kill_topology, spout_tasks
-from ..runtime.cluster_state import RUNNING
+from ..runtime.control import ClusterTimeout, TopologyGone, drain_topology, is_done, kill_topology, wait_done
 from ..runtime.topology import Topology, resolve
 from .common import add_cluster_options, connect
 from .progress import ProgressLine, bar
@@ -86,22 +84,20 @@ def cmd_submit(a) -> int:
 
 
 def _follow(state, topo: Topology, check, a) -> int:
-    spouts = spout_tasks(topo)
     line = ProgressLine()
     t0 = time.monotonic()
-    while True:
-        done = state.done_tasks(topo.name) & spouts
-        line.update(f"{topo.name} {bar(len(done) / len(spouts))} spouts done {len(done)}/{len(spouts)}  "
-                    f"{time.monotonic() - t0:.0f} s")
-        if done == spouts:
-            break
-        if time.monotonic() - t0 > a.timeout:
-            print(f"\nstreamnet-submit: error: {topo.name} did not finish within {a.timeout:.0f} s", file=sys.stderr)
-            return 1
-        if state.status(topo.name) not in RUNNING:
-            print(f"\nstreamnet-submit: error: {topo.name} was killed before finishing", file=sys.stderr)
-            return 1
-        time.sleep(0.2)
+
+    def report(done: int, total: int):
+        line.update(f"{topo.name} {bar(done / total)} spouts done {done}/{total}  {time.monotonic() - t0:.0f} s")
+
+    try:
+        wait_done(state, topo.name, a.timeout, interval=0.2, on_poll=report)
+    except ClusterTimeout:
+        print(f"\nstreamnet-submit: error: {topo.name} did not finish within {a.timeout:.0f} s", file=sys.stderr)
+        return 1
+    except TopologyGone:
+        print(f"\nstreamnet-submit: error: {topo.name} was killed before finishing", file=sys.stderr)
+        return 1
     wall = time.monotonic() - t0
     results = kill_topology(state, topo.name, a.timeout)
     line.line(f"{topo.name} finished in {wall:.1f} s")

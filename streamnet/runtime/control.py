@@ -2,27 +2,54 @@
 collect results. Shared by LocalCluster, streamnet-submit, training and tests."""
 from __future__ import annotations
 
+import logging
 import time
+from typing import Callable
 
 from ..errors import StreamnetError
-from .cluster_state import ClusterState
+from .cluster_state import RUNNING, ClusterState
+from .coordinator import ConnectionLostError
 from .topology import Topology
+
+log = logging.getLogger(__name__)
 
 
 class ClusterTimeout(StreamnetError):
     pass
 
 
+class TopologyGone(StreamnetError):
+    """The topology was killed or removed while we waited for it to finish."""
+
+
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.01):
-    """Poll predicate until it returns something truthy; ClusterTimeout after timeout s."""
+    """Poll predicate until it returns something truthy; ClusterTimeout after timeout s.
+
+    A lost coordinator connection (a ZooKeeper server going away: the client moves to
+    another) is ridden out until the deadline: the predicate is simply asked again."""
     deadline = time.monotonic() + timeout
+    lost = None
     while True:
-        value = predicate()
-        if value:
-            return value
+        try:
+            value = predicate()
+            if lost is not None:
+                log.info("coordinator connection back; still waiting for %s", what)
+                lost = None
+            if value:
+                return value
+        except ConnectionLostError as e:
+            if lost is None:
+                log.warning("%s while waiting for %s; retrying", e, what)
+            lost = e
         if time.monotonic() >= deadline:
-            raise ClusterTimeout(f"timed out after {timeout:.1f} s waiting for {what}")
+            why = f" (coordinator unreachable: {lost})" if lost is not None else ""
+            raise ClusterTimeout(f"timed out after {timeout:.1f} s waiting for {what}{why}")
         time.sleep(interval)
+
+
+def retrying(fn: Callable[[], object], timeout: float, what: str):
+    """fn(), asked again while the coordinator connection is lost (for idempotent calls)."""
+    return wait_for(lambda: (fn(),), timeout, what, interval=0.1)[0]
 
 
 def spout_tasks(topology: Topology) -> set[int]:
@@ -34,16 +61,40 @@ def is_done(state: ClusterState, name: str) -> bool:
     return spout_tasks(Topology.from_dict(state.topology(name))) <= state.done_tasks(name)
 
 
-def wait_done(state: ClusterState, name: str, timeout: float, interval: float = 0.1) -> None:
-    spouts = spout_tasks(Topology.from_dict(state.topology(name)))
-    wait_for(lambda: spouts <= state.done_tasks(name), timeout, f"topology {name!r} to finish", interval)
+def wait_done(state: ClusterState, name: str, timeout: float, interval: float = 0.1,
+              on_poll: Callable[[int, int], None] | None = None,
+              on_interrupt: Callable[[], bool] | None = None) -> None:
+    """Until every spout task of `name` is done (source exhausted, trees complete).
+
+    on_poll(done, total) runs after each look (progress, stop conditions). On Ctrl-C,
+    on_interrupt() decides: True keeps waiting, False (or none given) re-raises.
+    TopologyGone if it is killed or removed first; ClusterTimeout after timeout s."""
+    what = f"topology {name!r} to finish"
+    spouts = spout_tasks(Topology.from_dict(retrying(lambda: state.topology(name), timeout, what)))
+    deadline = time.monotonic() + timeout
+
+    def finished():
+        done = len(spouts & state.done_tasks(name))
+        if done < len(spouts) and state.status(name) not in RUNNING:
+            raise TopologyGone(f"topology {name!r} was killed before it finished")
+        if on_poll:
+            on_poll(done, len(spouts))
+        return done == len(spouts)
+
+    while True:
+        try:
+            wait_for(finished, max(deadline - time.monotonic(), 0), what, interval)
+            return
+        except KeyboardInterrupt:
+            if on_interrupt is None or not on_interrupt():
+                raise
 
 
 def request_stop(state: ClusterState, name: str) -> bool:
     """Ask a running topology to stop cleanly (its spouts get Spout.drain); True if this
     call asked (it was active), False if it was already stopping or killed."""
-    if state.status(name) == "active":
-        state.set_status(name, "stopping")
+    if retrying(lambda: state.status(name), 60, f"the status of {name!r}") == "active":
+        retrying(lambda: state.set_status(name, "stopping"), 60, f"{name!r} to be asked to stop")
         return True
     return False
 
@@ -51,7 +102,7 @@ def request_stop(state: ClusterState, name: str) -> bool:
 def drain_topology(state: ClusterState, name: str, timeout: float) -> dict:
     """Ask the spouts to stop cleanly (Spout.drain), wait until they report done, then
     kill the topology and return its results."""
-    state.topology(name)  # UnknownTopologyError if it is not there
+    retrying(lambda: state.topology(name), timeout, f"topology {name!r}")  # UnknownTopologyError if not there
     request_stop(state, name)
     wait_done(state, name, timeout)
     return kill_topology(state, name, timeout)
@@ -60,11 +111,12 @@ def drain_topology(state: ClusterState, name: str, timeout: float) -> dict:
 def kill_topology(state: ClusterState, name: str, timeout: float = 60.0) -> dict:
     """Stop the topology on every worker (their components' close() runs and publishes),
     then return its results and remove it."""
-    state.topology(name)  # UnknownTopologyError if it is not there
-    assigned = set((state.assignment(name)[0] or {}).get("workers", {}))
-    state.set_status(name, "killed")
+    retrying(lambda: state.topology(name), timeout, f"topology {name!r}")  # UnknownTopologyError if not there
+    assigned = set((retrying(lambda: state.assignment(name), timeout, f"the assignment of {name!r}")[0]
+                    or {}).get("workers", {}))
+    retrying(lambda: state.set_status(name, "killed"), timeout, f"{name!r} to be marked killed")
     wait_for(lambda: state.stopped_workers(name) >= (assigned & set(state.workers())), timeout,
              f"workers to stop {name!r}", interval=0.05)
-    results = state.results(name)
-    state.remove_topology(name)
+    results = retrying(lambda: state.results(name), timeout, f"the results of {name!r}")
+    retrying(lambda: state.remove_topology(name), timeout, f"{name!r} to be removed")
     return results

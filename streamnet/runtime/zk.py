@@ -3,8 +3,11 @@
 Every node is created with a digest ACL derived from the cluster secret, and the
 session authenticates with the same digest: a client without the secret can
 neither read nor change the cluster (ZooKeeper answers NoAuth). Connection loss
-is retried by kazoo; a session that expires loses its ephemeral nodes, so owners
-register `on_session_restart` callbacks to re-create them and resynchronise.
+is retried by kazoo: reads (idempotent) are sent again after a reconnect, for up to
+the session timeout; a write that was in flight when the connection dropped raises
+ConnectionLostError, since it may or may not have been applied. A session that
+expires loses its ephemeral nodes, so owners register `on_session_restart`
+callbacks to re-create them and resynchronise.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from typing import Callable
 from kazoo import exceptions as kx
 from kazoo.client import KazooClient, KazooState
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.retry import KazooRetry
+from kazoo.retry import KazooRetry, RetryFailedError
 from kazoo.security import ACL, Id, Permissions, make_digest_acl
 
 from .coordinator import (BadVersionError, ConnectionLostError, Coordinator, CoordinatorError, NoNodeError,
@@ -50,7 +53,7 @@ def _translate(fn):
         except kx.NoAuthError:
             raise UnauthorisedError(f"ZooKeeper refused access to {args[0] if args else 'the cluster'}: "
                                     "wrong cluster secret?") from None
-        except (kx.ConnectionLoss, kx.SessionExpiredError, kx.ConnectionClosedError) as e:
+        except (kx.ConnectionLoss, kx.SessionExpiredError, kx.ConnectionClosedError, RetryFailedError) as e:
             raise ConnectionLostError(f"lost the ZooKeeper connection: {type(e).__name__}") from None
     wrapper.__name__ = fn.__name__
     return wrapper
@@ -66,7 +69,8 @@ class ZkCoordinator(Coordinator):
             auth_data=[("digest", f"{DIGEST_USER}:{pw}")],
             default_acl=[make_digest_acl(DIGEST_USER, pw, all=True)],
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0),
-            command_retry=KazooRetry(max_tries=20, delay=0.05, max_delay=1.0, deadline=session_timeout))
+            # used for reads only (self.zk.retry): a server lost mid-request, the read goes again
+            command_retry=KazooRetry(max_tries=-1, delay=0.05, max_delay=0.5, deadline=session_timeout))
         self._restart_callbacks: list[Callable[[], None]] = []
         self._lost = False
         self._closing = False
@@ -112,7 +116,7 @@ class ZkCoordinator(Coordinator):
 
     @_translate
     def get(self, path):
-        data, stat = self.zk.get(path)
+        data, stat = self.zk.retry(self.zk.get, path)
         return data, stat.version
 
     @_translate
@@ -125,12 +129,12 @@ class ZkCoordinator(Coordinator):
 
     @_translate
     def exists(self, path):
-        stat = self.zk.exists(path)
+        stat = self.zk.retry(self.zk.exists, path)
         return None if stat is None else stat.version
 
     @_translate
     def children(self, path):
-        return sorted(self.zk.get_children(path))
+        return sorted(self.zk.retry(self.zk.get_children, path))
 
     @_translate
     def ensure_shared(self, path):

@@ -7,8 +7,7 @@ import time
 from typing import Callable
 
 from ..errors import StreamnetError
-from ..runtime.cluster_state import RUNNING
-from ..runtime.control import kill_topology, request_stop, spout_tasks
+from ..runtime.control import ClusterTimeout, kill_topology, request_stop, wait_done
 from .config import RunConfig
 from .nsmap import build_topology, default_name, resume_point
 from .summary_from_results import summarise
@@ -24,7 +23,6 @@ def follow(state, topology, cfg: RunConfig, progress: Callable[[dict], None] | N
     When stop_when(progress) says so, or on Ctrl-C, the run is asked to stop cleanly:
     it finishes the round in flight, takes one more round that writes a checkpoint
     (when the topology has a checkpoint directory), and ends. A second Ctrl-C aborts."""
-    spouts = spout_tasks(topology)
     t0 = time.monotonic()
     seen_epochs = 0
     stopping = False
@@ -36,31 +34,35 @@ def follow(state, topology, cfg: RunConfig, progress: Callable[[dict], None] | N
             request_stop(state, topology.name)
             stopping = True
 
-    while not spouts <= state.done_tasks(topology.name):
-        try:
-            if time.monotonic() - t0 > timeout:
-                raise StreamnetError(f"training did not finish within {timeout:.0f} s")
-            if state.status(topology.name) not in RUNNING:
-                raise StreamnetError(f"topology {topology.name} was killed")
-            if progress or stop_when:
-                results = state.results(topology.name)
-                p = results.get("sync.0.progress")
-                hist = results.get("eval.0.history") or []
-                if p:
-                    p = dict(p, epochs=cfg.epochs, elapsed_s=time.monotonic() - t0)
-                    if len(hist) > seen_epochs:
-                        p["test_accuracy"] = hist[-1]["test_accuracy"]
-                        p["eval_epoch"] = hist[-1]["epoch"]
-                        seen_epochs = len(hist)
-                    if progress:
-                        progress(p)
-                    if stop_when and stop_when(p):
-                        ask_to_stop("stop condition met")
-            time.sleep(poll_s)
-        except KeyboardInterrupt:
-            if stopping:
-                raise
-            ask_to_stop("interrupted (Ctrl-C again aborts without a checkpoint)")
+    def interrupted() -> bool:
+        if stopping:
+            return False      # the second Ctrl-C aborts
+        ask_to_stop("interrupted (Ctrl-C again aborts without a checkpoint)")
+        return True
+
+    def report(done: int, total: int):
+        nonlocal seen_epochs
+        if not (progress or stop_when):
+            return
+        results = state.results(topology.name)
+        p = results.get("sync.0.progress")
+        hist = results.get("eval.0.history") or []
+        if not p:
+            return
+        p = dict(p, epochs=cfg.epochs, elapsed_s=time.monotonic() - t0)
+        if len(hist) > seen_epochs:
+            p["test_accuracy"] = hist[-1]["test_accuracy"]
+            p["eval_epoch"] = hist[-1]["epoch"]
+            seen_epochs = len(hist)
+        if progress:
+            progress(p)
+        if stop_when and stop_when(p):
+            ask_to_stop("stop condition met")
+
+    try:
+        wait_done(state, topology.name, timeout, interval=poll_s, on_poll=report, on_interrupt=interrupted)
+    except ClusterTimeout:
+        raise StreamnetError(f"training did not finish within {timeout:.0f} s") from None
     wall = time.monotonic() - t0
     return kill_topology(state, topology.name, 120), wall
 

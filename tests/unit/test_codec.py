@@ -5,7 +5,6 @@ import msgpack
 import numpy as np
 import pytest
 
-from streamnet.runtime import codec
 from streamnet.runtime.codec import ARRAY_EXT, MAGIC, PREFIX, CodecError, Limits, decode, encode_bytes
 
 
