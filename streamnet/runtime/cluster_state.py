@@ -12,10 +12,12 @@ use the frame codec so they may carry arrays.
 from __future__ import annotations
 
 import json
+import time
 from typing import Callable
 
 from . import codec
-from .coordinator import Coordinator, NoNodeError, NodeExistsError
+from .coordinator import (BadVersionError, ConnectionLostError, Coordinator, NoNodeError, NodeExistsError,
+                          SessionClosedError)
 from ..errors import StreamnetError
 
 
@@ -29,6 +31,27 @@ class UnknownTopologyError(StreamnetError):
 
 #: topology statuses whose tasks run (and are scheduled); "killed" stops them
 RUNNING = ("active", "stopping")
+
+
+#: how long an idempotent write is sent again while the coordinator connection is lost
+RESEND_S = 30.0
+
+
+def _resend(write):
+    """An idempotent write, sent again while the connection is lost (a ZooKeeper server
+    went away and the client is moving to another): a done mark or a result must not be
+    lost to a blip. Up to RESEND_S; a closed session is not waited on."""
+    deadline, delay = time.monotonic() + RESEND_S, 0.05
+    while True:
+        try:
+            return write()
+        except SessionClosedError:
+            raise
+        except ConnectionLostError:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
 def _j(obj) -> bytes:
@@ -154,10 +177,32 @@ class ClusterState:
         wrote since: this one is stale."""
         path = self.path("topologies", name, "state", key)
         data = codec.encode_bytes(value)
-        if version == -1:
+        try:
+            if version == -1:
+                self.coord.create(path, data, makepath=True)
+                return 0
+            return self.coord.set(path, data, version)
+        except ConnectionLostError:
+            # the connection dropped with the write in flight: it may have been applied.
+            # Look (reads are retried after the reconnect) rather than take our own write
+            # for another instance's next time and fence ourselves.
+            return self._settle_state_write(path, data, version)
+
+    def _settle_state_write(self, path: str, data: bytes, version: int) -> int:
+        try:
+            current, now = self.coord.get(path)
+        except NoNodeError:
+            if version != -1:
+                raise BadVersionError(f"{path} was removed by someone else") from None
             self.coord.create(path, data, makepath=True)
             return 0
-        return self.coord.set(path, data, version)
+        if now == version + 1 and current == data:
+            return now                   # ours: applied before the connection dropped
+        if now == version:
+            return self.coord.set(path, data, version)   # not applied: write it now
+        if version == -1:
+            raise NodeExistsError(f"{path} exists")
+        raise BadVersionError(f"{path} was changed by someone else")
 
     def load_state(self, name: str, key: str) -> tuple[object, int]:
         """(state, version), or (None, -1) if none was saved."""
@@ -194,10 +239,12 @@ class ClusterState:
                 pass
 
     def mark_done(self, name: str, task: int) -> None:
-        try:
-            self.coord.create(self.path("topologies", name, "done", str(task)), b"")
-        except NodeExistsError:
-            pass
+        def create():
+            try:
+                self.coord.create(self.path("topologies", name, "done", str(task)), b"")
+            except NodeExistsError:
+                pass
+        _resend(create)
 
     def done_tasks(self, name: str) -> set[int]:
         try:
@@ -218,7 +265,8 @@ class ClusterState:
             return set()
 
     def publish_result(self, name: str, key: str, value) -> None:
-        self.coord.put(self.path("topologies", name, "results", key), codec.encode_bytes(value))
+        data = codec.encode_bytes(value)
+        _resend(lambda: self.coord.put(self.path("topologies", name, "results", key), data))
 
     def results(self, name: str) -> dict:
         out = {}

@@ -8,7 +8,7 @@ from typing import Callable
 
 from ..errors import StreamnetError
 from .cluster_state import RUNNING, ClusterState
-from .coordinator import ConnectionLostError
+from .coordinator import ConnectionLostError, SessionClosedError
 from .topology import Topology
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,8 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.01):
                 lost = None
             if value:
                 return value
+        except SessionClosedError:
+            raise
         except ConnectionLostError as e:
             if lost is None:
                 log.warning("%s while waiting for %s; retrying", e, what)

@@ -49,7 +49,11 @@ class NotEmptyError(CoordinatorError):
 
 
 class ConnectionLostError(CoordinatorError):
-    pass
+    """The connection dropped; the client reconnects (a ZooKeeper server went away)."""
+
+
+class SessionClosedError(ConnectionLostError):
+    """This client closed its session: nothing will come back."""
 
 
 class Coordinator(ABC):
@@ -210,7 +214,7 @@ class InProcessCoordinator(Coordinator):
 
     def _check(self):
         if self._closed:
-            raise ConnectionLostError("coordinator session is closed")
+            raise SessionClosedError("coordinator session is closed")
 
     def create(self, path, data=b"", *, ephemeral=False, sequence=False, makepath=True):
         self._check()

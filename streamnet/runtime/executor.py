@@ -244,6 +244,7 @@ class BoltExecutor(Executor):
         self.inbound: asyncio.Queue = asyncio.Queue(queue_size)
         self.auto_ack = bool(getattr(self.instance, "auto_ack", False))
         self._current: Tuple | None = None
+        self.holding: dict[int, Tuple] = {}   # received, neither acked nor failed yet
 
     def emit(self, values, stream, anchors, direct_task):
         targets = self.rt.route(self.cid, stream, values, direct_task)
@@ -269,6 +270,7 @@ class BoltExecutor(Executor):
         if tup.done:
             return
         tup.done = True
+        self.holding.pop(id(tup), None)
         self.metrics.acked += 1
         for root, edge in tup.anchors.items():
             task = root_task(root)
@@ -278,6 +280,7 @@ class BoltExecutor(Executor):
         if tup.done:
             return
         tup.done = True
+        self.holding.pop(id(tup), None)
         self.metrics.failed += 1
         for root in tup.anchors:
             task = root_task(root)
@@ -309,6 +312,8 @@ class BoltExecutor(Executor):
                         tup = await asyncio.wait_for(self.inbound.get(), max(next_tick - time.monotonic(), 0))
                     except asyncio.TimeoutError:
                         tup = None
+                    if tup is not None and tup is not STOP:
+                        self.holding[id(tup)] = tup     # taken: a fencing tick must not lose it
                     if time.monotonic() >= next_tick:
                         await self._tick()
                         next_tick = time.monotonic() + tick
@@ -319,6 +324,7 @@ class BoltExecutor(Executor):
                 if tup is STOP:
                     return
                 self._current = tup
+                self.holding[id(tup)] = tup
                 t0 = time.perf_counter()
                 try:
                     r = bolt.execute(tup)
@@ -337,7 +343,33 @@ class BoltExecutor(Executor):
                 await self.flush()
         except FencedError:
             self.fenced = True
+            await self.abandon()
             raise
         finally:
             if not self.fenced:
                 bolt.close()
+
+    async def abandon(self) -> None:
+        """This instance was fenced: nothing it emitted leaves, and every tuple it took
+        and did not ack (held by its bolt, or the one it was on) is failed, so its spout
+        replays it now rather than at the message timeout. Queued tuples stay for
+        take_queue (a successor here) or fail_queue (the task went elsewhere)."""
+        self.out.clear()
+        for tup in list(self.holding.values()):
+            self.fail(tup)
+        await self.flush()
+
+    def take_queue(self) -> list:
+        out = []
+        while not self.inbound.empty():
+            tup = self.inbound.get_nowait()
+            if tup is not STOP:
+                out.append(tup)
+        return out
+
+    async def fail_queue(self) -> int:
+        queued = self.take_queue()
+        for tup in queued:
+            self.fail(tup)
+        await self.flush()
+        return len(queued)

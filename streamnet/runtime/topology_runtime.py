@@ -89,9 +89,10 @@ class TopologyRuntime:
             assignment, _ = await asyncio.to_thread(self.worker.state.assignment, self.name)
         except Exception as e:  # noqa: BLE001 - coordinator away: the next assignment event decides
             log.warning("%s: cannot check where task %d belongs: %s", self.name, old.task, e)
+            await self._fail_queue(old)
             return
-        if str(old.task) not in (assignment or {}).get("tasks", {}) or \
-                assignment["tasks"][str(old.task)] != self.worker.id:
+        if (assignment or {}).get("tasks", {}).get(str(old.task)) != self.worker.id:
+            await self._fail_queue(old)     # it runs elsewhere: what waited here is replayed
             return
         async with self.lock:
             if self.executors.get(old.task) is not old:
@@ -101,7 +102,21 @@ class TopologyRuntime:
             ex = self._make_executor(old.task)
             await self.worker.claim_state(self.name, f"{ex.cid}.{ex.ctx.task_index}", ex)
             self.executors[old.task] = ex
+            if isinstance(old, BoltExecutor):
+                queued = old.take_queue()
+                for tup in queued:
+                    ex.inbound.put_nowait(tup)
+                if queued:
+                    log.info("%s: task %d: %d queued tuple(s) handed to the new instance",
+                             self.name, old.task, len(queued))
             ex.start()
+
+    async def _fail_queue(self, old) -> None:
+        if isinstance(old, BoltExecutor):
+            n = await old.fail_queue()
+            if n:
+                log.info("%s: task %d: %d tuple(s) queued for the fenced instance failed for replay",
+                         self.name, old.task, n)
 
     def _build_routes(self, local: set[int]) -> None:
         routes: dict[tuple[str, str], list] = {}

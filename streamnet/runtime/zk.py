@@ -24,7 +24,7 @@ from kazoo.retry import KazooRetry, RetryFailedError
 from kazoo.security import ACL, Id, Permissions, make_digest_acl
 
 from .coordinator import (BadVersionError, ConnectionLostError, Coordinator, CoordinatorError, NoNodeError,
-                          NodeExistsError, NotEmptyError)
+                          NodeExistsError, NotEmptyError, SessionClosedError)
 
 log = logging.getLogger(__name__)
 DIGEST_USER = "streamnet"
@@ -53,7 +53,9 @@ def _translate(fn):
         except kx.NoAuthError:
             raise UnauthorisedError(f"ZooKeeper refused access to {args[0] if args else 'the cluster'}: "
                                     "wrong cluster secret?") from None
-        except (kx.ConnectionLoss, kx.SessionExpiredError, kx.ConnectionClosedError, RetryFailedError) as e:
+        except kx.ConnectionClosedError:
+            raise SessionClosedError("the ZooKeeper client is closed") from None
+        except (kx.ConnectionLoss, kx.SessionExpiredError, RetryFailedError) as e:
             raise ConnectionLostError(f"lost the ZooKeeper connection: {type(e).__name__}") from None
     wrapper.__name__ = fn.__name__
     return wrapper

@@ -149,3 +149,26 @@ def test_bad_input_closes_one_connection_and_the_worker_keeps_serving():
         if name != "wrong secret":
             assert outcomes[name][0] in (400, 0), (name, outcomes[name])
     assert rejected == len(attacks), (rejected, outcomes)
+
+
+def test_a_fenced_bolt_restarted_in_place_replays_what_it_held_at_once(caplog):
+    """Another instance of count.0 writes its state (as a stale twin would): this one is
+    fenced at its next save; the assignment still places the task here, so it starts
+    again. The words it held unacked are failed and replayed at once - the run ends
+    well inside the message timeout - and the counts stay exact."""
+    caplog.set_level("INFO")
+    n = 3000
+    with LocalCluster(workers=2) as c:
+        topo = wordcount.topology(count=n, delay_s=0.001, message_timeout_s=120)
+        c.submit(topo)
+        key = "count.0"
+        path = c.state.path("topologies", topo.name, "state", key)
+        wait_for(lambda: c.state.load_state(topo.name, key)[1] >= 2, 30, "count.0 to save its state twice",
+                 interval=0.01)
+        data, version = c.state.coord.get(path)
+        c.state.coord.set(path, data, version)
+        c.wait_done(topo.name, 60)   # half the message timeout: no tree may wait for it
+        results = c.kill(topo.name)
+    assert "count.0 of wordcount was taken over by another instance" in caplog.text
+    assert "was fenced but the assignment places it here; starting it again" in caplog.text
+    assert wordcount.merge_counts(results) == wordcount.expected_counts(n, 0)

@@ -1,0 +1,72 @@
+"""ClusterState over a coordinator whose connection drops with a write in flight."""
+import pytest
+
+from streamnet.runtime.cluster_state import ClusterState
+from streamnet.runtime.coordinator import BadVersionError, ConnectionLostError, InProcessServer, NodeExistsError
+
+
+class DroppingCoordinator:
+    """Forwards to a session; the next write raises ConnectionLostError, after being
+    applied (`applied=True`: the reply was lost) or not (the request was lost)."""
+
+    def __init__(self, session):
+        self._c, self.drop = session, None
+
+    def __getattr__(self, name):
+        fn = getattr(self._c, name)
+        if name not in ("create", "set", "put"):
+            return fn
+
+        def write(*args, **kwargs):
+            drop, self.drop = self.drop, None
+            if drop is None:
+                return fn(*args, **kwargs)
+            if drop == "applied":
+                fn(*args, **kwargs)
+            raise ConnectionLostError("lost the ZooKeeper connection: ConnectionLoss")
+        return write
+
+
+@pytest.fixture
+def states():
+    server = InProcessServer()
+    flaky = DroppingCoordinator(server.session())
+    yield ClusterState(flaky, "c"), ClusterState(server.session(), "c"), flaky
+    server.shutdown()
+
+
+@pytest.mark.parametrize("drop", ["applied", "lost"])
+def test_a_state_write_cut_off_by_a_lost_connection_is_settled(states, drop):
+    mine, _, flaky = states
+    flaky.drop = drop
+    assert mine.save_state("t", "sync.0", {"step": 1}, -1) == 0            # create
+    flaky.drop = drop
+    assert mine.save_state("t", "sync.0", {"step": 2}, 0) == 1             # compare-and-set
+    assert mine.load_state("t", "sync.0") == ({"step": 2}, 1)
+    assert mine.save_state("t", "sync.0", {"step": 3}, 1) == 2             # and the next one still fits
+
+
+def test_a_write_by_another_instance_still_fences_after_a_lost_connection(states):
+    mine, other, flaky = states
+    mine.save_state("t", "sync.0", {"step": 1}, -1)
+    other.save_state("t", "sync.0", {"step": 9}, 0)                         # the task moved; the new owner wrote
+    flaky.drop = "lost"
+    with pytest.raises(BadVersionError):
+        mine.save_state("t", "sync.0", {"step": 2}, 0)
+    other.save_state("t", "sync.1", {"step": 9}, -1)
+    flaky.drop = "lost"
+    with pytest.raises(NodeExistsError):
+        mine.save_state("t", "sync.1", {"step": 1}, -1)
+    assert other.load_state("t", "sync.0") == ({"step": 9}, 1)
+
+
+@pytest.mark.parametrize("drop", ["applied", "lost"])
+def test_done_marks_and_results_survive_a_lost_connection(states, drop):
+    mine, other, flaky = states
+    other.submit_topology("t", {"components": []})
+    flaky.drop = drop
+    mine.mark_done("t", 3)
+    flaky.drop = drop
+    mine.publish_result("t", "sync.0.stats", {"steps": 7})
+    assert other.done_tasks("t") == {3}
+    assert other.results("t") == {"sync.0.stats": {"steps": 7}}
