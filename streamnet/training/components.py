@@ -258,6 +258,8 @@ class SyncBolt(Bolt):
         self.epoch_loss: dict[int, list[float]] = {}   # epoch -> [loss sum, samples]
         self.t0 = time.perf_counter()
         self.started = time.time()
+        # epoch -> {"from", "to" (wall clock), "samples" combined in this run}: per-epoch throughput
+        self.epoch_clock: dict[int, dict] = {}
         self._published = 0.0
         self.restored = False
         self.last_round = None   # (step, epoch, samples, round, units) of the last combine, to undo one never delivered
@@ -293,6 +295,7 @@ class SyncBolt(Bolt):
         self.rounds, self.samples, self.duplicates = state["rounds"], state["samples"], state["duplicates"]
         self.recoveries = state["recoveries"] + 1
         self.started = state["started"]
+        self.epoch_clock = {int(k): v for k, v in (state.get("epoch_clock") or {}).items()}
         self.last_round = state.get("last_round")
         self._request_replicas()
 
@@ -314,7 +317,8 @@ class SyncBolt(Bolt):
         self.ctx.save_state({"next_step": self.next_step, "epoch_samples": {str(k): v for k, v in self.epoch_samples.items()},
                              "rounds": self.rounds, "samples": self.samples, "duplicates": self.duplicates,
                              "recoveries": self.recoveries, "started": self.started, "last_round": self.last_round,
-                             "ledger": self.ledger.to_state()})
+                             "ledger": self.ledger.to_state(),
+                             "epoch_clock": {str(k): v for k, v in self.epoch_clock.items()}})
 
     def _plan(self, epoch: int) -> list:
         if epoch not in self.expected_cache:
@@ -456,6 +460,7 @@ class SyncBolt(Bolt):
         acc = self.epoch_loss.setdefault(epoch + 1, [0.0, 0])
         acc[0] += loss_sum
         acc[1] += n
+        self._clock(epoch + 1, n, self._epoch_end(epoch, rnd))
         self.unit_states = {}
         out = params.copy()  # receivers in this process share the array: never hand out the live one
         self.collector.emit([self.next_step, out], stream="params", anchors=tuples)
@@ -475,6 +480,17 @@ class SyncBolt(Bolt):
         if now - self._published > 0.5:
             self._publish_progress(epoch, rnd)
             self._published = now
+
+    def _clock(self, epoch: int, samples: int, ends: bool) -> None:
+        """An epoch runs from the end of the one before (or the start of this run) to its
+        last combine."""
+        if epoch not in self.epoch_clock:
+            before = [c["to"] for e, c in self.epoch_clock.items() if e < epoch and "to" in c]
+            self.epoch_clock[epoch] = {"from": max(before, default=self.started), "samples": 0}
+        c = self.epoch_clock[epoch]
+        c["samples"] += samples
+        if ends:
+            c["to"] = time.time()
 
     def _checkpoint_state(self, tuples, position) -> dict:
         """Everything besides the parameters that the run needs to continue exactly."""
@@ -510,6 +526,7 @@ class SyncBolt(Bolt):
                                    "miscounted": self.ledger.report(lambda e: self._plan(e - 1)),
                                    "barrier_s": {str(k): v for k, v in self.barrier_s.items()},
                                    "epoch_train_loss": {str(e): l / max(n, 1) for e, (l, n) in self.epoch_loss.items()},
+                                   "epoch_clock": {str(e): c for e, c in self.epoch_clock.items()},
                                    "num_params": int(self.agg.params.size),
                                    "resumed_from_step": self.resumed_from,
                                    "quarantined": dataset_for(self.cfg).quarantined,

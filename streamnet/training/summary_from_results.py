@@ -23,9 +23,13 @@ def summarise(cfg: RunConfig, results: dict, workers: int | None, wall_s: float 
                    workers=workers or len({t["worker"] for t in timings}) or 1, units=cfg.units, batch=alg.batch,
                    sync_period=alg.sync_period)
     train_loss = stats.get("epoch_train_loss", {})
+    clock = stats.get("epoch_clock", {})
     for h in history:
+        c = clock.get(str(h["epoch"]), {})
+        seconds = c["to"] - c["from"] if "to" in c else 0.0
+        samples = c.get("samples", 0)
         s.history.append(EpochRecord(h["epoch"], train_loss.get(str(h["epoch"]), float("nan")), h["test_accuracy"],
-                                     h["test_loss"], 0, 0.0, 0.0))
+                                     h["test_loss"], samples, seconds, samples / seconds if seconds > 0 else 0.0))
     s.num_params = stats.get("num_params", 0)
     if history:
         s.test_accuracy, s.test_loss = history[-1]["test_accuracy"], history[-1]["test_loss"]

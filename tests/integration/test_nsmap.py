@@ -39,6 +39,8 @@ def test_mixbp_topology_with_per_unit_batches():
     np.testing.assert_allclose(results["sync.0.params"], train_local(c).params, rtol=1e-5, atol=1e-6)
     assert summary.samples_processed == 2 * 256
     assert len(summary.history) == 2 and summary.test_accuracy > 0.3
+    for h in summary.history:      # each epoch's own samples and time, measured by the sync bolt
+        assert h.samples == 256 and h.seconds > 0 and h.samples_per_s == h.samples / h.seconds
     d = summary.to_dict()
     for key in ("test_accuracy", "samples_per_s", "wall_s", "epochs", "algorithm", "workers", "sync_rounds",
                 "bytes_sent", "samples_processed", "samples_replayed", "per_worker"):
