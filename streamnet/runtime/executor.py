@@ -245,6 +245,7 @@ class BoltExecutor(Executor):
         self.auto_ack = bool(getattr(self.instance, "auto_ack", False))
         self._current: Tuple | None = None
         self.holding: dict[int, Tuple] = {}   # received, neither acked nor failed yet
+        self.queue_taken = False              # fenced, and its queue handed over or failed
 
     def emit(self, values, stream, anchors, direct_task):
         targets = self.rt.route(self.cid, stream, values, direct_task)
@@ -360,6 +361,7 @@ class BoltExecutor(Executor):
         await self.flush()
 
     def take_queue(self) -> list:
+        self.queue_taken = True
         out = []
         while not self.inbound.empty():
             tup = self.inbound.get_nowait()

@@ -111,6 +111,16 @@ class TopologyRuntime:
                              self.name, old.task, len(queued))
             ex.start()
 
+    async def late_for_fenced(self, old) -> None:
+        """Tuples that reached a fenced instance's queue after it was handed over: to
+        its successor here, or failed for replay."""
+        new = self.executors.get(old.task)
+        if isinstance(new, BoltExecutor) and new is not old:
+            for tup in old.take_queue():
+                await new.inbound.put(tup)
+        else:
+            await old.fail_queue()
+
     async def _fail_queue(self, old) -> None:
         if isinstance(old, BoltExecutor):
             n = await old.fail_queue()

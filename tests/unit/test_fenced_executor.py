@@ -1,0 +1,67 @@
+"""What a fenced bolt instance does with the tuples it took and the ones still queued."""
+import asyncio
+
+from streamnet.runtime.component import Tuple
+from streamnet.runtime.executor import ROOT_BITS, BoltExecutor
+from streamnet.runtime.topology_runtime import TopologyRuntime
+
+
+class FakeRuntime:
+    """What an executor needs of its runtime: a name and somewhere to deliver."""
+    name = "t"
+
+    def __init__(self):
+        self.sent: list = []
+        self.executors: dict = {}
+
+    async def deliver(self, target, msg):
+        self.sent.append((target, msg))
+
+    late_for_fenced = TopologyRuntime.late_for_fenced
+
+
+def _bolt(rt, task=3):
+    return BoltExecutor(rt, task, {"id": "count"}, object(), None, queue_size=8)
+
+
+def _tup(root_task: int, root: int) -> Tuple:
+    return Tuple([root], ["n"], "default", "split", 1, {(root_task << ROOT_BITS) | root: 7})
+
+
+def _failed_roots(rt):
+    return sorted(m[3] & ((1 << ROOT_BITS) - 1) for _, m in rt.sent if m[0] == "f")
+
+
+def test_fenced_instance_fails_what_it_held_and_sends_nothing_it_emitted():
+    async def go():
+        rt = FakeRuntime()
+        old = _bolt(rt)
+        held = [_tup(0, 1), _tup(0, 2)]
+        for t in held:
+            old.holding[id(t)] = t
+        old.ack(held[1])                                   # acked before the fence: not failed
+        old.out.clear()
+        old.out.append((5, ["t", "t", 5, "default", 3, [1], [], 0]))   # emitted, then fenced
+        await old.abandon()
+        return rt
+    rt = asyncio.run(go())
+    assert [m[0] for _, m in rt.sent] == ["f"] and _failed_roots(rt) == [1]
+
+
+def test_tuples_late_for_a_fenced_instance_go_to_its_successor_or_are_failed():
+    async def go():
+        rt = FakeRuntime()
+        old, new = _bolt(rt), _bolt(rt)
+        old.inbound.put_nowait(_tup(0, 10))
+        rt.executors[3] = new
+        moved = old.take_queue()                           # the restart hands the queue over
+        assert [t.values for t in moved] == [[10]] and old.queue_taken
+        old.inbound.put_nowait(_tup(0, 11))                # a delivery that waited for room
+        await rt.late_for_fenced(old)
+        assert new.inbound.get_nowait().values == [11] and old.inbound.empty()
+        rt.executors[3] = old                              # no successor here: replay instead
+        old.inbound.put_nowait(_tup(0, 12))
+        await rt.late_for_fenced(old)
+        return rt, old
+    rt, old = asyncio.run(go())
+    assert _failed_roots(rt) == [12] and old.inbound.empty()
