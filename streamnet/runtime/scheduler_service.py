@@ -95,8 +95,13 @@ class SchedulerService:
         self.leading = False
         self.passes = 0
         self.unreachable: dict[str, str] = {}   # registered workers placed on no task: why
+        self._reported: set[str] = set()         # peers someone reports unreachable (a watch keeps it)
+        self._unwatch = None
 
     def start(self) -> None:
+        # every candidate watches the reports: the leader to place no task on a dead peer,
+        # the next in line to depose a dead leader - without reading them every period
+        self._unwatch = self.state.watch_unreachable(self._on_reports)
         self._thread.start()
         self.election.join()
 
@@ -107,6 +112,8 @@ class SchedulerService:
         self._wake.set()
 
     def stop(self) -> None:
+        if self._unwatch:
+            self._unwatch()
         self._stop.set()
         self._wake.set()
         self.election.leave()
@@ -119,8 +126,11 @@ class SchedulerService:
                 self._watching = True
                 self.state.watch_workers(lambda _: self._wake.set())
                 self.state.watch_topologies(lambda _: self._wake.set())
-                self.state.watch_unreachable(lambda _: self._wake.set())
         self.leading = leading
+        self._wake.set()
+
+    def _on_reports(self, nodes: list[str]) -> None:
+        self._reported = {n.rpartition("@")[0] for n in nodes}
         self._wake.set()
 
     def poke(self) -> None:
@@ -151,7 +161,7 @@ class SchedulerService:
         unreachable and that does not answer its probe either, without waiting for the
         leader's session to end: it deletes the leader's election node."""
         leader = self.election.leader
-        if not leader or leader == self.id or self.election.node is None:
+        if not leader or leader == self.id or self.election.node is None or leader not in self._reported:
             return
         reports = self.state.unreachable_reports()
         if leader not in reports:
