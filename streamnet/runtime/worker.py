@@ -20,7 +20,7 @@ from . import codec
 from .cluster_state import RUNNING, ClusterState
 from .component import Tuple
 from .compute import ComputePool
-from .coordinator import BadVersionError, ConnectionLostError, NodeExistsError
+from .coordinator import BadVersionError, ConnectionLostError, CoordinatorError, NodeExistsError
 from .executor import FencedError
 from .executor import BoltExecutor, SpoutExecutor
 from .metrics import prometheus
@@ -121,8 +121,9 @@ class Worker:
         """Ask every topology with tasks here to stop cleanly (Spout.drain: training ends
         with a checkpoint round) and wait until their spouts are done, at most `timeout`
         seconds. Returns the names of those that did not finish in time."""
-        from .control import is_done, request_stop
+        from .control import request_stop, spout_tasks
         names = list(self.runtimes)
+        spouts = {name: spout_tasks(self.runtimes[name].topology) for name in names}
 
         def request():
             for name in names:
@@ -134,11 +135,11 @@ class Worker:
         while pending and time.monotonic() < deadline:
             for name in list(pending):
                 try:
-                    if await asyncio.to_thread(is_done, self.state, name):
+                    if spouts[name] <= await asyncio.to_thread(self.state.done_tasks, name) or \
+                            await asyncio.to_thread(self.state.status, name) is None:   # removed meanwhile
                         pending.discard(name)
-                except Exception:  # noqa: BLE001 - removed meanwhile, or the coordinator is away
-                    if await asyncio.to_thread(self.state.status, name) is None:
-                        pending.discard(name)
+                except CoordinatorError as e:   # away for a moment: look again
+                    log.warning("worker %s: waiting for %s to stop: %s", self.id, name, e)
             await asyncio.sleep(0.2)
         for name in pending:
             log.error("worker %s: topology %s did not stop within %.0f s; leaving anyway", self.id, name, timeout)
