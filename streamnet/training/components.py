@@ -322,7 +322,10 @@ class SyncBolt(Bolt):
 
     def _plan(self, epoch: int) -> list:
         if epoch not in self.expected_cache:
-            self.expected_cache = {epoch: self.schedule.epoch(epoch)[0]}
+            # two epochs kept: at a boundary the ledger closes the previous one as the next begins
+            if len(self.expected_cache) >= 2:
+                del self.expected_cache[max(self.expected_cache, key=lambda e: abs(e - epoch))]
+            self.expected_cache[epoch] = self.schedule.epoch(epoch)[0]
         return self.expected_cache[epoch]
 
     def _expected(self, epoch: int, rnd: int, flagged: bool = False) -> set[int]:
