@@ -157,6 +157,9 @@ class ComputeBolt(Bolt):
                            "status", "checkpoint", "unit_state"],
                "resync": ["task"], "replica": ["task", "step", "params"]}
 
+    tick_interval_s = 0.5
+    RESYNC_S = 2.0    # ask again for parameters not received within this
+
     def prepare(self, ctx, collector):
         super().prepare(ctx, collector)
         self.cfg = run_config_from_dict(self.config["run"])
@@ -168,6 +171,7 @@ class ComputeBolt(Bolt):
         self.compute_s = self.wait_s = 0.0
         self.samples = 0
         self._sent_at: float | None = None
+        self._asked_at = 0.0
 
     def _round(self, batches, scale):
         t0 = time.perf_counter()
@@ -180,7 +184,7 @@ class ComputeBolt(Bolt):
             if not self.stash:
                 log.warning("unit %d holds parameters of step %d, work is for step %d: asking for them",
                             self.ctx.task_index, self.params_step, step)
-                self.collector.emit([self.ctx.task], stream="resync")
+                self._ask_for_params()
             self.stash.append(tup)
             return
         head = [tup["unit"], tup["epoch"], tup["round"], step, tup["lr_scale"]]
@@ -196,6 +200,18 @@ class ComputeBolt(Bolt):
                                 anchors=tup)
             self._sent_at = time.perf_counter()
         self.collector.ack(tup)
+
+    def _ask_for_params(self):
+        self.collector.emit([self.ctx.task], stream="resync")
+        self._asked_at = time.monotonic()
+
+    def tick(self):
+        # the request is a single unanchored tuple: it is lost if the sync bolt moves
+        # meanwhile (and ignored while a new one rebuilds): ask again rather than wait
+        if self.stash and time.monotonic() - self._asked_at > self.RESYNC_S:
+            log.warning("unit %d: still no parameters for step %d after %.1f s; asking again",
+                        self.ctx.task_index, self.stash[0]["step"], time.monotonic() - self._asked_at)
+            self._ask_for_params()
 
     async def execute(self, tup):
         if tup.source == "data":
