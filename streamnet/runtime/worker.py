@@ -21,8 +21,7 @@ from .cluster_state import RUNNING, ClusterState
 from .component import Tuple
 from .compute import ComputePool
 from .coordinator import BadVersionError, ConnectionLostError, CoordinatorError, NodeExistsError
-from .executor import FencedError
-from .executor import BoltExecutor, SpoutExecutor
+from .executor import BoltExecutor, FencedError, SpoutExecutor, root_task
 from .metrics import prometheus
 from .scheduler_service import SchedulerService
 from .topology_runtime import TopologyRuntime
@@ -295,7 +294,8 @@ class Worker:
             rt.park(msg)     # ours in the assignment being applied, not started yet
             return
         if peer is None or peer == self.id or peer not in rt.addresses:
-            rt.dropped += 1  # assignment in flux: replay will resend
+            rt.dropped += 1  # assignment in flux
+            await self._fail_roots(rt, msg)
             return
         q = self.link(peer, rt.addresses[peer]).queue
         if not q.full():
@@ -349,6 +349,8 @@ class Worker:
                 rt.park(msg)   # the sender applied a newer assignment than we have: hold it until we do
                 return
             self.dropped += 1  # not ours (any more): the sender's view is stale
+            if rt is not None:
+                await self._fail_roots(rt, msg)
             return
         if msg[0] == "t" and sender is not None and self._stale(rt, msg, sender):
             return
@@ -365,6 +367,18 @@ class Worker:
                 rt.park(msg)
             else:
                 rt.dropped += 1
+                await self._fail_roots(rt, msg)
+
+    async def _fail_roots(self, rt: TopologyRuntime, msg: list) -> None:
+        """A tuple that cannot reach its task (sent on a view of the assignment older
+        than ours, while the task moved) fails its trees: their spouts replay them now,
+        not after message_timeout_s. By then every worker routes by the new assignment."""
+        if msg[0] != "t" or len(msg) < 7:
+            return
+        for root, _ in msg[6]:
+            task = root_task(root)
+            if rt.executors.get(task) is not None or rt.task_worker.get(task) not in (None, self.id):
+                await self.deliver(rt, task, ["f", rt.name, task, root])
 
     def _stale(self, rt: TopologyRuntime, msg: list, sender: str) -> bool:
         """Fencing: a tuple from a task instance that an assignment at least as new as the
