@@ -12,12 +12,11 @@ use the frame codec so they may carry arrays.
 from __future__ import annotations
 
 import json
-import time
 from typing import Callable
 
 from . import codec
 from .coordinator import (BadVersionError, ConnectionLostError, Coordinator, NoNodeError, NodeExistsError,
-                          SessionClosedError)
+                          retry_while_lost)
 from ..errors import StreamnetError
 
 
@@ -33,25 +32,9 @@ class UnknownTopologyError(StreamnetError):
 RUNNING = ("active", "stopping")
 
 
-#: how long an idempotent write is sent again while the coordinator connection is lost
+#: how long an idempotent write (a done mark, a result) is sent again while the
+#: coordinator connection is lost: it must not be lost to a blip
 RESEND_S = 30.0
-
-
-def _resend(write):
-    """An idempotent write, sent again while the connection is lost (a ZooKeeper server
-    went away and the client is moving to another): a done mark or a result must not be
-    lost to a blip. Up to RESEND_S; a closed session is not waited on."""
-    deadline, delay = time.monotonic() + RESEND_S, 0.05
-    while True:
-        try:
-            return write()
-        except SessionClosedError:
-            raise
-        except ConnectionLostError:
-            if time.monotonic() + delay > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
 
 
 def _j(obj) -> bytes:
@@ -244,7 +227,7 @@ class ClusterState:
                 self.coord.create(self.path("topologies", name, "done", str(task)), b"")
             except NodeExistsError:
                 pass
-        _resend(create)
+        retry_while_lost(create, RESEND_S)
 
     def done_tasks(self, name: str) -> set[int]:
         try:
@@ -266,7 +249,7 @@ class ClusterState:
 
     def publish_result(self, name: str, key: str, value) -> None:
         data = codec.encode_bytes(value)
-        _resend(lambda: self.coord.put(self.path("topologies", name, "results", key), data))
+        retry_while_lost(lambda: self.coord.put(self.path("topologies", name, "results", key), data), RESEND_S)
 
     def results(self, name: str) -> dict:
         out = {}

@@ -8,7 +8,7 @@ from typing import Callable
 
 from ..errors import StreamnetError
 from .cluster_state import RUNNING, ClusterState
-from .coordinator import ConnectionLostError, SessionClosedError
+from .coordinator import ConnectionLostError, SessionClosedError, retry_while_lost
 from .topology import Topology
 
 log = logging.getLogger(__name__)
@@ -50,8 +50,15 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.01):
 
 
 def retrying(fn: Callable[[], object], timeout: float, what: str):
-    """fn(), asked again while the coordinator connection is lost (for idempotent calls)."""
-    return wait_for(lambda: (fn(),), timeout, what, interval=0.1)[0]
+    """fn(), asked again while the coordinator connection is lost (for idempotent calls);
+    ClusterTimeout if it does not come back within timeout s."""
+    try:
+        return retry_while_lost(fn, timeout)
+    except SessionClosedError:
+        raise
+    except ConnectionLostError as e:
+        raise ClusterTimeout(f"timed out after {timeout:.1f} s waiting for {what} "
+                             f"(coordinator unreachable: {e})") from None
 
 
 def spout_tasks(topology: Topology) -> set[int]:
@@ -104,9 +111,8 @@ def request_stop(state: ClusterState, name: str) -> bool:
 def drain_topology(state: ClusterState, name: str, timeout: float) -> dict:
     """Ask the spouts to stop cleanly (Spout.drain), wait until they report done, then
     kill the topology and return its results."""
-    retrying(lambda: state.topology(name), timeout, f"topology {name!r}")  # UnknownTopologyError if not there
     request_stop(state, name)
-    wait_done(state, name, timeout)
+    wait_done(state, name, timeout)    # UnknownTopologyError if it is not there
     return kill_topology(state, name, timeout)
 
 

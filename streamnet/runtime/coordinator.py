@@ -17,6 +17,7 @@ import logging
 import posixpath
 import queue
 import threading
+import time
 from abc import ABC, abstractmethod
 from typing import Callable
 
@@ -54,6 +55,24 @@ class ConnectionLostError(CoordinatorError):
 
 class SessionClosedError(ConnectionLostError):
     """This client closed its session: nothing will come back."""
+
+
+def retry_while_lost(fn: Callable[[], object], timeout: float):
+    """fn(), called again while the connection is lost (the client is reconnecting,
+    say to another server of the ensemble), for up to `timeout` s; then the last
+    ConnectionLostError propagates. A closed session is not waited on. Only for calls
+    that may safely run twice: reads, and writes whose repeat changes nothing."""
+    deadline, delay = time.monotonic() + timeout, 0.05
+    while True:
+        try:
+            return fn()
+        except SessionClosedError:
+            raise
+        except ConnectionLostError:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
 class Coordinator(ABC):
