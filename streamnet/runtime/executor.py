@@ -353,8 +353,8 @@ class BoltExecutor(Executor):
     async def abandon(self) -> None:
         """This instance was fenced: nothing it emitted leaves, and every tuple it took
         and did not ack (held by its bolt, or the one it was on) is failed, so its spout
-        replays it now rather than at the message timeout. Queued tuples stay for
-        take_queue (a successor here) or fail_queue (the task went elsewhere)."""
+        replays it now rather than at the message timeout. Queued tuples are left to
+        TopologyRuntime.hand_over_queue."""
         self.out.clear()
         for tup in list(self.holding.values()):
             self.fail(tup)
@@ -369,9 +369,9 @@ class BoltExecutor(Executor):
                 out.append(tup)
         return out
 
-    async def fail_queue(self) -> int:
+    async def fail_queue(self) -> list:
         queued = self.take_queue()
         for tup in queued:
             self.fail(tup)
         await self.flush()
-        return len(queued)
+        return queued

@@ -89,10 +89,10 @@ class TopologyRuntime:
             assignment, _ = await asyncio.to_thread(self.worker.state.assignment, self.name)
         except Exception as e:  # noqa: BLE001 - coordinator away: the next assignment event decides
             log.warning("%s: cannot check where task %d belongs: %s", self.name, old.task, e)
-            await self._fail_queue(old)
+            await self.hand_over_queue(old)
             return
         if (assignment or {}).get("tasks", {}).get(str(old.task)) != self.worker.id:
-            await self._fail_queue(old)     # it runs elsewhere: what waited here is replayed
+            await self.hand_over_queue(old)     # it runs elsewhere: what waited here is replayed
             return
         async with self.lock:
             if self.executors.get(old.task) is not old:
@@ -102,31 +102,26 @@ class TopologyRuntime:
             ex = self._make_executor(old.task)
             await self.worker.claim_state(self.name, f"{ex.cid}.{ex.ctx.task_index}", ex)
             self.executors[old.task] = ex
-            if isinstance(old, BoltExecutor):
-                queued = old.take_queue()
-                for tup in queued:
-                    ex.inbound.put_nowait(tup)
-                if queued:
-                    log.info("%s: task %d: %d queued tuple(s) handed to the new instance",
-                             self.name, old.task, len(queued))
+            await self.hand_over_queue(old)
             ex.start()
 
-    async def late_for_fenced(self, old) -> None:
-        """Tuples that reached a fenced instance's queue after it was handed over: to
-        its successor here, or failed for replay."""
+    async def hand_over_queue(self, old) -> None:
+        """The tuples queued for a fenced bolt instance (also those that reach its queue
+        later) go to its successor on this worker, or are failed so their spouts replay them."""
+        if not isinstance(old, BoltExecutor):
+            return
         new = self.executors.get(old.task)
         if isinstance(new, BoltExecutor) and new is not old:
-            for tup in old.take_queue():
+            queued = old.take_queue()
+            for tup in queued:
                 await new.inbound.put(tup)
+            what = "handed to the new instance"
         else:
-            await old.fail_queue()
-
-    async def _fail_queue(self, old) -> None:
-        if isinstance(old, BoltExecutor):
-            n = await old.fail_queue()
-            if n:
-                log.info("%s: task %d: %d tuple(s) queued for the fenced instance failed for replay",
-                         self.name, old.task, n)
+            queued = await old.fail_queue()
+            what = "failed for replay"
+        if queued:
+            log.info("%s: task %d: %d tuple(s) queued for the fenced instance %s", self.name, old.task,
+                     len(queued), what)
 
     def _build_routes(self, local: set[int]) -> None:
         routes: dict[tuple[str, str], list] = {}

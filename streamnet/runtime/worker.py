@@ -332,7 +332,7 @@ class Worker:
             else:
                 ex.inbound.put_nowait(tup)
             if ex.queue_taken:   # a fenced instance whose queue was already dealt with
-                await rt.late_for_fenced(ex)
+                await rt.hand_over_queue(ex)
         elif kind == "a" and isinstance(ex, SpoutExecutor):
             ex.on_ack(msg[3], msg[4])
         elif kind == "f" and isinstance(ex, SpoutExecutor):

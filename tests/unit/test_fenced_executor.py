@@ -17,7 +17,7 @@ class FakeRuntime:
     async def deliver(self, target, msg):
         self.sent.append((target, msg))
 
-    late_for_fenced = TopologyRuntime.late_for_fenced
+    hand_over_queue = TopologyRuntime.hand_over_queue
 
 
 def _bolt(rt, task=3):
@@ -57,11 +57,11 @@ def test_tuples_late_for_a_fenced_instance_go_to_its_successor_or_are_failed():
         moved = old.take_queue()                           # the restart hands the queue over
         assert [t.values for t in moved] == [[10]] and old.queue_taken
         old.inbound.put_nowait(_tup(0, 11))                # a delivery that waited for room
-        await rt.late_for_fenced(old)
+        await rt.hand_over_queue(old)
         assert new.inbound.get_nowait().values == [11] and old.inbound.empty()
         rt.executors[3] = old                              # no successor here: replay instead
         old.inbound.put_nowait(_tup(0, 12))
-        await rt.late_for_fenced(old)
+        await rt.hand_over_queue(old)
         return rt, old
     rt, old = asyncio.run(go())
     assert _failed_roots(rt) == [12] and old.inbound.empty()
