@@ -103,8 +103,8 @@ class Cluster:
                               capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
     def state(self):
-        from streamnet.runtime.cluster_state import ClusterState
-        from streamnet.runtime.zk import ZkCoordinator
+        from streamnet.runtime.control.cluster_state import ClusterState
+        from streamnet.runtime.control.zk import ZkCoordinator
         with open(self.secret_file, "rb") as f:
             coord = ZkCoordinator(self.zk_hosts, f.read().strip(), session_timeout=SESSION_TIMEOUT)
         return ClusterState(coord, self.name)

@@ -41,8 +41,8 @@ def read_secret(path: str | None) -> bytes:
 
 def connect(a: argparse.Namespace):
     """(coordinator, ClusterState) for the options; clear errors for the usual faults."""
-    from ..runtime.cluster_state import ClusterState
-    from ..runtime.zk import ZkCoordinator
+    from ..runtime.control.cluster_state import ClusterState
+    from ..runtime.control.zk import ZkCoordinator
     if not a.zk:
         raise StreamnetError("no ZooKeeper ensemble given: pass --zk HOST:PORT (or set STREAMNET_ZK)")
     secret = read_secret(a.secret_file)

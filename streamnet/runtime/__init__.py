@@ -1,20 +1,24 @@
 """The stream engine: topologies, codec, transport, worker, acking, coordination.
 
 It knows nothing of neural networks: a word count runs on it as well as training.
+
+What both planes share lives here (topology.py, component.py, codec.py,
+messages.py, assignment.py, the worker shell worker.py, local.py); the data
+plane in dataplane/, the control plane in control/.
 """
-from .cluster_state import ClusterState
 from .codec import CodecError, Limits
 from .component import BasicBolt, Bolt, Context, Spout, Tuple
-from .coordinator import (BadVersionError, Coordinator, CoordinatorError, InProcessServer, NoNodeError,
-                          NodeExistsError)
-from .control import ClusterTimeout, kill_topology, wait_done, wait_for
-from .executor import FencedError
+from .control.client import ClusterTimeout, kill_topology, wait_done, wait_for
+from .control.cluster_state import ClusterState
+from .control.coordinator import BadVersionError, Coordinator, CoordinatorError, NoNodeError, NodeExistsError
+from .control.inprocess import InProcessServer
+from .control.placement import assign
+from .dataplane.fencing import FencedError
 from .local import LocalCluster
-from .scheduler import assign
 from .topology import Topology, TopologyBuilder, TopologyError
 from .worker import Worker
 
 __all__ = ["ClusterState", "CodecError", "Limits", "BasicBolt", "Bolt", "Context", "Spout", "Tuple",
            "BadVersionError", "Coordinator", "CoordinatorError", "InProcessServer", "NoNodeError",
-           "NodeExistsError", "FencedError", "LocalCluster", "wait_for", "wait_done", "kill_topology", "ClusterTimeout", "assign", "Topology", "TopologyBuilder",
-           "TopologyError", "Worker"]
+           "NodeExistsError", "FencedError", "LocalCluster", "wait_for", "wait_done", "kill_topology",
+           "ClusterTimeout", "assign", "Topology", "TopologyBuilder", "TopologyError", "Worker"]

@@ -20,9 +20,9 @@ import threading
 import urllib.request
 
 from ..errors import StreamnetError
-from .cluster_state import ClusterState
-from .control import kill_topology, wait_done, wait_for
-from .coordinator import InProcessServer
+from .control.cluster_state import ClusterState
+from .control.client import kill_topology, wait_done, wait_for
+from .control.inprocess import InProcessServer
 from .topology import Topology
 from .worker import Worker
 

@@ -17,15 +17,16 @@ import aiohttp
 from aiohttp import web
 
 from . import codec
-from .cluster_state import RUNNING, ClusterState
+from .control.cluster_state import RUNNING, ClusterState
 from .component import Tuple
-from .compute import ComputePool
-from .coordinator import BadVersionError, ConnectionLostError, CoordinatorError, NodeExistsError
-from .executor import BoltExecutor, FencedError, SpoutExecutor, root_task
-from .metrics import prometheus
-from .scheduler_service import SchedulerService
-from .topology_runtime import TopologyRuntime
-from .transport import Auth, PeerLink, StreamServer
+from .dataplane.compute import ComputePool
+from .control.coordinator import BadVersionError, ConnectionLostError, CoordinatorError, NodeExistsError
+from .dataplane.executor import BoltExecutor, SpoutExecutor, root_task
+from .dataplane.fencing import FencedError
+from .prometheus import prometheus
+from .control.scheduler import SchedulerService
+from .dataplane.topology_runtime import TopologyRuntime
+from .dataplane.transport import Auth, PeerLink, StreamServer
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ class Worker:
         """Ask every topology with tasks here to stop cleanly (Spout.drain: training ends
         with a checkpoint round) and wait until their spouts are done, at most `timeout`
         seconds. Returns the names of those that did not finish in time."""
-        from .control import request_stop, spout_tasks
+        from .control.client import request_stop, spout_tasks
         names = list(self.runtimes)
         spouts = {name: spout_tasks(self.runtimes[name].topology) for name in names}
 

@@ -10,7 +10,7 @@ import pytest
 from streamnet.examples import flood, tensor_pipe, wordcount
 from streamnet.runtime import LocalCluster, wait_for
 from streamnet.runtime.codec import ARRAY_EXT, MAGIC, PREFIX
-from streamnet.runtime.transport import Auth
+from streamnet.runtime.dataplane.transport import Auth
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

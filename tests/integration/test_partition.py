@@ -39,8 +39,8 @@ def netns_cluster(tmp_path):
     def sh(*args):
         return subprocess.run([SCRIPT, *args], check=True, capture_output=True, text=True, env=env, timeout=120)
     sh("up", "3")
-    from streamnet.runtime.cluster_state import ClusterState
-    from streamnet.runtime.zk import ZkCoordinator
+    from streamnet.runtime.control.cluster_state import ClusterState
+    from streamnet.runtime.control.zk import ZkCoordinator
     secret = (tmp_path / "netns" / "secret").read_bytes().strip()
     state = ClusterState(ZkCoordinator("10.77.0.1:2281", secret, session_timeout=10), "netns")
     try:

@@ -6,7 +6,7 @@ import pytest
 
 from streamnet.examples import wordcount
 from streamnet.runtime import wait_for
-from streamnet.runtime.zk import ZkCoordinator
+from streamnet.runtime.control.zk import ZkCoordinator
 
 from streamnet.testing import SESSION_TIMEOUT, ZooKeeper, finish, running_cluster, zookeeper_installed
 

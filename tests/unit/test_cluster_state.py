@@ -1,8 +1,9 @@
 """ClusterState over a coordinator whose connection drops with a write in flight."""
 import pytest
 
-from streamnet.runtime.cluster_state import ClusterState
-from streamnet.runtime.coordinator import BadVersionError, ConnectionLostError, InProcessServer, NodeExistsError
+from streamnet.runtime.control.cluster_state import ClusterState
+from streamnet.runtime.control.coordinator import BadVersionError, ConnectionLostError, NodeExistsError
+from streamnet.runtime.control.inprocess import InProcessServer
 
 
 class DroppingCoordinator:

@@ -1,7 +1,7 @@
 import threading
 
-from streamnet.runtime.compute import ComputePool
-from streamnet.runtime.local import wait_for
+from streamnet.runtime.dataplane.compute import ComputePool
+from streamnet.runtime import wait_for
 
 
 def test_pool_runs_jobs_and_resizes():

@@ -2,9 +2,10 @@ import threading
 
 import pytest
 
-from streamnet.runtime.coordinator import (BadVersionError, InProcessServer, NoNodeError, NodeExistsError,
-                                           NotEmptyError)
-from streamnet.runtime.local import wait_for
+from streamnet.runtime.control.inprocess import InProcessServer
+from streamnet.runtime.control.coordinator import (BadVersionError, NoNodeError, NodeExistsError,
+                                                   NotEmptyError)
+from streamnet.runtime import wait_for
 
 
 @pytest.fixture

@@ -2,8 +2,8 @@
 import asyncio
 
 from streamnet.runtime.component import Tuple
-from streamnet.runtime.executor import ROOT_BITS, BoltExecutor
-from streamnet.runtime.topology_runtime import TopologyRuntime
+from streamnet.runtime.dataplane.executor import ROOT_BITS, BoltExecutor
+from streamnet.runtime.dataplane.topology_runtime import TopologyRuntime
 
 
 class FakeRuntime:

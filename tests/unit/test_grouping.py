@@ -2,7 +2,7 @@ from collections import Counter
 
 import pytest
 
-from streamnet.runtime.grouping import make_chooser, stable_hash
+from streamnet.runtime.dataplane.grouping import make_chooser, stable_hash
 from streamnet.runtime.topology import TopologyError
 
 TARGETS = [4, 5, 6, 7]

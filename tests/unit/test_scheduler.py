@@ -1,7 +1,7 @@
 import pytest
 
 from streamnet.examples import wordcount
-from streamnet.runtime.scheduler import NoWorkersError, assign, moved_tasks
+from streamnet.runtime.control.placement import NoWorkersError, assign, moved_tasks
 
 
 def workers(**threads):

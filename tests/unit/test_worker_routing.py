@@ -3,7 +3,7 @@ trees, so the spout replays them at once (not after the message timeout)."""
 import asyncio
 from types import SimpleNamespace
 
-from streamnet.runtime.executor import ROOT_BITS
+from streamnet.runtime.dataplane.executor import ROOT_BITS
 from streamnet.runtime.worker import Worker
 
 

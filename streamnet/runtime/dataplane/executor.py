@@ -21,15 +21,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .component import Bolt, BoltCollector, Context, Spout, SpoutCollector, Tuple
+from ..component import Bolt, BoltCollector, Context, Spout, SpoutCollector, Tuple
+from .fencing import FencedError
 
 log = logging.getLogger(__name__)
 STOP = object()
 ROOT_BITS = 48
-
-
-class FencedError(Exception):
-    """This task instance was superseded by another (its state was claimed since)."""
 
 
 def root_task(root: int) -> int:

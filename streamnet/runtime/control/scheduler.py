@@ -3,11 +3,10 @@
 Every worker runs one; only the leader acts. It keeps no state of its own:
 each pass reads workers, topologies, assignments and rebalance requests from
 the coordinator, computes the placement with the pure functions of
-scheduler.py, and writes what changed with compare-and-set - so a new leader
+placement.py, and writes what changed with compare-and-set - so a new leader
 continues exactly where the old one stopped.
 
-Election: each candidate holds an ephemeral sequential node under leader/; the
-lowest one leads. When it vanishes (its session ended) the next one takes over.
+Election and the liveness probe: election.py.
 """
 from __future__ import annotations
 
@@ -17,71 +16,11 @@ import time
 
 from .cluster_state import RUNNING, ClusterState
 from .coordinator import BadVersionError, CoordinatorError, NoNodeError
-from .scheduler import NoWorkersError, assign, moved_tasks
-from .topology import Topology
+from .election import Election, probe
+from .placement import NoWorkersError, assign, moved_tasks
+from ..topology import Topology
 
 log = logging.getLogger(__name__)
-
-
-class Election:
-    def __init__(self, state: ClusterState, candidate: str, on_change):
-        self.state, self.candidate, self.on_change = state, candidate, on_change
-        self.node: str | None = None
-        self.leader: str | None = None
-        self._cancel = None
-
-    def join(self) -> None:
-        self.node = self.state.coord.create(self.state.path("leader", "n-"), self.candidate.encode(),
-                                            ephemeral=True, sequence=True)
-        if self._cancel is None:
-            self._cancel = self.state.coord.watch_children(self.state.path("leader"), self._children)
-
-    def _children(self, kids: list[str]) -> None:
-        leader = None
-        if kids:
-            try:
-                leader = self.state.coord.get(self.state.path("leader", min(kids)))[0].decode()
-            except CoordinatorError:
-                leader = None
-        self.leader = leader
-        self.on_change(self.is_leader)
-
-    @property
-    def is_leader(self) -> bool:
-        return self.node is not None and self.leader == self.candidate and \
-            self.node.rsplit("/", 1)[-1] == min(self._kids() or [""])
-
-    def _kids(self) -> list[str]:
-        try:
-            return self.state.coord.children(self.state.path("leader"))
-        except CoordinatorError:
-            return []
-
-    def leave(self) -> None:
-        if self._cancel:
-            self._cancel()
-        if self.node:
-            try:
-                self.state.coord.delete(self.node)
-            except CoordinatorError:
-                pass
-            self.node = None
-
-
-PROBE_TIMEOUT_S = 2.0
-
-
-def probe(info: dict, timeout: float = PROBE_TIMEOUT_S) -> str | None:
-    """None if the worker answers on its address; else why not."""
-    import urllib.error
-    import urllib.request
-    try:
-        with urllib.request.urlopen(f"http://{info['host']}:{info['port']}/hello", timeout=timeout):
-            return None
-    except urllib.error.HTTPError:
-        return None          # it answered
-    except (OSError, ValueError, KeyError) as e:
-        return f"{type(e).__name__}: {getattr(e, 'reason', e)}"
 
 
 class SchedulerService:

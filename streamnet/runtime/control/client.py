@@ -6,10 +6,10 @@ import logging
 import time
 from typing import Callable
 
-from ..errors import StreamnetError
+from ...errors import StreamnetError
 from .cluster_state import RUNNING, ClusterState
 from .coordinator import ConnectionLostError, SessionClosedError, retry_while_lost
-from .topology import Topology
+from ..topology import Topology
 
 log = logging.getLogger(__name__)
 

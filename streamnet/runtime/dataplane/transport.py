@@ -26,7 +26,7 @@ import aiohttp
 import numpy as np
 from aiohttp import web
 
-from . import codec
+from .. import codec
 
 log = logging.getLogger(__name__)
 

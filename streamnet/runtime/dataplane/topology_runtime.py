@@ -10,10 +10,10 @@ import asyncio
 import logging
 import zlib
 
-from .component import Context
+from ..component import Context
 from .executor import STOP, BoltExecutor, SpoutExecutor
 from .grouping import make_chooser
-from .topology import Topology, TopologyError, declared_outputs, resolve
+from ..topology import Topology, TopologyError, declared_outputs, resolve
 
 log = logging.getLogger(__name__)
 

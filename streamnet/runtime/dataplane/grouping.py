@@ -13,7 +13,7 @@ from typing import Callable
 
 import msgpack
 
-from .topology import TopologyError, resolve
+from ..topology import TopologyError, resolve
 
 Chooser = Callable[[list, int | None], list[int]]
 

@@ -1,15 +1,7 @@
-"""The Coordinator interface: a small ZooKeeper-shaped store, and its in-process twin.
-
-Both implementations offer the same primitives - nodes with data and versions,
-ephemeral nodes that vanish with their session, sequential names, versioned
-compare-and-set writes, persistent watches - so everything above (membership,
-election, assignments, the scheduler) is written once. The ZooKeeper one lives
-in `zk.py`; this in-process one serves the embedded local cluster, as Storm's
-LocalCluster and Flink's embedded HA services do.
-
-Watch callbacks run on a coordinator-owned thread, never under a lock and never
-on the caller's event loop: receivers hand them to their loop themselves.
-"""
+"""The in-process coordinator: the Coordinator interface over a dict tree guarded by
+one lock, for the embedded local cluster (as Storm's LocalCluster and Flink's
+embedded HA services do). Sessions never expire; closing one removes its
+ephemeral nodes. Watch callbacks run on one dispatcher thread, in order."""
 from __future__ import annotations
 
 import itertools
@@ -17,121 +9,12 @@ import logging
 import posixpath
 import queue
 import threading
-import time
-from abc import ABC, abstractmethod
 from typing import Callable
 
-from ..errors import StreamnetError
+from .coordinator import (BadVersionError, Coordinator, CoordinatorError, NoNodeError,
+                          NodeExistsError, NotEmptyError, SessionClosedError)
 
 log = logging.getLogger(__name__)
-
-DataCallback = Callable[[bytes | None, int], None]        # (data or None if gone, version)
-ChildrenCallback = Callable[[list[str]], None]
-
-
-class CoordinatorError(StreamnetError):
-    pass
-
-
-class NoNodeError(CoordinatorError):
-    pass
-
-
-class NodeExistsError(CoordinatorError):
-    pass
-
-
-class BadVersionError(CoordinatorError):
-    """A compare-and-set write lost: someone else wrote first."""
-
-
-class NotEmptyError(CoordinatorError):
-    pass
-
-
-class ConnectionLostError(CoordinatorError):
-    """The connection dropped; the client reconnects (a ZooKeeper server went away)."""
-
-
-class SessionClosedError(ConnectionLostError):
-    """This client closed its session: nothing will come back."""
-
-
-def retry_while_lost(fn: Callable[[], object], timeout: float):
-    """fn(), called again while the connection is lost (the client is reconnecting,
-    say to another server of the ensemble), for up to `timeout` s; then the last
-    ConnectionLostError propagates. A closed session is not waited on. Only for calls
-    that may safely run twice: reads, and writes whose repeat changes nothing."""
-    deadline, delay = time.monotonic() + timeout, 0.05
-    while True:
-        try:
-            return fn()
-        except SessionClosedError:
-            raise
-        except ConnectionLostError:
-            if time.monotonic() + delay > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
-
-
-class Coordinator(ABC):
-    """One client session. Closing it removes its ephemeral nodes."""
-
-    @abstractmethod
-    def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False,
-               sequence: bool = False, makepath: bool = True) -> str: ...
-
-    @abstractmethod
-    def get(self, path: str) -> tuple[bytes, int]: ...
-
-    @abstractmethod
-    def set(self, path: str, data: bytes, version: int = -1) -> int: ...
-
-    @abstractmethod
-    def delete(self, path: str, version: int = -1, recursive: bool = False) -> None: ...
-
-    @abstractmethod
-    def exists(self, path: str) -> int | None: ...
-
-    @abstractmethod
-    def children(self, path: str) -> list[str]: ...
-
-    @abstractmethod
-    def watch_data(self, path: str, callback: DataCallback) -> Callable[[], None]:
-        """Call back now and after every change of path's data (None when deleted).
-        Returns a function that cancels the watch."""
-
-    @abstractmethod
-    def watch_children(self, path: str, callback: ChildrenCallback) -> Callable[[], None]:
-        """Call back now and after every change of path's children."""
-
-    @abstractmethod
-    def close(self) -> None: ...
-
-    def on_session_restart(self, callback: Callable[[], None]) -> None:
-        """Register a callback for when a new session replaces an expired one (its
-        ephemeral nodes are gone: re-create them). In-process sessions never expire."""
-
-    def ensure_shared(self, path: str) -> None:
-        """Make a node that several clusters (with different secrets) share: anyone
-        may list it, create a cluster under it, and remove an empty one."""
-        self.ensure(path)
-
-    # -- helpers shared by both implementations ------------------------------
-    def ensure(self, path: str) -> None:
-        try:
-            self.create(path, b"", makepath=True)
-        except NodeExistsError:
-            pass
-
-    def put(self, path: str, data: bytes) -> int:
-        """Create or overwrite."""
-        try:
-            self.create(path, data, makepath=True)
-            return 0
-        except NodeExistsError:
-            return self.set(path, data)
 
 
 class _Node:

@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 from typing import Callable
 
-from . import codec
+from .. import codec
 from .coordinator import (BadVersionError, ConnectionLostError, Coordinator, NoNodeError, NodeExistsError,
                           retry_while_lost)
-from ..errors import StreamnetError
+from ...errors import StreamnetError
 
 
 class TopologyExistsError(StreamnetError):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from ..errors import StreamnetError
-from .topology import Topology
+from ...errors import StreamnetError
+from ..topology import Topology
 
 
 class NoWorkersError(StreamnetError):

@@ -1,0 +1,11 @@
+"""The data plane: moves tuples between tasks and never blocks on the coordinator.
+
+transport.py        authenticated long-lived streams between workers
+grouping.py         Storm's groupings: which task(s) of a bolt get a tuple
+compute.py          the worker's resizable pool of compute threads
+executor.py         the loop around one spout or bolt instance
+acker.py            the XOR ledger of a spout's tuple trees, and their expiry
+routing.py          pure: an inbound message and a view of the assignment -> what to do with it
+fencing.py          task instances own their state by version; a superseded one stops
+topology_runtime.py one topology's share of one worker
+"""
