@@ -1,50 +1,85 @@
 """Train-step throughput: streamnet's numba kernels against PyTorch, same network,
 weights, batch and thread count, measured in paired alternating blocks in one
-process. Also achieved GFLOP/s against a single-precision matmul peak measured
-in the same run.
+process, plus a per-layer table and the 2-thread / 1-thread step speed-up.
 
-    python perf/kernels.py [--quick] [--threads 1] [--models lenet5,alexnet64]
+    python perf/kernels.py [--quick] [--parts layers,steps,threads] [--pairs 15]
 
-Writes perf/results/kernels.json and perf/results/kernels.png.
+Method (a shared 2-core machine, so every figure is a ratio of paired blocks):
+- 1-thread figures run with this process pinned to one core (sched_setaffinity),
+  BLAS and torch at one thread; each pair times a block of streamnet and a block
+  of PyTorch back to back, alternating which goes first; the report is the median
+  and interquartile range of the per-pair ratio (> 1: streamnet is faster).
+- The per-layer table times each layer's forward and backward the same way for
+  both: the layer alone, on the activations the network really feeds it.
+- The matmul peak (1024^3 sgemm, one core) is measured in the same run.
+- The thread figure pairs `ParallelStep(threads=2)` against one thread on the same
+  batch, both cores allowed; the load average is recorded with every figure.
+
+Writes perf/results/kernels.json and perf/results/kernels.png (the per-layer table).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import machine, median, pin_blas_threads, png_path, write_json  # noqa: E402
 
+STEP_CASES = [("lenet5", 32), ("lenet5", 64), ("alexnet64", 32), ("alexnet64", 64), ("alexnet224", 16)]
+LAYER_CASES = [("lenet5", 64), ("alexnet64", 32)]
+THREAD_CASES = [("lenet5", 64), ("alexnet64", 64)]
+
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="fewer, shorter blocks (under a minute)")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--models", default="lenet5,alexnet64")
-    p.add_argument("--blocks", type=int, help="paired blocks per model")
+    p.add_argument("--quick", action="store_true", help="fewer, shorter blocks (a smoke run)")
+    p.add_argument("--parts", default="layers,steps,threads")
+    p.add_argument("--models", help="only these networks (comma-separated), e.g. lenet5")
+    p.add_argument("--pairs", type=int, help="paired blocks per figure (default 15)")
     p.add_argument("--block-seconds", type=float, help="target length of one block")
+    p.add_argument("--core", type=int, default=1, help="core for 1-thread figures")
     return p.parse_args()
 
 
-def train_flops(spec: dict) -> float:
-    """Multiply-adds of one sample's forward pass x 2 FLOPs x 3 (forward, dx, dw)."""
+def build(name: str):
+    from streamnet import nn
+    if name == "lenet5":
+        return nn.lenet5(seed=0)
+    return nn.alexnet(int(name[len("alexnet"):]), dropout=0.0, seed=0)
+
+
+def batch_for(model, batch: int):
+    import numpy as np
+    rng = np.random.default_rng(0)
+    size = model.input_shape[1]
+    return rng.standard_normal((batch, 1, size, size)).astype(np.float32), rng.integers(0, 10, batch)
+
+
+def layer_macs(spec: dict) -> list[float]:
+    """Multiply-adds of each layer's forward pass, per sample."""
     c, h, w = spec["input_shape"]
-    macs = 0
+    out = []
     for layer in spec["layers"]:
-        t = layer["type"]
+        t, macs = layer["type"], 0.0
         if t == "conv2d":
             k, s, p = layer["kernel"], layer["stride"], layer["padding"]
             h, w = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
-            c_out = layer["out_channels"]
-            macs += c_out * c * k * k * h * w
-            c = c_out
+            macs = layer["out_channels"] * c * k * k * h * w
+            c = layer["out_channels"]
         elif t in ("maxpool", "avgpool"):
             h, w = (h - layer["kernel"]) // layer["stride"] + 1, (w - layer["kernel"]) // layer["stride"] + 1
         elif t == "dense":
-            macs += layer["in_features"] * layer["out_features"]
-    return 6.0 * macs
+            macs = layer["in_features"] * layer["out_features"]
+        out.append(float(macs))
+    return out
+
+
+def train_flops(spec: dict) -> float:
+    """Forward multiply-adds x 2 FLOPs x 3 (forward, dx, dw) per sample."""
+    return 6.0 * sum(layer_macs(spec))
 
 
 def matmul_peak(seconds: float) -> float:
@@ -60,96 +95,249 @@ def matmul_peak(seconds: float) -> float:
     return best
 
 
-def main() -> int:
-    a = parse()
-    pin_blas_threads(a.threads)
+def load() -> float:
+    return os.getloadavg()[0]
+
+
+def spread(xs: list[float]) -> dict:
+    q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0]] * 3
+    return {"median": statistics.median(xs), "q1": q[0], "q3": q[2], "n": len(xs)}
+
+
+def paired(a, b, pairs: int) -> tuple[list[float], list[float]]:
+    """Seconds per call of a and b, timed in alternating order, one pair per entry."""
+    ta, tb = [], []
+    for i in range(pairs):
+        if i % 2 == 0:
+            ta.append(a()); tb.append(b())
+        else:
+            tb.append(b()); ta.append(a())
+    return ta, tb
+
+
+def reps_for(fn, block_s: float) -> int:
+    t = time.perf_counter(); fn(); dt = time.perf_counter() - t
+    return max(1, int(block_s / max(dt, 1e-5)))
+
+
+def timed_block(fn, reps: int):
+    def run():
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t) / reps
+    return run
+
+
+# -- whole steps ---------------------------------------------------------------
+
+def step_pair(name: str, batch: int):
+    """(ours, theirs): one SGD step each, same weights, batch and optimiser."""
     import numpy as np
     import torch
     from streamnet import kernels as K
-    from streamnet import nn
     from streamnet.nn import reference
+    model = build(name)
+    x, y = batch_for(model, batch)
+    velocity = np.zeros_like(model.params)
+    seq = reference.torch_module(model)
+    opt = torch.optim.SGD(seq.parameters(), lr=1e-3, momentum=0.9)
+    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
 
-    torch.set_num_threads(a.threads)
-    blocks = a.blocks or (3 if a.quick else 7)
-    block_s = a.block_seconds or (1.5 if a.quick else 4.0)
-    cases = {
-        "lenet5": (lambda: nn.lenet5(seed=0), 28, 64),
-        "alexnet64": (lambda: nn.alexnet(64, dropout=0.0, seed=0), 64, 64),
-    }
-    peak = matmul_peak(1.0 if a.quick else 3.0)
-    print(f"matmul peak ({a.threads} thread{'s' if a.threads > 1 else ''}): {peak:.1f} GFLOP/s")
-    results = {"machine": machine(), "threads": a.threads, "matmul_peak_gflops": peak, "models": {}}
+    def ours():
+        _, g = model.loss_and_grad(x, y)
+        K.sgd_step(model.params, g, velocity, 1e-3, 0.9, 0.0, False)
 
-    for name in a.models.split(","):
-        build, size, batch = cases[name]
-        model = build()
-        rng = np.random.default_rng(0)
-        x = rng.standard_normal((batch, 1, size, size)).astype(np.float32)
-        y = rng.integers(0, 10, batch)
-        velocity = np.zeros_like(model.params)
-        seq = reference.torch_module(model)
-        opt = torch.optim.SGD(seq.parameters(), lr=1e-3, momentum=0.9)
-        tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+    def theirs():
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(seq(tx), ty).backward()
+        opt.step()
+    return model, ours, theirs
 
-        def ours():
-            _, g = model.loss_and_grad(x, y)
-            K.sgd_step(model.params, g, velocity, 1e-3, 0.9, 0.0, False)
 
-        def theirs():
-            opt.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(seq(tx), ty).backward()
-            opt.step()
-
-        for fn in (ours, theirs):  # warm up: numba compile / load, torch allocator
+def measure_steps(cases, pairs, block_s, peak) -> dict:
+    out = {}
+    for name, batch in cases:
+        model, ours, theirs = step_pair(name, batch)
+        for fn in (ours, theirs):  # numba compile / cache load, torch allocator
             fn(); fn()
-        t = time.perf_counter(); ours(); step_s = time.perf_counter() - t
-        steps = max(2, int(block_s / max(step_s, 1e-4)))
-
-        def block(fn):
-            t = time.perf_counter()
-            for _ in range(steps):
-                fn()
-            return steps * batch / (time.perf_counter() - t)
-
-        ours_s, theirs_s, ratios = [], [], []
-        for i in range(blocks):
-            # alternate which goes first so drift on a shared machine hits both alike
-            pair = (block(ours), block(theirs)) if i % 2 == 0 else tuple(reversed((block(theirs), block(ours))))
-            ours_s.append(pair[0]); theirs_s.append(pair[1]); ratios.append(pair[0] / pair[1])
-        flops = train_flops(model.spec())
-        r = {
-            "batch": batch, "steps_per_block": steps, "blocks": blocks,
-            "numba_samples_per_s": median(ours_s), "torch_samples_per_s": median(theirs_s),
-            "median_ratio": median(ratios), "ratios": ratios,
-            "train_gflop_per_sample": flops / 1e9,
-            "numba_gflops": median(ours_s) * flops / 1e9, "torch_gflops": median(theirs_s) * flops / 1e9,
-        }
+        reps = reps_for(ours, block_s)
+        load0 = load()
+        to, tt = paired(timed_block(ours, reps), timed_block(theirs, reps), pairs)
+        ratios = [t / o for o, t in zip(to, tt)]
+        flops = train_flops(model.spec()) * batch
+        r = {"batch": batch, "steps_per_block": reps, "pairs": pairs,
+             "numba_ms": spread([v * 1e3 for v in to]), "torch_ms": spread([v * 1e3 for v in tt]),
+             "ratio": spread(ratios), "ratios": ratios,
+             "numba_samples_per_s": batch / median(to), "torch_samples_per_s": batch / median(tt),
+             "numba_gflops": flops / median(to) / 1e9, "torch_gflops": flops / median(tt) / 1e9,
+             "load_before": load0, "load_after": load()}
         r["numba_fraction_of_peak"] = r["numba_gflops"] / peak
-        results["models"][name] = r
-        print(f"{name:10s} batch {batch}: numba {r['numba_samples_per_s']:8.1f}/s  torch "
-              f"{r['torch_samples_per_s']:8.1f}/s  ratio {r['median_ratio']:.2f}x  "
-              f"({r['numba_gflops']:.1f} GFLOP/s = {r['numba_fraction_of_peak']:.0%} of peak)")
+        r["torch_fraction_of_peak"] = r["torch_gflops"] / peak
+        out[f"{name}_b{batch}"] = r
+        s = r["ratio"]
+        print(f"step {name:10s} b{batch:<3d} numba {r['numba_ms']['median']:8.2f} ms  torch "
+              f"{r['torch_ms']['median']:8.2f} ms  ratio {s['median']:.2f}x (IQR {s['q1']:.2f}-{s['q3']:.2f})  "
+              f"{r['numba_gflops']:.1f} GFLOP/s = {r['numba_fraction_of_peak']:.0%} of peak "
+              f"(torch {r['torch_fraction_of_peak']:.0%})  load {load0:.2f}->{r['load_after']:.2f}", flush=True)
+    return out
 
+
+# -- the per-layer table ------------------------------------------------------
+
+def measure_layers(name, batch, pairs, block_s) -> list[dict]:
+    """Forward and backward of each layer alone, streamnet's against torch's, on the
+    activations the network feeds it. A layer's backward needs its forward's saved
+    state, so each timed backward follows an untimed forward (both sides)."""
+    import numpy as np
+    import torch
+    from streamnet.nn import reference
+    model = build(name)
+    x, _ = batch_for(model, batch)
+    seq = reference.torch_module(model)
+    macs = layer_macs(model.spec())
+    rows = []
+    h = model._check_input(x)
+    rng = np.random.default_rng(1)
+    for i, (layer, mod) in enumerate(zip(model.layers, seq)):
+        out = layer.forward(h, True)
+        dy = rng.standard_normal(out.shape).astype(np.float32)
+        need_dx = i > 0
+        th = torch.from_numpy(h.copy()).requires_grad_(need_dx)
+        tdy = torch.from_numpy(dy)
+        params = list(mod.parameters())
+        wrt = ([th] if need_dx else []) + params
+
+        def o_fwd(h=h, layer=layer):
+            layer.forward(h, True)
+
+        def o_bwd(h=h, layer=layer, dy=dy, need_dx=need_dx):
+            layer.forward(h, True)
+            t = time.perf_counter()
+            layer.backward(dy, need_dx)
+            return time.perf_counter() - t
+
+        def t_fwd(mod=mod, th=th):
+            with torch.set_grad_enabled(True):
+                mod(th)
+
+        def t_bwd(mod=mod, th=th, tdy=tdy, wrt=wrt):
+            o = mod(th)
+            if not wrt or not o.requires_grad:
+                return 0.0
+            t = time.perf_counter()
+            torch.autograd.grad(o, wrt, tdy)
+            return time.perf_counter() - t
+
+        def bwd_block(fn, reps):
+            def run():
+                return sum(fn() for _ in range(reps)) / reps
+            return run
+
+        for fn in (o_fwd, t_fwd, o_bwd, t_bwd):
+            fn(); fn()
+        reps = reps_for(o_fwd, block_s / 4)
+        load0 = load()
+        of, tf = paired(timed_block(o_fwd, reps), timed_block(t_fwd, reps), pairs)
+        ob, tb = paired(bwd_block(o_bwd, reps), bwd_block(t_bwd, reps), pairs)
+        row = {"layer": i, "name": layer.name or layer.type, "type": layer.type,
+               "in_shape": list(h.shape), "gflop_fwd": 2 * macs[i] * batch / 1e9,
+               "numba_fwd_ms": median(of) * 1e3, "torch_fwd_ms": median(tf) * 1e3,
+               "numba_bwd_ms": median(ob) * 1e3, "torch_bwd_ms": median(tb) * 1e3,
+               "fwd_ratio": spread([t / o for o, t in zip(of, tf) if o > 0]),
+               "bwd_ratio": spread([t / o for o, t in zip(ob, tb) if o > 0]) if median(tb) > 0 else None,
+               "load": load0}
+        rows.append(row)
+        print(f"  {name} b{batch} {i:2d} {row['name']:8s} fwd {row['numba_fwd_ms']:8.3f} vs "
+              f"{row['torch_fwd_ms']:8.3f} ms   bwd {row['numba_bwd_ms']:8.3f} vs {row['torch_bwd_ms']:8.3f} ms",
+              flush=True)
+        h = out
+    tot = {k: sum(r[k] for r in rows) for k in ("numba_fwd_ms", "torch_fwd_ms", "numba_bwd_ms", "torch_bwd_ms")}
+    print(f"  {name} b{batch} sum of layers: numba {tot['numba_fwd_ms'] + tot['numba_bwd_ms']:.2f} ms, "
+          f"torch {tot['torch_fwd_ms'] + tot['torch_bwd_ms']:.2f} ms", flush=True)
+    return rows
+
+
+# -- one step on 2 threads against 1 ---------------------------------------------
+
+def measure_threads(cases, pairs, block_s) -> dict:
+    from streamnet.nn import ParallelStep
+    out = {}
+    for name, batch in cases:
+        model = build(name)
+        x, y = batch_for(model, batch)
+        two = ParallelStep(model, threads=2)
+        one = lambda: model.loss_and_grad(x, y)  # noqa: E731
+        par = lambda: two.loss_and_grad(x, y)  # noqa: E731
+        for fn in (one, par):
+            fn(); fn()
+        reps = reps_for(one, block_s)
+        load0 = load()
+        t1, t2 = paired(timed_block(one, reps), timed_block(par, reps), pairs)
+        two.close()
+        ratios = [a / b for a, b in zip(t1, t2)]
+        r = {"batch": batch, "pairs": pairs, "one_thread_ms": spread([v * 1e3 for v in t1]),
+             "two_threads_ms": spread([v * 1e3 for v in t2]), "speedup": spread(ratios),
+             "speedups": ratios, "load_before": load0, "load_after": load()}
+        out[f"{name}_b{batch}"] = r
+        s = r["speedup"]
+        print(f"threads {name:10s} b{batch}: 1 thread {r['one_thread_ms']['median']:.2f} ms, 2 threads "
+              f"{r['two_threads_ms']['median']:.2f} ms, speed-up {s['median']:.2f}x (IQR {s['q1']:.2f}-{s['q3']:.2f})"
+              f"  load {load0:.2f}->{r['load_after']:.2f}", flush=True)
+    return out
+
+
+def plot_layers(tables: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, axes = plt.subplots(len(tables), 1, figsize=(10, 3.2 * len(tables)), squeeze=False)
+    for ax, (key, rows) in zip(axes[:, 0], tables.items()):
+        rows = [r for r in rows if r["type"] != "flatten"]
+        xs = np.arange(len(rows))
+        for off, who, col in ((-0.2, "numba", "tab:blue"), (0.2, "torch", "tab:orange")):
+            f = [r[f"{who}_fwd_ms"] for r in rows]
+            b = [r[f"{who}_bwd_ms"] for r in rows]
+            ax.bar(xs + off, f, 0.38, color=col, label=f"{who} forward")
+            ax.bar(xs + off, b, 0.38, bottom=f, color=col, alpha=0.45, label=f"{who} backward")
+        ax.set_xticks(xs, [r["name"] for r in rows], rotation=45, fontsize=8)
+        ax.set_ylabel("ms per call"); ax.set_title(f"{key}: per-layer forward + backward, 1 thread")
+        ax.legend(fontsize=7)
+    fig.tight_layout(); fig.savefig(path, dpi=100)
+
+
+def main() -> int:
+    a = parse()
+    pin_blas_threads(1)
+    import torch
+    torch.set_num_threads(1)
+    pairs = a.pairs or (5 if a.quick else 15)
+    block_s = a.block_seconds or (0.3 if a.quick else 1.0)
+    parts = set(a.parts.split(","))
+    keep = (lambda n: n in a.models.split(",")) if a.models else (lambda n: True)
+    all_cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {a.core})
+    peak = matmul_peak(1.0 if a.quick else 3.0)
+    print(f"matmul peak (1 core): {peak:.1f} GFLOP/s, load {load():.2f}", flush=True)
+    results = {"machine": machine(), "threads": 1, "pinned_core": a.core, "matmul_peak_gflops": peak,
+               "method": "median and IQR of per-pair ratios, alternating order; see perf/kernels.py"}
+    if "layers" in parts:
+        results["layers"] = {f"{n}_b{b}": measure_layers(n, b, pairs, block_s)
+                             for n, b in LAYER_CASES if keep(n)}
+    if "steps" in parts:
+        results["steps"] = measure_steps([c for c in STEP_CASES if keep(c[0])], pairs, block_s, peak)
+    if "threads" in parts:
+        os.sched_setaffinity(0, all_cores)
+        results["thread_scaling"] = measure_threads([c for c in THREAD_CASES if keep(c[0])], pairs, block_s)
     path = write_json("kernels.json", results)
     print(f"wrote {path}")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        names = list(results["models"])
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        xs = np.arange(len(names))
-        ax.bar(xs - 0.2, [results["models"][n]["numba_samples_per_s"] for n in names], 0.4, label="streamnet (numba)")
-        ax.bar(xs + 0.2, [results["models"][n]["torch_samples_per_s"] for n in names], 0.4, label="PyTorch")
-        for i, n in enumerate(names):
-            ax.annotate(f"{results['models'][n]['median_ratio']:.2f}x", (i, results["models"][n]["numba_samples_per_s"]),
-                        ha="center", va="bottom")
-        ax.set_xticks(xs, names); ax.set_yscale("log"); ax.set_ylabel("train samples/s")
-        ax.set_title(f"train step, {a.threads} thread(s)"); ax.legend()
-        fig.tight_layout(); fig.savefig(png_path("kernels.png"), dpi=100)
-        print(f"wrote {png_path('kernels.png')}")
-    except ImportError:
-        print("matplotlib not installed: no PNG (pip install -e '.[perf]')")
+    if results.get("layers"):
+        try:
+            plot_layers(results["layers"], png_path("kernels.png"))
+            print(f"wrote {png_path('kernels.png')}")
+        except ImportError:
+            print("matplotlib not installed: no PNG (pip install -e '.[perf]')")
     return 0
 
 

@@ -11,7 +11,7 @@ from .dense import dense_backward, dense_forward
 from .dropout import dropout_backward, dropout_forward, dropout_mask
 from .loss import argmax_rows, softmax_cross_entropy
 from .lrn import lrn_backward, lrn_forward
-from .optim import all_finite, sgd_step, weighted_average
+from .optim import all_finite, sgd_step, weighted_average, weighted_sum_rows
 from .pool import (avgpool_backward, avgpool_forward, maxpool_backward, maxpool_forward,
                    pool_out_size)
 

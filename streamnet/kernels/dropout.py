@@ -20,19 +20,20 @@ def _uniform(seed, i):
 
 
 @jit
-def dropout_mask(shape_size, p, seed):
-    """float32 mask: 0 where dropped, 1/(1-p) where kept."""
+def dropout_mask(shape_size, p, seed, start=0):
+    """float32 mask: 0 where dropped, 1/(1-p) where kept. Element i takes the draw
+    of index start + i, so a shard of a batch gets exactly its part of the batch's mask."""
     mask = np.empty(shape_size, dtype=np.float32)
     keep = 1.0 / (1.0 - p)
     for i in range(shape_size):
-        mask[i] = keep if _uniform(seed, i) >= p else 0.0
+        mask[i] = keep if _uniform(seed, start + i) >= p else 0.0
     return mask
 
 
 @jit
-def dropout_forward(x, p, seed):
-    """Return (out, mask)."""
-    mask = dropout_mask(x.size, p, seed).reshape(x.shape)
+def dropout_forward(x, p, seed, start=0):
+    """Return (out, mask); start as for dropout_mask."""
+    mask = dropout_mask(x.size, p, seed, start).reshape(x.shape)
     return _times(x, mask), mask
 
 

@@ -41,6 +41,19 @@ def weighted_average(out, vectors, weights):
 
 
 @jit
+def weighted_sum_rows(out, rows, weights, lo, hi):
+    """out[lo:hi] = sum_k weights[k] * rows[k, lo:hi], summed in float64 in the fixed
+    order k = 0..K-1: several threads may each reduce their own [lo, hi) of one
+    vector at once, and the result never depends on which finished first."""
+    k = rows.shape[0]
+    for i in range(lo, hi):
+        acc = 0.0
+        for j in range(k):
+            acc += weights[j] * rows[j, i]
+        out[i] = acc
+
+
+@jit
 def all_finite(x):
     for i in range(x.size):
         if not np.isfinite(x[i]):

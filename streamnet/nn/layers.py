@@ -218,12 +218,15 @@ class Dropout(Layer):
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout p must be in [0, 1), got {p}")
         self.p, self.seed, self.step = p, seed, 0
+        self.sample_offset = 0  # first sample's index in the whole batch (ParallelStep shards)
 
     def forward(self, x, train):
         if not train or self.p == 0.0:
             self._mask = None
             return x
-        out, self._mask = K.dropout_forward(x, self.p, (self.seed << 32) + self.step)
+        per_sample = x.size // max(x.shape[0], 1)
+        out, self._mask = K.dropout_forward(x, self.p, (self.seed << 32) + self.step,
+                                            self.sample_offset * per_sample)
         self.step += 1
         return out
 

@@ -11,9 +11,22 @@ from .. import kernels as K
 from .layers import Layer, layer_from_spec
 
 
+def _own_or(given: np.ndarray | None, size: int, what: str) -> np.ndarray:
+    if given is None:
+        return np.zeros(size, dtype=np.float32)
+    if given.shape != (size,) or given.dtype != np.float32 or not given.flags.c_contiguous:
+        raise ValueError(f"{what} must be a contiguous float32 vector of {size} values, "
+                         f"got {given.dtype} {given.shape}")
+    return given
+
+
 class Model:
     def __init__(self, layers: list[Layer], input_shape: tuple[int, int, int], *,
-                 params: np.ndarray | None = None, seed: int = 0):
+                 params: np.ndarray | None = None, seed: int = 0,
+                 share_params: np.ndarray | None = None, grads_out: np.ndarray | None = None):
+        """`share_params` / `grads_out` (float32, 1-D, right size) make the model use
+        those vectors instead of its own (no initialisation): how `replica` makes a
+        second set of layers over the same weights."""
         self.layers = layers
         self.input_shape = tuple(int(v) for v in input_shape)
         shape = self.input_shape
@@ -23,8 +36,9 @@ class Model:
             slots += [(layer, pname, pshape) for pname, pshape in layer.param_shapes()]
         self.output_shape = shape
         size = sum(int(np.prod(s)) for _, _, s in slots)
-        self.params = np.zeros(size, dtype=np.float32)
-        self.grads = np.zeros(size, dtype=np.float32)
+        self.params = _own_or(share_params, size, "share_params")
+        self.grads = _own_or(grads_out, size, "grads_out")
+        self._parallel: dict[int, object] = {}
         self._named: list[tuple[str, np.ndarray]] = []
         self._named_grads: list[tuple[str, np.ndarray]] = []
         offset = 0
@@ -43,7 +57,8 @@ class Model:
             if id(layer) in per_layer:
                 p, g = per_layer[id(layer)]
                 layer.bind(p, g)
-                layer.init(p, rng)
+                if share_params is None:
+                    layer.init(p, rng)
         if params is not None:
             self.set_params(params)
 
@@ -68,6 +83,20 @@ class Model:
             raise ValueError(f"random state has {len(steps)} counters for {len(layers)} seeded layers")
         for layer, step in zip(layers, steps):
             layer.step = int(step)
+
+    def set_sample_offset(self, first: int) -> None:
+        """Index of this batch's first sample in a larger batch (seeded layers draw
+        their masks there); 0 for a whole batch. Used by ParallelStep's shards."""
+        for layer in self.layers:
+            if hasattr(layer, "sample_offset"):
+                layer.sample_offset = int(first)
+
+    def replica(self, grads: np.ndarray | None = None) -> "Model":
+        """A second set of layers over this model's parameter vector (shared, not
+        copied), with its own gradient vector (`grads`, or a new one) and its own
+        saved activations: what one thread of a ParallelStep runs."""
+        return Model([layer_from_spec(l.spec()) for l in self.layers], self.input_shape,
+                     share_params=self.params, grads_out=grads)
 
     def set_params(self, params: np.ndarray) -> None:
         params = np.asarray(params)
@@ -94,18 +123,33 @@ class Model:
                                for i in range(0, len(x), batch)]) if len(x) else \
             np.zeros((0,) + self.output_shape, np.float32)
 
-    def loss_and_grad(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+    def _check_labels(self, y: np.ndarray, n: int) -> np.ndarray:
+        labels = np.ascontiguousarray(y, dtype=np.int64)
+        if labels.shape != (n,):
+            raise ValueError(f"expected {n} labels, got shape {labels.shape}")
+        k = self.output_shape[0]
+        if labels.size and (labels.min() < 0 or labels.max() >= k):
+            raise ValueError(f"labels must lie in [0, {k}), got {labels.min()}..{labels.max()}")
+        return labels
+
+    def loss_and_grad(self, x: np.ndarray, y: np.ndarray, threads: int = 1) -> tuple[float, np.ndarray]:
         """Mean softmax cross-entropy and its gradient.
 
         The gradient returned is `model.grads`, overwritten by the next call: copy it
-        if you need to keep it.
+        if you need to keep it. `threads > 1` splits the batch across that many
+        threads (a `ParallelStep` made on first use and kept on the model; see
+        streamnet/nn/parallel.py); the result equals the one-thread one to float32
+        rounding. Not re-entrant: one step at a time per model.
         """
-        labels = np.ascontiguousarray(y, dtype=np.int64)
+        if threads > 1:
+            step = self._parallel.get(threads)
+            if step is None:
+                from .parallel import ParallelStep
+                step = self._parallel[threads] = ParallelStep(self, threads)
+            return step.loss_and_grad(x, y)
+        x = self._check_input(x)
+        labels = self._check_labels(y, x.shape[0])
         logits = self.forward(x, train=True)
-        if labels.shape != (logits.shape[0],):
-            raise ValueError(f"expected {logits.shape[0]} labels, got shape {labels.shape}")
-        if labels.size and (labels.min() < 0 or labels.max() >= logits.shape[1]):
-            raise ValueError(f"labels must lie in [0, {logits.shape[1]}), got {labels.min()}..{labels.max()}")
         loss, d = K.softmax_cross_entropy(logits, labels)
         for i in range(len(self.layers) - 1, -1, -1):
             layer = self.layers[i]
