@@ -17,37 +17,18 @@ import aiohttp
 from aiohttp import web
 
 from . import codec
+from .dataplane.delivery import Delivery
 from .control.cluster_state import RUNNING, ClusterState
-from .component import Tuple
 from .dataplane.compute import ComputePool
-from .control.coordinator import BadVersionError, ConnectionLostError, CoordinatorError, NodeExistsError
-from .dataplane.executor import BoltExecutor, SpoutExecutor, root_task
-from .dataplane.fencing import FencedError
+from .control.coordinator import CoordinatorError
 from .prometheus import prometheus
 from .control.scheduler import SchedulerService
 from .dataplane.topology_runtime import TopologyRuntime
-from .dataplane.transport import Auth, PeerLink, StreamServer
+from .dataplane.transport import Auth, StreamServer
 
 log = logging.getLogger(__name__)
 
 READ_BUFSIZE = 4 << 20  # measured: large frames move fastest with a 4 MiB read buffer
-
-
-def _check_message(msg) -> None:
-    """Types of an inbound message, checked before anything uses them."""
-    ok = isinstance(msg, list) and len(msg) >= 4 and isinstance(msg[1], str) and isinstance(msg[2], int)
-    if ok and msg[0] == "t":   # [t, topology, target, stream, source, values, anchors(, sender's assignment version)]
-        ok = (len(msg) in (7, 8) and (len(msg) == 7 or isinstance(msg[7], int)) and isinstance(msg[3], str) and isinstance(msg[4], int) and isinstance(msg[5], list)
-              and isinstance(msg[6], list)
-              and all(isinstance(a, list) and len(a) == 2 and all(isinstance(x, int) for x in a) for a in msg[6]))
-    elif ok and msg[0] == "a":
-        ok = len(msg) == 5 and isinstance(msg[3], int) and isinstance(msg[4], int)
-    elif ok and msg[0] == "f":
-        ok = len(msg) == 4 and isinstance(msg[3], int)
-    else:
-        ok = False
-    if not ok:
-        raise codec.CodecError(f"malformed message {str(msg)[:80]}")
 
 
 class Worker:
@@ -59,19 +40,22 @@ class Worker:
         self.threads, self.limits = threads, limits
         self.auth = Auth(secret, worker_id)
         self.runtimes: dict[str, TopologyRuntime] = {}
-        self.links: dict[str, PeerLink] = {}
-        self.dropped = 0
         self.started = asyncio.Event()
         self._unwatch: list = []
         self._watched: set[str] = set()
-        self._closing = False
+        self.closing = False
         self.scheduler = SchedulerService(state, worker_id) if schedule else None
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.pool = ComputePool(self.threads, name=f"{self.id}-compute")
-        self.stream_server = StreamServer(self.auth, self._dispatch, self.limits)
+        self.session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, connect=5, sock_connect=5),
+            connector=aiohttp.TCPConnector(limit=0, force_close=True))
+        self.delivery = Delivery(worker_id=self.id, auth=self.auth, session=self.session, limits=self.limits,
+                                 runtimes=self.runtimes, on_unreachable=self._peer_unreachable)
+        self.stream_server = StreamServer(self.auth, self.delivery.receive, self.limits)
         app = web.Application(client_max_size=self.limits.max_frame + 1024)
         app.add_routes(self.stream_server.routes() + [web.get("/status", self._status_handler),
                                                       web.get("/metrics", self._metrics_handler)])
@@ -81,9 +65,6 @@ class Worker:
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
-        self.session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, connect=5, sock_connect=5),
-            connector=aiohttp.TCPConnector(limit=0, force_close=True))
         await asyncio.to_thread(self.state.register_worker, self.id, self.info())
         self.state.coord.on_session_restart(self._session_restarted)
         self._unwatch.append(self.state.watch_topologies(self._threadsafe(self._on_topologies)))
@@ -100,7 +81,7 @@ class Worker:
         """Our ZooKeeper session expired and a new one began (coordinator thread):
         the ephemeral worker and candidate nodes are gone - make them again. The
         watches re-fire by themselves and the worker resynchronises from them."""
-        if self._closing:
+        if self.closing:
             return
         log.warning("worker %s: new ZooKeeper session; registering again", self.id)
         try:
@@ -113,7 +94,7 @@ class Worker:
     def _threadsafe(self, fn):
         """Coordinator callbacks arrive on its thread; run them on our loop."""
         def cb(*args):
-            if not self._closing:
+            if not self.closing:
                 self.loop.call_soon_threadsafe(fn, *args)
         return cb
 
@@ -147,16 +128,16 @@ class Worker:
 
     async def stop(self, drain_s: float = 5.0) -> None:
         """Stop spouts, drain bolts, close connections, deregister."""
-        if self._closing:
+        if self.closing:
             return
-        self._closing = True
+        self.closing = True
         for cancel in self._unwatch:
             cancel()
         if self.scheduler:
             await asyncio.to_thread(self.scheduler.stop)
         for rt in list(self.runtimes.values()):
             await rt.stop(drain_s)
-        await asyncio.gather(*(l.close() for l in self.links.values()))
+        await self.delivery.close()
         await self.session.close()
         await self._runner.cleanup()
         self.pool.shutdown()
@@ -181,7 +162,7 @@ class Worker:
                                log.error("worker %s: %s", self.id, t.exception(), exc_info=t.exception()))
 
     async def _on_assignment(self, name: str, assignment: dict | None, version: int) -> None:
-        if assignment is None or self._closing:
+        if assignment is None or self.closing:
             return
         rt = self.runtimes.get(name)
         if rt is not None and rt.spec_version < assignment.get("spec_version", 0):
@@ -203,7 +184,7 @@ class Worker:
             self.pool.resize(int(threads))
             self._spawn(asyncio.to_thread(self.state.update_worker, self.id, self.info()))
         await rt.apply(assignment, version)
-        await self._deliver_parked(rt)
+        await self.delivery.deliver_parked(rt)
         self._spawn(asyncio.to_thread(self.state.mark_applied, name, self.id, version))
 
     async def _on_status(self, name: str, status: str | None) -> None:
@@ -227,56 +208,15 @@ class Worker:
     def publish(self, topology: str, key: str, value) -> None:
         self.state.publish_result(topology, key, value)
 
-    def save_state(self, topology: str, key: str, value, ex) -> None:
-        try:
-            ex.state_version = self.state.save_state(topology, key, value, ex.state_version)
-        except (BadVersionError, NodeExistsError):
-            raise FencedError(f"task {key} of {topology} was taken over by another instance; this one "
-                              f"(on worker {self.id}) stops without saving or acking") from None
-
-    async def claim_state(self, topology: str, key: str, ex) -> None:
-        """Load the task's last state and take ownership of it: rewriting it bumps the
-        version, so an older instance still running somewhere (a worker that was cut
-        off and came back) fails its next save and stops - it is fenced."""
-        delay, deadline = 0.1, self.loop.time() + 120
-        while True:
-            try:
-                value, version = await asyncio.to_thread(self.state.load_state, topology, key)
-                ex.restored, ex.state_version = value, version
-                # write it back (or create it empty): an instance that loaded it before us
-                # now fails its next save, even a first one
-                ex.state_version = await asyncio.to_thread(self.state.save_state, topology, key, value, version)
-                return
-            except (BadVersionError, NodeExistsError):
-                continue     # another instance claimed it between our read and write: read again
-            except ConnectionLostError as e:
-                # the task cannot start without its state: wait for the coordinator to come back
-                if self.loop.time() > deadline or self._closing:
-                    raise
-                log.warning("worker %s: cannot claim the state of %s yet (%s); retrying", self.id, key, e)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-
     def mark_done(self, topology: str, task: int) -> None:
         self._spawn(asyncio.to_thread(self.state.mark_done, topology, task))
 
-    # -- message delivery --------------------------------------------------------------
-    def link(self, peer: str, url: str) -> PeerLink:
-        link = self.links.get(peer)
-        if link is None or link.url != url.rstrip("/"):
-            if link is not None:
-                self._spawn(link.close(0.0))
-            link = self.links[peer] = PeerLink(sender=self.id, peer=peer, url=url, auth=self.auth,
-                                               session=self.session, limits=self.limits)
-            link.on_unreachable = self._peer_unreachable
-            link.start()
-        return link
-
+    # -- fast failure detection ----------------------------------------------------------
     def _peer_unreachable(self, peer: str, error: str | None) -> None:
-        """Fast failure detection: connections to `peer` are refused (its process is gone)
-        or work again. The leader confirms with a probe of its own before moving tasks;
-        the ZooKeeper session stays the authority (fencing covers a wrong guess)."""
-        if self._closing:
+        """Connections to `peer` are refused (its process is gone) or work again. The
+        leader confirms with a probe of its own before moving tasks; the ZooKeeper
+        session stays the authority (fencing covers a wrong guess)."""
+        if self.closing:
             return
         if error is None:
             log.info("worker %s: %s is reachable again", self.id, peer)
@@ -284,117 +224,6 @@ class Worker:
         else:
             log.warning("worker %s: connections to %s fail (%s); reporting it to the scheduler", self.id, peer, error)
             self._spawn(asyncio.to_thread(self.state.report_unreachable, peer, self.id, error))
-
-    async def deliver(self, rt: TopologyRuntime, target: int, msg: list) -> None:
-        ex = rt.executors.get(target)
-        if ex is not None:
-            await self._deliver_local(rt, ex, msg)
-            return
-        peer = rt.task_worker.get(target)
-        if peer == self.id and msg[0] == "t":
-            rt.park(msg)     # ours in the assignment being applied, not started yet
-            return
-        if peer is None or peer == self.id or peer not in rt.addresses:
-            rt.dropped += 1  # assignment in flux
-            await self._fail_roots(rt, msg)
-            return
-        q = self.link(peer, rt.addresses[peer]).queue
-        if not q.full():
-            q.put_nowait(msg)     # the common case, without a suspension point
-            return
-        # backpressure: wait for the stream to drain - but not on a peer that stopped
-        # draining because it is cut off and its tasks moved: look again every second
-        while True:
-            try:
-                await asyncio.wait_for(q.put(msg), 1.0)
-                return
-            except asyncio.TimeoutError:
-                if self._closing:
-                    rt.dropped += 1
-                    return
-                now = rt.task_worker.get(target)
-                if now != peer:
-                    log.warning("worker %s: task %d moved from %s (not draining) to %s while a tuple waited; "
-                                "sending it there", self.id, target, peer, now)
-                    await self.deliver(rt, target, msg)
-                    return
-
-    async def _deliver_local(self, rt: TopologyRuntime, ex, msg: list) -> None:
-        kind = msg[0]
-        if kind == "t" and isinstance(ex, BoltExecutor):
-            src = rt.task_cid.get(msg[4])
-            fields = rt.fields.get(src, {}).get(msg[3])
-            if fields is None:
-                rt.dropped += 1
-                return
-            tup = Tuple(msg[5], fields, msg[3], src, msg[4], {r: e for r, e in msg[6]})
-            if ex.inbound.full():
-                await ex.inbound.put(tup)
-            else:
-                ex.inbound.put_nowait(tup)
-            if ex.queue_taken:   # a fenced instance whose queue was already dealt with
-                await rt.hand_over_queue(ex)
-        elif kind == "a" and isinstance(ex, SpoutExecutor):
-            ex.on_ack(msg[3], msg[4])
-        elif kind == "f" and isinstance(ex, SpoutExecutor):
-            ex.on_fail(msg[3])
-        else:
-            rt.dropped += 1
-
-    async def _dispatch(self, msg, sender: str | None = None) -> None:
-        _check_message(msg)
-        rt = self.runtimes.get(msg[1])
-        ex = rt.executors.get(msg[2]) if rt else None
-        if ex is None:
-            if rt is not None and msg[0] == "t" and len(msg) > 7 and msg[7] > rt.version:
-                rt.park(msg)   # the sender applied a newer assignment than we have: hold it until we do
-                return
-            self.dropped += 1  # not ours (any more): the sender's view is stale
-            if rt is not None:
-                await self._fail_roots(rt, msg)
-            return
-        if msg[0] == "t" and sender is not None and self._stale(rt, msg, sender):
-            return
-        await self._deliver_local(rt, ex, msg)
-
-    async def _deliver_parked(self, rt: TopologyRuntime) -> None:
-        """Tuples that arrived for tasks of an assignment we had not applied yet."""
-        parked, rt.parked = rt.parked, []
-        for msg in parked:
-            ex = rt.executors.get(msg[2])
-            if ex is not None:
-                await self._deliver_local(rt, ex, msg)
-            elif msg[7] > rt.version:
-                rt.park(msg)
-            else:
-                rt.dropped += 1
-                await self._fail_roots(rt, msg)
-
-    async def _fail_roots(self, rt: TopologyRuntime, msg: list) -> None:
-        """A tuple that cannot reach its task (sent on a view of the assignment older
-        than ours, while the task moved) fails its trees: their spouts replay them now,
-        not after message_timeout_s. By then every worker routes by the new assignment."""
-        if msg[0] != "t" or len(msg) < 7:
-            return
-        for root, _ in msg[6]:
-            task = root_task(root)
-            if rt.executors.get(task) is not None or rt.task_worker.get(task) not in (None, self.id):
-                await self.deliver(rt, task, ["f", rt.name, task, root])
-
-    def _stale(self, rt: TopologyRuntime, msg: list, sender: str) -> bool:
-        """Fencing: a tuple from a task instance that an assignment at least as new as the
-        sender's places elsewhere comes from a worker that was cut off (session expired,
-        network healed) and has not caught up yet; it must not reach the topology."""
-        placed = rt.task_worker.get(msg[4])
-        version = msg[7] if len(msg) > 7 else None
-        if placed is None or placed == sender or version is None or version > rt.version:
-            return False
-        rt.stale += 1
-        if rt.stale <= 5 or rt.stale % 1000 == 0:
-            log.warning("worker %s: dropped a stale tuple (%d so far) of %s from task %d on %s: assignment v%d "
-                        "places that task on %s; the sender is at v%d", self.id, rt.stale, rt.name, msg[4], sender,
-                        rt.version, placed, version)
-        return True
 
     # -- status ------------------------------------------------------------------------
     def status(self) -> dict:
@@ -404,9 +233,9 @@ class Worker:
             "threads": self.pool.size, "busy_fraction": round(self.pool.busy_fraction(), 4),
             "leader": bool(self.scheduler and self.scheduler.leading),
             "topologies": {n: rt.status() for n, rt in self.runtimes.items()},
-            "links": {p: l.status() for p, l in self.links.items()},
+            "links": self.delivery.status(),
             "transport": {"rejected": s.rejected, "frames_in": s.frames_in, "bytes_in": s.bytes_in,
-                          "open_streams": s.open_streams, "dropped": self.dropped},
+                          "open_streams": s.open_streams, "dropped": self.delivery.dropped},
         }
 
     async def _status_handler(self, request: web.Request) -> web.Response:

@@ -2,8 +2,10 @@
 import asyncio
 
 from streamnet.runtime.component import Tuple
-from streamnet.runtime.dataplane.executor import ROOT_BITS, BoltExecutor
+from streamnet.runtime.dataplane.acker import ROOT_BITS
+from streamnet.runtime.dataplane.executor import BoltExecutor
 from streamnet.runtime.dataplane.topology_runtime import TopologyRuntime
+from streamnet.runtime.messages import DataMsg, FailMsg
 
 
 class FakeRuntime:
@@ -29,7 +31,7 @@ def _tup(root_task: int, root: int) -> Tuple:
 
 
 def _failed_roots(rt):
-    return sorted(m[3] & ((1 << ROOT_BITS) - 1) for _, m in rt.sent if m[0] == "f")
+    return sorted(m.root & ((1 << ROOT_BITS) - 1) for _, m in rt.sent if isinstance(m, FailMsg))
 
 
 def test_fenced_instance_fails_what_it_held_and_sends_nothing_it_emitted():
@@ -41,11 +43,11 @@ def test_fenced_instance_fails_what_it_held_and_sends_nothing_it_emitted():
             old.holding[id(t)] = t
         old.ack(held[1])                                   # acked before the fence: not failed
         old.out.clear()
-        old.out.append((5, ["t", "t", 5, "default", 3, [1], [], 0]))   # emitted, then fenced
+        old.out.append((5, DataMsg("t", 5, "default", 3, [1], [], 0)))   # emitted, then fenced
         await old.abandon()
         return rt
     rt = asyncio.run(go())
-    assert [m[0] for _, m in rt.sent] == ["f"] and _failed_roots(rt) == [1]
+    assert [type(m) for _, m in rt.sent] == [FailMsg] and _failed_roots(rt) == [1]
 
 
 def test_tuples_late_for_a_fenced_instance_go_to_its_successor_or_are_failed():

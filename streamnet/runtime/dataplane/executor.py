@@ -5,11 +5,9 @@ point of view: what they emit is buffered, and delivered - with backpressure -
 before the next call. So memory stays bounded by the queues, and a component
 never sees its own emits interleaved with its next input.
 
-Reliability is Storm's: a spout emit with a msg_id starts a tuple tree with a
-random root id (the spout's task id in the top 16 bits); every edge of the tree
-has a random 64-bit id; acking a tuple XORs its edge with the edges of the
-tuples anchored to it into the root's ledger, held by the spout's own executor.
-The ledger reaches zero exactly when every tuple of the tree was acked.
+Reliability is Storm's: each spout executor keeps the XOR ledgers of its own
+tuple trees (acker.py); bolts anchor what they emit to what they received and
+ack or fail it.
 """
 from __future__ import annotations
 
@@ -22,15 +20,12 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..component import Bolt, BoltCollector, Context, Spout, SpoutCollector, Tuple
+from ..messages import AckMsg, DataMsg, FailMsg
+from .acker import ROOT_BITS, Acker, root_task
 from .fencing import FencedError
 
 log = logging.getLogger(__name__)
 STOP = object()
-ROOT_BITS = 48
-
-
-def root_task(root: int) -> int:
-    return root >> ROOT_BITS
 
 
 @dataclass
@@ -107,11 +102,11 @@ class SpoutExecutor(Executor):
 
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
-        self.pending: dict[int, list] = {}   # root -> [xor ledger, deadline, msg_id]
+        self.timeout_s = float(self.rt.topology.config["message_timeout_s"])
+        self.pending = Acker(self.timeout_s)  # this spout's tuple trees not complete yet
         self.callbacks: deque = deque()      # ("ack"|"fail", msg_id) to hand to the spout
         self.wake = asyncio.Event()
         self.max_pending = int(self.rt.topology.config["max_spout_pending"])
-        self.timeout_s = float(self.rt.topology.config["message_timeout_s"])
         self.done_reported = False
         self.active = True
         self.drain_called = False
@@ -122,47 +117,41 @@ class SpoutExecutor(Executor):
         self.metrics.emitted += 1
         if msg_id is None:
             for t in targets:
-                self.out.append((t, ["t", self.rt.name, t, stream, self.task, values, [], self.rt.version]))
+                self.out.append((t, DataMsg(self.rt.name, t, stream, self.task, values, [], self.rt.version)))
             return targets
         root = (self.task << ROOT_BITS) | self.rng.getrandbits(ROOT_BITS)
         ledger = 0
         for t in targets:
             edge = self._new_edge()
             ledger ^= edge
-            self.out.append((t, ["t", self.rt.name, t, stream, self.task, values, [[root, edge]], self.rt.version]))
+            self.out.append((t, DataMsg(self.rt.name, t, stream, self.task, values, [[root, edge]], self.rt.version)))
         if targets:
-            self.pending[root] = [ledger, time.monotonic() + self.timeout_s, msg_id]
+            self.pending.start(root, ledger, msg_id)
         else:
             self.callbacks.append(("ack", msg_id))  # nobody subscribes: the tree is complete
         return targets
 
     # -- acker ----------------------------------------------------------------------
     def on_ack(self, root: int, xor: int) -> None:
-        entry = self.pending.get(root)
-        if entry is None:
-            return  # already timed out or failed
-        entry[0] ^= xor
-        if entry[0] == 0:
-            del self.pending[root]
-            self.callbacks.append(("ack", entry[2]))
+        msg_id = self.pending.ack(root, xor)
+        if msg_id is not None:
+            self.callbacks.append(("ack", msg_id))
             self.wake.set()
 
     def on_fail(self, root: int) -> None:
-        entry = self.pending.pop(root, None)
-        if entry is not None:
-            self.callbacks.append(("fail", entry[2]))
+        msg_id = self.pending.fail(root)
+        if msg_id is not None:
+            self.callbacks.append(("fail", msg_id))
             self.wake.set()
 
     def fail_all(self) -> None:
         """Fail every pending tree now (its tuples may have been lost with a worker)."""
-        for root in list(self.pending):
-            self.on_fail(root)
+        for msg_id in self.pending.fail_all():
+            self.callbacks.append(("fail", msg_id))
+        self.wake.set()
 
     def _expire(self) -> None:
-        now = time.monotonic()
-        expired = [r for r, e in self.pending.items() if e[1] <= now]
-        for r in expired:
-            msg_id = self.pending.pop(r)[2]
+        for msg_id in self.pending.expire():
             self.metrics.timed_out += 1
             self.callbacks.append(("fail", msg_id))
 
@@ -261,7 +250,7 @@ class BoltExecutor(Executor):
                 anchor_list = [[r, edge] for r in roots]
             else:
                 anchor_list = []
-            self.out.append((t, ["t", self.rt.name, t, stream, self.task, values, anchor_list, self.rt.version]))
+            self.out.append((t, DataMsg(self.rt.name, t, stream, self.task, values, anchor_list, self.rt.version)))
         return targets
 
     def ack(self, tup: Tuple) -> None:
@@ -272,7 +261,7 @@ class BoltExecutor(Executor):
         self.metrics.acked += 1
         for root, edge in tup.anchors.items():
             task = root_task(root)
-            self.out.append((task, ["a", self.rt.name, task, root, edge ^ tup.acc.get(root, 0)]))
+            self.out.append((task, AckMsg(self.rt.name, task, root, edge ^ tup.acc.get(root, 0))))
 
     def fail(self, tup: Tuple) -> None:
         if tup.done:
@@ -282,7 +271,7 @@ class BoltExecutor(Executor):
         self.metrics.failed += 1
         for root in tup.anchors:
             task = root_task(root)
-            self.out.append((task, ["f", self.rt.name, task, root]))
+            self.out.append((task, FailMsg(self.rt.name, task, root)))
 
     async def _tick(self) -> None:
         try:

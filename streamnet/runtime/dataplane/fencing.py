@@ -3,10 +3,110 @@
 Each new instance of a task claims its saved state with a versioned write, and
 every save is compare-and-set on that version; an older instance (on a worker
 that was paused or cut off and came back) fails its next save with FencedError
-and stops without acking or publishing.
+and stops without acking or publishing. What it held is failed for replay at
+once, and what was queued for it goes to its successor on this worker, if any.
+(The data-plane half - tuples from a superseded instance are dropped as stale -
+is a routing decision: routing.py.)
 """
 from __future__ import annotations
+
+import asyncio
+import logging
+
+from ..control.coordinator import BadVersionError, ConnectionLostError, NodeExistsError
+
+log = logging.getLogger(__name__)
+
+#: how long a new instance waits for the coordinator to come back before giving up
+#: on claiming its state (the task cannot start without it)
+CLAIM_DEADLINE_S = 120.0
 
 
 class FencedError(Exception):
     """This task instance was superseded by another (its state was claimed since)."""
+
+
+def state_key(ex) -> str:
+    return f"{ex.cid}.{ex.ctx.task_index}"
+
+
+async def claim_state(rt, ex) -> None:
+    """Load the task's last state and take ownership of it: rewriting it bumps the
+    version, so an older instance still running somewhere fails its next save and
+    stops - it is fenced."""
+    state, key = rt.worker.state, state_key(ex)
+    loop = asyncio.get_running_loop()
+    delay, deadline = 0.1, loop.time() + CLAIM_DEADLINE_S
+    while True:
+        try:
+            value, version = await asyncio.to_thread(state.load_state, rt.name, key)
+            ex.restored, ex.state_version = value, version
+            # write it back (or create it empty): an instance that loaded it before us
+            # now fails its next save, even a first one
+            ex.state_version = await asyncio.to_thread(state.save_state, rt.name, key, value, version)
+            return
+        except (BadVersionError, NodeExistsError):
+            continue     # another instance claimed it between our read and write: read again
+        except ConnectionLostError as e:
+            if loop.time() > deadline or rt.worker.closing:
+                raise
+            log.warning("worker %s: cannot claim the state of %s yet (%s); retrying", rt.worker.id, key, e)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+def save_state(rt, ex, value) -> None:
+    """Compare-and-set on the version this instance owns; FencedError if another
+    instance claimed the state since."""
+    key = state_key(ex)
+    try:
+        ex.state_version = rt.worker.state.save_state(rt.name, key, value, ex.state_version)
+    except (BadVersionError, NodeExistsError):
+        raise FencedError(f"task {key} of {rt.name} was taken over by another instance; this one "
+                          f"(on worker {rt.worker.id}) stops without saving or acking") from None
+
+
+async def restart_fenced(rt, old) -> None:
+    """A task instance here was fenced. Normally a newer instance runs elsewhere; but
+    if the assignment in the coordinator still places the task here, this worker
+    lost a race with an older instance and must run the task again."""
+    try:
+        assignment, _ = await asyncio.to_thread(rt.worker.state.assignment, rt.name)
+    except Exception as e:  # noqa: BLE001 - coordinator away: the next assignment event decides
+        log.warning("%s: cannot check where task %d belongs: %s", rt.name, old.task, e)
+        await hand_over_queue(rt, old)
+        return
+    if (assignment or {}).get("tasks", {}).get(str(old.task)) != rt.worker.id:
+        await hand_over_queue(rt, old)     # it runs elsewhere: what waited here is replayed
+        return
+    async with rt.lock:
+        if rt.executors.get(old.task) is not old:
+            return
+        log.warning("%s: task %d was fenced but the assignment places it here; starting it again",
+                    rt.name, old.task)
+        ex = rt.make_executor(old.task)
+        await claim_state(rt, ex)
+        rt.executors[old.task] = ex
+        rt.refresh_view()
+        await hand_over_queue(rt, old)
+        ex.start()
+
+
+async def hand_over_queue(rt, old) -> None:
+    """The tuples queued for a fenced bolt instance (also those that reach its queue
+    later) go to its successor on this worker, or are failed so their spouts replay them."""
+    from .executor import BoltExecutor
+    if not isinstance(old, BoltExecutor):
+        return
+    new = rt.executors.get(old.task)
+    if isinstance(new, BoltExecutor) and new is not old:
+        queued = old.take_queue()
+        for tup in queued:
+            await new.inbound.put(tup)
+        what = "handed to the new instance"
+    else:
+        queued = await old.fail_queue()
+        what = "failed for replay"
+    if queued:
+        log.info("%s: task %d: %d tuple(s) queued for the fenced instance %s", rt.name, old.task,
+                 len(queued), what)

@@ -11,8 +11,11 @@ import logging
 import zlib
 
 from ..component import Context
+from ..messages import DataMsg, Message
+from . import fencing
 from .executor import STOP, BoltExecutor, SpoutExecutor
 from .grouping import make_chooser
+from .routing import View
 from ..topology import Topology, TopologyError, declared_outputs, resolve
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,12 @@ class TopologyRuntime:
         self.parked: list = []   # tuples for tasks of an assignment not applied here yet
         self.stop_requested = False   # the topology is stopping cleanly: its spouts get drain()
         self.lock = asyncio.Lock()
+        self.view = View(worker.id, -1, frozenset(), {}, {})
+
+    def refresh_view(self) -> None:
+        """After any change of version, placement or local executors: routing reads the view."""
+        self.view = View(self.worker.id, self.version, frozenset(self.executors), dict(self.task_worker),
+                         dict(self.addresses))
 
     # -- assignment -------------------------------------------------------------------
     async def apply(self, assignment: dict, version: int) -> None:
@@ -61,67 +70,34 @@ class TopologyRuntime:
             mine = {t for t, w in self.task_worker.items() if w == self.worker.id}
             log.info("%s: assignment v%d: tasks here %s", self.name, version, sorted(mine))
             self._build_routes(mine)
+            self.refresh_view()
             for t in sorted(set(self.executors) - mine):
                 log.info("%s: task %d moved away; stopping it here", self.name, t)
-                await self._stop_executor(self.executors.pop(t))
+                ex = self.executors.pop(t)
+                self.refresh_view()
+                await self._stop_executor(ex)
             for t in sorted(mine - set(self.executors)):
-                ex = self._make_executor(t)
+                ex = self.make_executor(t)
                 try:
-                    await self.worker.claim_state(self.name, f"{ex.cid}.{ex.ctx.task_index}", ex)
+                    await fencing.claim_state(self, ex)
                 except Exception:
                     self.version = -1  # not converged: the next assignment event applies it again
+                    self.refresh_view()
                     raise
                 self.executors[t] = ex
+                self.refresh_view()
             for t in sorted(mine):
                 ex = self.executors[t]
                 if ex._task is None:
                     ex.start()
 
     def on_fenced(self, ex) -> None:
-        """A task instance here was fenced. Normally a newer instance runs elsewhere; but
-        if the assignment in the coordinator still places the task here, this worker
-        lost a race with an older instance and must run the task again."""
+        """A task instance here was fenced (fencing.py decides what happens next)."""
         if self.executors.get(ex.task) is ex:
-            asyncio.get_running_loop().create_task(self._restart_fenced(ex))
-
-    async def _restart_fenced(self, old) -> None:
-        try:
-            assignment, _ = await asyncio.to_thread(self.worker.state.assignment, self.name)
-        except Exception as e:  # noqa: BLE001 - coordinator away: the next assignment event decides
-            log.warning("%s: cannot check where task %d belongs: %s", self.name, old.task, e)
-            await self.hand_over_queue(old)
-            return
-        if (assignment or {}).get("tasks", {}).get(str(old.task)) != self.worker.id:
-            await self.hand_over_queue(old)     # it runs elsewhere: what waited here is replayed
-            return
-        async with self.lock:
-            if self.executors.get(old.task) is not old:
-                return
-            log.warning("%s: task %d was fenced but the assignment places it here; starting it again",
-                        self.name, old.task)
-            ex = self._make_executor(old.task)
-            await self.worker.claim_state(self.name, f"{ex.cid}.{ex.ctx.task_index}", ex)
-            self.executors[old.task] = ex
-            await self.hand_over_queue(old)
-            ex.start()
+            asyncio.get_running_loop().create_task(fencing.restart_fenced(self, ex))
 
     async def hand_over_queue(self, old) -> None:
-        """The tuples queued for a fenced bolt instance (also those that reach its queue
-        later) go to its successor on this worker, or are failed so their spouts replay them."""
-        if not isinstance(old, BoltExecutor):
-            return
-        new = self.executors.get(old.task)
-        if isinstance(new, BoltExecutor) and new is not old:
-            queued = old.take_queue()
-            for tup in queued:
-                await new.inbound.put(tup)
-            what = "handed to the new instance"
-        else:
-            queued = await old.fail_queue()
-            what = "failed for replay"
-        if queued:
-            log.info("%s: task %d: %d tuple(s) queued for the fenced instance %s", self.name, old.task,
-                     len(queued), what)
+        await fencing.hand_over_queue(self, old)
 
     def _build_routes(self, local: set[int]) -> None:
         routes: dict[tuple[str, str], list] = {}
@@ -135,7 +111,7 @@ class TopologyRuntime:
                 routes[(c["id"], stream)] = choosers
         self.choosers = routes
 
-    def _make_executor(self, task: int):
+    def make_executor(self, task: int):
         c = self.topology.task_component(task)
         r = self.topology.tasks(c["id"])
         instance = self.classes[c["id"]](**c["config"])
@@ -149,8 +125,7 @@ class TopologyRuntime:
             ex = SpoutExecutor(self, task, c, instance, ctx)
         else:
             ex = BoltExecutor(self, task, c, instance, ctx, queue_size=int(self.topology.config["queue_size"]))
-        key = f"{c['id']}.{task - r.start}"
-        ctx._save_state = lambda v: self.worker.save_state(self.name, key, v, ex)
+        ctx._save_state = lambda v: fencing.save_state(self, ex, v)
         return ex
 
     async def _stop_executor(self, ex, timeout: float = 10.0) -> None:
@@ -181,6 +156,7 @@ class TopologyRuntime:
             for e in bolts:
                 await self._stop_executor(e)
             self.executors.clear()
+            self.refresh_view()
 
     # -- routing ----------------------------------------------------------------------
     def route(self, cid: str, stream: str, values: list, direct: int | None) -> list[int]:
@@ -203,7 +179,7 @@ class TopologyRuntime:
         replayed only after message_timeout_s."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while loop.time() < deadline and not self.worker._closing:
+        while loop.time() < deadline and not self.worker.closing:
             version = self.version
             needed = set(self.task_worker.values())
             try:
@@ -220,14 +196,14 @@ class TopologyRuntime:
 
     MAX_PARKED = 10_000
 
-    def park(self, msg: list) -> None:
+    def park(self, msg: DataMsg) -> None:
         if len(self.parked) >= self.MAX_PARKED:
             self.dropped += 1    # bounded: the spout replays what is lost
         else:
             self.parked.append(msg)
 
-    async def deliver(self, target: int, msg: list) -> None:
-        await self.worker.deliver(self, target, msg)
+    async def deliver(self, target: int, msg: Message) -> None:
+        await self.worker.delivery.send(self, target, msg)
 
     def status(self) -> dict:
         tasks = {}

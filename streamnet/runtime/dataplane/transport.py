@@ -27,6 +27,7 @@ import numpy as np
 from aiohttp import web
 
 from .. import codec
+from ..messages import DataMsg, Message, from_wire
 
 log = logging.getLogger(__name__)
 
@@ -68,16 +69,16 @@ class Auth:
         return None
 
 
-def _array_bytes(msg) -> int:
-    if msg and msg[0] == "t":
-        return sum(v.nbytes for v in msg[5] if isinstance(v, np.ndarray))
+def _array_bytes(msg: Message) -> int:
+    if isinstance(msg, DataMsg):
+        return sum(v.nbytes for v in msg.values if isinstance(v, np.ndarray))
     return 0
 
 
 class StreamServer:
     """The receiving half, mounted on the worker's aiohttp app."""
 
-    def __init__(self, auth: Auth, dispatch: Callable[[list, str], Awaitable[None]], limits: codec.Limits):
+    def __init__(self, auth: Auth, dispatch: Callable[[Message, str], Awaitable[None]], limits: codec.Limits):
         self.auth, self.dispatch, self.limits = auth, dispatch, limits
         self.rejected = 0
         self.frames_in = 0
@@ -129,7 +130,7 @@ class StreamServer:
                 self.bytes_in += codec.PREFIX.size + hlen + plen
                 for msg in msgs:
                     try:
-                        await self.dispatch(msg, sender)
+                        await self.dispatch(from_wire(msg), sender)
                     except codec.CodecError as e:
                         return self._reject(peer, f"bad message: {e}")
         except (ConnectionResetError, aiohttp.ClientConnectionError):
@@ -164,7 +165,7 @@ class PeerLink:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"link-{self.peer}")
 
-    async def send(self, msg: list) -> None:
+    async def send(self, msg: Message) -> None:
         await self.queue.put(msg)
 
     async def close(self, drain_s: float = 2.0) -> None:
@@ -236,7 +237,7 @@ class PeerLink:
                 batch.append(msg)
                 budget += _array_bytes(msg)
             try:
-                buffers = codec.encode(batch, self.limits)
+                buffers = codec.encode([m.to_wire() for m in batch], self.limits)
             except codec.CodecError as e:
                 self.dropped += len(batch)
                 log.error("dropping %d message(s) to %s that cannot be encoded: %s", len(batch), self.peer, e)

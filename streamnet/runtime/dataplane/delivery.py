@@ -1,0 +1,148 @@
+"""Delivery: carries out routing.py's decisions for one worker - into a local task's
+queue, onto the link to a peer worker (with backpressure), into the parking
+lot, or back to the spouts as failed trees."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable
+
+import aiohttp
+
+from .. import codec
+from ..component import Tuple
+from ..messages import AckMsg, DataMsg, FailMsg, Message
+from . import routing
+from .executor import BoltExecutor, SpoutExecutor
+from .transport import Auth, PeerLink
+
+log = logging.getLogger(__name__)
+
+
+class Delivery:
+    def __init__(self, *, worker_id: str, auth: Auth, session: aiohttp.ClientSession, limits: codec.Limits,
+                 runtimes: dict, on_unreachable: Callable[[str, str | None], None]):
+        self.id, self.auth, self.session, self.limits = worker_id, auth, session, limits
+        self.runtimes = runtimes            # the worker's: topology name -> TopologyRuntime
+        self.on_unreachable = on_unreachable
+        self.links: dict[str, PeerLink] = {}
+        self.dropped = 0                    # inbound messages for no runtime or no task here
+        self.closing = False
+
+    def link(self, peer: str, url: str) -> PeerLink:
+        link = self.links.get(peer)
+        if link is None or link.url != url.rstrip("/"):
+            if link is not None:
+                asyncio.get_running_loop().create_task(link.close(0.0))
+            link = self.links[peer] = PeerLink(sender=self.id, peer=peer, url=url, auth=self.auth,
+                                               session=self.session, limits=self.limits)
+            link.on_unreachable = self.on_unreachable
+            link.start()
+        return link
+
+    async def close(self) -> None:
+        self.closing = True
+        await asyncio.gather(*(l.close() for l in self.links.values()))
+
+    # -- outbound: emitted by a task here -------------------------------------------------
+    async def send(self, rt, target: int, msg: Message) -> None:
+        decision = routing.outbound(msg, rt.view)
+        if decision == routing.DELIVER:
+            await self._deliver_local(rt, rt.executors[target], msg)
+        elif decision == routing.PARK:
+            rt.park(msg)
+        elif decision == routing.FAIL_ROOTS:
+            rt.dropped += 1
+            await self._fail_roots(rt, msg)
+        else:
+            await self._to_peer(rt, target, msg)
+
+    async def _to_peer(self, rt, target: int, msg: Message) -> None:
+        peer = rt.view.task_worker[target]
+        q = self.link(peer, rt.view.addresses[peer]).queue
+        if not q.full():
+            q.put_nowait(msg)     # the common case, without a suspension point
+            return
+        # backpressure: wait for the stream to drain - but not on a peer that stopped
+        # draining because it is cut off and its tasks moved: look again every second
+        while True:
+            try:
+                await asyncio.wait_for(q.put(msg), 1.0)
+                return
+            except asyncio.TimeoutError:
+                if self.closing:
+                    rt.dropped += 1
+                    return
+                now = rt.view.task_worker.get(target)
+                if now != peer:
+                    log.warning("worker %s: task %d moved from %s (not draining) to %s while a tuple waited; "
+                                "sending it there", self.id, target, peer, now)
+                    await self.send(rt, target, msg)
+                    return
+
+    # -- inbound: from a peer's stream ------------------------------------------------------
+    async def receive(self, msg: Message, sender: str | None = None) -> None:
+        rt = self.runtimes.get(msg.topology)
+        if rt is None:
+            self.dropped += 1      # not ours (any more): the sender's view is stale
+            return
+        decision = routing.inbound(msg, rt.view, sender)
+        if decision == routing.PARK:
+            rt.park(msg)   # the sender applied a newer assignment than we have: hold it until we do
+        elif decision == routing.FAIL_ROOTS:
+            self.dropped += 1
+            await self._fail_roots(rt, msg)
+        elif decision == routing.STALE:
+            self._count_stale(rt, msg, sender)
+        else:
+            await self._deliver_local(rt, rt.executors[msg.target], msg)
+
+    async def deliver_parked(self, rt) -> None:
+        """Tuples that arrived for tasks of an assignment we had not applied yet."""
+        parked, rt.parked = rt.parked, []
+        for msg in parked:
+            decision = routing.parked(msg, rt.view)
+            if decision == routing.DELIVER:
+                await self._deliver_local(rt, rt.executors[msg.target], msg)
+            elif decision == routing.PARK:
+                rt.park(msg)
+            else:
+                rt.dropped += 1
+                await self._fail_roots(rt, msg)
+
+    async def _deliver_local(self, rt, ex, msg: Message) -> None:
+        if isinstance(msg, DataMsg) and isinstance(ex, BoltExecutor):
+            src = rt.task_cid.get(msg.source)
+            fields = rt.fields.get(src, {}).get(msg.stream)
+            if fields is None:
+                rt.dropped += 1
+                return
+            tup = Tuple(msg.values, fields, msg.stream, src, msg.source, {r: e for r, e in msg.anchors})
+            if ex.inbound.full():
+                await ex.inbound.put(tup)
+            else:
+                ex.inbound.put_nowait(tup)
+            if ex.queue_taken:   # a fenced instance whose queue was already dealt with
+                await rt.hand_over_queue(ex)
+        elif isinstance(msg, AckMsg) and isinstance(ex, SpoutExecutor):
+            ex.on_ack(msg.root, msg.xor)
+        elif isinstance(msg, FailMsg) and isinstance(ex, SpoutExecutor):
+            ex.on_fail(msg.root)
+        else:
+            rt.dropped += 1
+
+    async def _fail_roots(self, rt, msg: Message) -> None:
+        """A tuple that cannot reach its task fails its trees: their spouts replay them
+        now, not after message_timeout_s."""
+        for fail in routing.failures(msg, rt.view):
+            await self.send(rt, fail.target, fail)
+
+    def _count_stale(self, rt, msg: DataMsg, sender: str) -> None:
+        rt.stale += 1
+        if rt.stale <= 5 or rt.stale % 1000 == 0:
+            log.warning("worker %s: dropped a stale tuple (%d so far) of %s from task %d on %s: assignment v%d "
+                        "places that task on %s; the sender is at v%d", self.id, rt.stale, rt.name, msg.source,
+                        sender, rt.version, rt.view.task_worker.get(msg.source), msg.version)
+
+    def status(self) -> dict:
+        return {p: l.status() for p, l in self.links.items()}
