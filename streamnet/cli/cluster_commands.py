@@ -6,11 +6,13 @@ import sys
 import time
 import urllib.request
 
-from ..errors import StreamnetError
+from ..errors import ConfigError, StreamnetError
 from ..runtime.control import ClusterTimeout, TopologyGone, drain_topology, is_done, kill_topology, wait_done
 from ..runtime.topology import Topology, resolve
+from ..training.run_stats import CHECKPOINTS, STOPPED_AT
 from .common import add_cluster_options, connect
 from .progress import ProgressLine, bar
+from .train_args import add_training_options, given_options, naming_the_flag
 
 
 def _options(items: list[str]) -> dict:
@@ -31,7 +33,7 @@ def build_topology(what: str, options: dict):
     from ..examples.registry import EXAMPLES
     if what in EXAMPLES:
         return EXAMPLES[what](**options)
-    builders = _builtin_builders()
+    from ..training.nsmap import BUILDERS as builders
     if what in builders:
         return builders[what](**options)
     if ":" in what:
@@ -43,29 +45,16 @@ def build_topology(what: str, options: dict):
                          "or give module:function")
 
 
-def _builtin_builders() -> dict:
-    """Training topologies, when the training layer provides them."""
-    try:
-        from ..training.nsmap import BUILDERS
-    except ImportError:
-        return {}
-    return BUILDERS
-
-
-TRAINING_FLAGS = {"epochs": "epochs", "workers": "units", "batch": "batch", "sync_period": "sync_period",
-                  "lr": "lr", "dataset": "dataset", "data": "data_dir", "train_limit": "train_limit",
-                  "test_limit": "test_limit", "checkpoint_dir": "checkpoint_dir", "outer_momentum": "outer_momentum",
-                  "resume": "resume"}
-
-
 def cmd_submit(a) -> int:
     opts = _options(a.set)
     if a.name:
         opts["name"] = a.name
-    for flag, key in TRAINING_FLAGS.items():
-        if getattr(a, flag, None) is not None:
-            opts[key] = getattr(a, flag)
-    topo, check = build_topology(a.topology, opts)
+    given = given_options(a)
+    opts.update(given)
+    try:
+        topo, check = build_topology(a.topology, opts)
+    except ConfigError as e:
+        raise naming_the_flag(e, given) from None
     coord, state, _ = connect(a)
     try:
         if not state.workers():
@@ -135,8 +124,8 @@ def cmd_kill(a) -> int:
             return 0
         print(f"stopping {a.topology} cleanly (a last checkpoint round, then stop)...", file=sys.stderr)
         results = drain_topology(state, a.topology, a.timeout)
-        stopped = next((v for k, v in results.items() if k.endswith(".stopped_at")), None)
-        ckpt = next((v for k, v in results.items() if k.endswith(".checkpoints")), None) or {}
+        stopped = results.get(STOPPED_AT)      # a training topology's; absent in others
+        ckpt = results.get(CHECKPOINTS) or {}
         if ckpt.get("last"):
             print(f"stopped {a.topology} at step {ckpt['last']['step']}; checkpoint {ckpt['last']['path']}; "
                   f"continue with: streamnet-submit submit ... --resume")
@@ -254,22 +243,8 @@ def add_commands(sub) -> None:
     s.add_argument("--wait", action="store_true", help="follow it to completion, then collect its results")
     s.add_argument("--summary", metavar="FILE", help="with --wait: write a JSON summary")
     s.add_argument("--timeout", type=float, default=24 * 3600.0)
-    t = s.add_argument_group("training topologies (lenet5-mixbp, alexnet-mixbp, lenet5-cumulative, lenet5-online)")
-    t.add_argument("--epochs", type=int)
-    t.add_argument("--workers", type=int, help="compute units (parallelism of the compute bolt)")
-    t.add_argument("--batch", type=int)
-    t.add_argument("--sync-period", type=int)
-    t.add_argument("--lr", type=float)
-    t.add_argument("--outer-momentum", type=float)
-    t.add_argument("--dataset")
-    t.add_argument("--data", metavar="DIR")
-    t.add_argument("--train-limit", type=int)
-    t.add_argument("--test-limit", type=int)
-    t.add_argument("--checkpoint-dir", help="write a checkpoint here at each epoch's end and when stopped "
-                   "(a directory every worker can reach)")
-    t.add_argument("--resume", nargs="?", const=True, metavar="CHECKPOINT",
-                   help="continue from the newest valid checkpoint of this topology in --checkpoint-dir "
-                        "(or from the file given)")
+    add_training_options(s.add_argument_group(
+        "training topologies (lenet5-mixbp, alexnet-mixbp, lenet5-cumulative, lenet5-online)"))
     add_cluster_options(s)
     s.set_defaults(func=cmd_submit)
 

@@ -94,17 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="WARNING")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train a network (--local: in this machine)")
-    add_training_options(t)
+    add_training_options(t, setup=True)
     t.add_argument("--local", action="store_true", default=True,
                    help="train on an embedded local cluster on this machine (the default; a ZooKeeper "
                         "cluster uses `submit`)")
     t.add_argument("--in-process", action="store_true",
                    help="run the units in this process without the engine (the reference trainer)")
     t.add_argument("--summary", metavar="FILE", help="write a JSON run summary")
-    t.add_argument("--checkpoint-dir", metavar="DIR",
-                   help="write a checkpoint at each epoch's end and on Ctrl-C (clean stop); not with --in-process")
-    t.add_argument("--resume", nargs="?", const=True, metavar="CHECKPOINT",
-                   help="continue from the newest valid checkpoint in --checkpoint-dir (or the file given)")
     t.set_defaults(func=cmd_train)
     e = sub.add_parser("run-example", help="run an example topology (wordcount, tensor_pipe) and check it")
     e.add_argument("name")

@@ -1,48 +1,107 @@
-"""Training options shared by `train` and (later) `submit`: a named setup, then a few overrides."""
+"""The training flags, declared once for `streamnet-submit train` and `submit`.
+
+Each flag overrides one field of a named setup (training.config.with_overrides); a
+flag not given leaves the setup's value. `train` picks the setup with --model and
+--algorithm, `submit` by the topology's name (lenet5-mixbp, ...). A value the
+configuration refuses is an error that names the flag it came from.
+"""
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+from dataclasses import dataclass
 
-from ..training.config import (ALGORITHMS, DATASETS, MODELS, SETUPS, AlgorithmConfig, DataConfig,
-                               ModelConfig, RunConfig)
+from ..errors import ConfigError
+from ..training.config import (ALGORITHMS, DATASETS, MODELS, SETUPS, AlgorithmConfig, ModelConfig, RunConfig,
+                               with_overrides)
 
 
-def add_training_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", choices=MODELS, default="lenet5")
-    p.add_argument("--algorithm", choices=ALGORITHMS, default="mixbp")
-    p.add_argument("--dataset", choices=DATASETS, default="fashion-mnist")
-    p.add_argument("--data", metavar="DIR", help="IDX directory (default: the dataset's installed location "
-                   "or $STREAMNET_DATA)")
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--workers", type=int, help="compute units (model replicas)")
-    p.add_argument("--threads", type=int, help="compute threads (default: one per unit)")
-    p.add_argument("--batch", type=int, help="local batch b per unit")
-    p.add_argument("--sync-period", type=int, help="H: local steps between synchronisations (mixbp)")
-    p.add_argument("--lr", type=float)
-    p.add_argument("--momentum", type=float)
-    p.add_argument("--outer-momentum", type=float, help="Nesterov momentum on the averaged change (mixbp)")
-    p.add_argument("--lr-schedule", choices=("constant", "cosine"))
-    p.add_argument("--input-size", type=int, help="AlexNet input size: 64 or 224")
-    p.add_argument("--train-limit", type=int, help="use only the first N training samples")
-    p.add_argument("--test-limit", type=int, help="evaluate on only the first N test samples")
-    p.add_argument("--seed", type=int, default=0)
+@dataclass(frozen=True)
+class Flag:
+    flag: str                  # on the command line
+    key: str                   # what it sets: a with_overrides key, or a topology builder option
+    type: type | None = None
+    help: str | None = None
+    choices: tuple | None = None
+    metavar: str | None = None
+    nargs: str | None = None
+    const: object = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag[2:].replace("-", "_")
+
+    def add_to(self, p) -> None:
+        kw = {k: v for k, v in (("type", self.type), ("help", self.help), ("choices", self.choices),
+                                ("metavar", self.metavar), ("nargs", self.nargs), ("const", self.const))
+              if v is not None}
+        p.add_argument(self.flag, **kw)
+
+
+TRAINING_FLAGS: tuple[Flag, ...] = (
+    Flag("--epochs", "epochs", int),
+    Flag("--workers", "units", int, "compute units (model replicas: the compute bolt's parallelism)"),
+    Flag("--threads", "threads", int, "compute threads in all (train; default one per unit); on a "
+         "cluster each worker's own --threads decides"),
+    Flag("--batch", "batch", int, "local batch b per unit"),
+    Flag("--sync-period", "sync_period", int, "H: local steps between synchronisations (mixbp)"),
+    Flag("--lr", "lr", float),
+    Flag("--momentum", "momentum", float),
+    Flag("--outer-momentum", "outer_momentum", float, "Nesterov momentum on the averaged change (mixbp)"),
+    Flag("--lr-schedule", "lr_schedule", choices=("constant", "cosine")),
+    Flag("--input-size", "input_size", int, "AlexNet input size: 64 or 224"),
+    Flag("--dataset", "dataset", choices=DATASETS, help="default: fashion-mnist"),
+    Flag("--data", "data_dir", metavar="DIR",
+         help="IDX directory (default: the dataset's installed location or $STREAMNET_DATA)"),
+    Flag("--train-limit", "train_limit", int, "use only the first N training samples"),
+    Flag("--test-limit", "test_limit", int, "evaluate on only the first N test samples"),
+    Flag("--seed", "seed", int, "default: 0"),
+    Flag("--checkpoint-dir", "checkpoint_dir", metavar="DIR",
+         help="write a checkpoint at each epoch's end and when stopped cleanly (Ctrl-C, kill --checkpoint); "
+              "on a cluster, a directory every worker can reach; not with --in-process"),
+    Flag("--resume", "resume", nargs="?", const=True, metavar="CHECKPOINT",
+         help="continue from the newest valid checkpoint of this run in --checkpoint-dir (or the file given)"),
+)
+RUN_ONLY = {"checkpoint_dir", "resume"}     # where and whether to checkpoint: not part of the configuration
+_FLAG_OF = {f.key: f.flag for f in TRAINING_FLAGS}
+
+
+def add_training_options(p, setup: bool = False) -> None:
+    """The training flags; with `setup`, also --model and --algorithm (train's choice of setup)."""
+    if setup:
+        p.add_argument("--model", choices=MODELS, default="lenet5")
+        p.add_argument("--algorithm", choices=ALGORITHMS, default="mixbp")
+    for f in TRAINING_FLAGS:
+        f.add_to(p)
+
+
+def given_options(a: argparse.Namespace) -> dict:
+    """{key: value} of the training flags given on the command line."""
+    return {f.key: getattr(a, f.dest) for f in TRAINING_FLAGS if getattr(a, f.dest) is not None}
+
+
+def naming_the_flag(err: ConfigError, given: dict) -> ConfigError:
+    """`err` ("batch: must be >= 1; got 0") with the flag the value came from, if it came from one."""
+    field = str(err).partition(":")[0]
+    if field in given and field in _FLAG_OF:
+        return ConfigError(f"{err} (from {_FLAG_OF[field]} {given[field]})")
+    return err
+
+
+def setup_of(model: str, algorithm: str) -> RunConfig:
+    name = f"{model}-{algorithm}"
+    if name in SETUPS:
+        return SETUPS[name]()
+    return RunConfig(model=ModelConfig(name=model),
+                     algorithm=AlgorithmConfig(name=algorithm, sync_period=1 if algorithm != "mixbp" else 8))
 
 
 def config_from_args(a: argparse.Namespace) -> RunConfig:
-    name = f"{a.model}-{a.algorithm}"
-    base = SETUPS[name]() if name in SETUPS else RunConfig(
-        model=ModelConfig(name=a.model), algorithm=AlgorithmConfig(name=a.algorithm,
-                                                                     sync_period=1 if a.algorithm != "mixbp" else 8))
-    model = base.model
-    if a.input_size is not None:
-        model = ModelConfig(name=model.name, options={**model.options, "input_size": a.input_size})
-    alg_over = {k: v for k, v in {
-        "batch": a.batch, "sync_period": a.sync_period, "lr": a.lr, "momentum": a.momentum,
-        "outer_momentum": a.outer_momentum, "lr_schedule": a.lr_schedule}.items() if v is not None}
-    alg = replace(base.algorithm, **alg_over)
-    data = DataConfig(dataset=a.dataset, data_dir=a.data, train_limit=a.train_limit, test_limit=a.test_limit)
-    units = a.workers if a.workers is not None else base.units
-    return replace(base, model=model, algorithm=alg, data=data, units=units,
-                   threads=a.threads if a.threads is not None else units,
-                   epochs=a.epochs if a.epochs is not None else base.epochs, seed=a.seed)
+    """train's configuration: the setup of --model/--algorithm with the flags given."""
+    base = setup_of(a.model, a.algorithm)
+    given = given_options(a)
+    o = {k: v for k, v in given.items() if k not in RUN_ONLY}
+    o.setdefault("threads", o.get("units", base.units))    # one compute thread per unit unless told
+    try:
+        return with_overrides(base, o)
+    except ConfigError as e:
+        raise naming_the_flag(e, given) from None

@@ -3,10 +3,13 @@ from .bp import SGD, Aggregator, ComputeUnit, Contribution, Plan, lr_scale, plan
 from .config import (SETUPS, AlgorithmConfig, DataConfig, ModelConfig, RunConfig, alexnet_mixbp,
                      lenet5_cumulative, lenet5_mixbp, lenet5_online)
 from .evaluate import evaluate
-from .local import Progress, TrainResult, UnitSchedule, load_data, make_model, train_local
+from .in_process import Progress, TrainResult, train_local
+from .run_stats import ResultsError, RunStats, SyncStats
+from .schedule import UnitSchedule, load_data, make_model
 from .summary import EpochRecord, RunSummary
 
 __all__ = ["SGD", "Aggregator", "ComputeUnit", "Contribution", "Plan", "lr_scale", "plan_for",
            "AlgorithmConfig", "DataConfig", "ModelConfig", "RunConfig", "SETUPS", "lenet5_mixbp",
            "lenet5_cumulative", "lenet5_online", "alexnet_mixbp", "evaluate", "Progress", "load_data",
-           "make_model", "train_local", "TrainResult", "UnitSchedule", "EpochRecord", "RunSummary"]
+           "make_model", "train_local", "TrainResult", "UnitSchedule", "EpochRecord", "RunSummary",
+           "ResultsError", "RunStats", "SyncStats"]

@@ -140,6 +140,28 @@ def run_config_from_dict(d: dict) -> RunConfig:
                      **{k: v for k, v in d.items() if k not in ("model", "data", "algorithm")})
 
 
+# -- overrides: what the CLI and topology builders change on a named setup -------
+
+ALG_KEYS = ("batch", "sync_period", "lr", "momentum", "weight_decay", "lr_schedule", "outer_lr", "outer_momentum")
+DATA_KEYS = ("dataset", "data_dir", "train_limit", "test_limit")
+RUN_KEYS = ("epochs", "units", "threads", "seed")
+MODEL_KEYS = ("input_size",)     # model options
+
+
+def with_overrides(cfg: RunConfig, o: dict) -> RunConfig:
+    """`cfg` with the fields named in `o` (flat keys: ALG_KEYS, DATA_KEYS, RUN_KEYS,
+    MODEL_KEYS) replaced; an unknown key or a bad value is a ConfigError."""
+    unknown = set(o) - set(ALG_KEYS) - set(DATA_KEYS) - set(RUN_KEYS) - set(MODEL_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown training option(s) {sorted(unknown)}")
+    model = cfg.model
+    if "input_size" in o:
+        model = replace(model, options={**model.options, "input_size": o["input_size"]})
+    alg = replace(cfg.algorithm, **{k: o[k] for k in ALG_KEYS if k in o})
+    data = replace(cfg.data, **{k: o[k] for k in DATA_KEYS if k in o})
+    return replace(cfg, model=model, algorithm=alg, data=data, **{k: o[k] for k in RUN_KEYS if k in o})
+
+
 # -- named setups -----------------------------------------------------------
 
 def lenet5_mixbp(**overrides) -> RunConfig:

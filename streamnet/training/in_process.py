@@ -1,7 +1,9 @@
-"""Training in this process: K compute units on a thread pool, one aggregator.
+"""Training in this process (`streamnet-submit train --in-process`): K compute units
+on a thread pool, one aggregator.
 
-It runs the BP family's rounds exactly as the topology does, without the engine:
-with one unit it is plain mini-batch SGD.
+It runs the BP family's rounds exactly as the topology does, without the engine,
+over the same schedule (schedule.py): with one unit it is plain mini-batch SGD.
+It is the reference the topology is tested against.
 """
 from __future__ import annotations
 
@@ -12,11 +14,11 @@ from typing import Callable
 
 import numpy as np
 
-from ..data import Dataset, batch_slices, epoch_order, load_dataset, shard_indices
-from ..nn import Model, build_model
+from ..data import Dataset
 from .bp import Aggregator, ComputeUnit, lr_scale, plan_for
-from .config import DataConfig, RunConfig
+from .config import RunConfig
 from .evaluate import evaluate
+from .schedule import UnitSchedule, load_data, make_model
 from .summary import EpochRecord, RunSummary
 
 
@@ -30,44 +32,6 @@ class Progress:
     loss: float           # mean training loss of the last round
     samples_per_s: float  # this epoch, so far
     test_accuracy: float | None = None   # set on the event that ends an epoch
-
-
-def load_data(cfg: DataConfig, seed: int = 0) -> Dataset:
-    """The run's data, with bad samples (NaN/Inf pixels, labels out of range) quarantined."""
-    from ..data.quarantine import quarantine
-    if cfg.dataset == "synthetic":
-        ds = load_dataset("synthetic", train_size=cfg.synthetic_train, test_size=cfg.synthetic_test, seed=seed)
-    else:
-        ds = load_dataset(cfg.dataset, cfg.data_dir)
-    if cfg.train_limit or cfg.test_limit:
-        from ..data import Split
-        cut = lambda s, n: s if n is None else Split(s.images[:n], s.labels[:n])
-        ds = Dataset(ds.name, cut(ds.train, cfg.train_limit), cut(ds.test, cfg.test_limit),
-                     ds.num_classes, ds.mean, ds.std)
-    return quarantine(ds)
-
-
-def make_model(cfg: RunConfig, num_classes: int = 10) -> Model:
-    return build_model(cfg.model.name, num_classes=num_classes, seed=cfg.seed, **cfg.model.options)
-
-
-class UnitSchedule:
-    """Which batches unit k takes in each round of an epoch."""
-
-    def __init__(self, cfg: RunConfig, train_size: int):
-        self.cfg = cfg
-        self.shards = [shard_indices(train_size, cfg.units, k, cfg.seed) for k in range(cfg.units)]
-
-    def epoch(self, epoch: int) -> tuple[list[list[np.ndarray]], int]:
-        """Per unit, the list of its rounds, each a list of index arrays; and the round count."""
-        alg = self.cfg.algorithm
-        plan = []
-        for k, shard in enumerate(self.shards):
-            order = epoch_order(shard, self.cfg.seed, epoch, k)
-            batches = [order[s] for s in batch_slices(len(order), alg.batch_of(k))]
-            h = alg.sync_period_of(k)
-            plan.append([batches[i:i + h] for i in range(0, len(batches), h)])
-        return plan, max(len(p) for p in plan)
 
 
 @dataclass

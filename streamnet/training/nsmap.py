@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 
 from ..runtime import TopologyBuilder
-from .config import SETUPS, RunConfig, run_config_to_dict
-from .local import load_data
+from .config import SETUPS, RunConfig, run_config_to_dict, with_overrides
+from .schedule import load_data
 
-PKG = "streamnet.training.components"
+PKG = "streamnet.training"
 
 
 def default_name(cfg: RunConfig) -> str:
@@ -29,15 +28,15 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
              f"{cfg.units} units x {cfg.epochs} epochs")
     if resume:
         about += f", resumed at step {resume['step']}"
-    b.add_spout("data", f"{PKG}:DataSpout", about=about, run=run, train_size=train_size,
+    b.add_spout("data", f"{PKG}.data_spout:DataSpout", about=about, run=run, train_size=train_size,
                 checkpoints=checkpoint_dir is not None, resume=resume)
-    (b.add_bolt("compute", f"{PKG}:ComputeBolt", parallelism=cfg.units, run=run)
+    (b.add_bolt("compute", f"{PKG}.compute_bolt:ComputeBolt", parallelism=cfg.units, run=run)
         .direct("data").all("sync", stream="params").direct("sync", stream="direct_params")
         .all("sync", stream="state_request"))
-    (b.add_bolt("sync", f"{PKG}:SyncBolt", run=run, resume=resume).global_("compute")
+    (b.add_bolt("sync", f"{PKG}.sync_bolt:SyncBolt", run=run, resume=resume).global_("compute")
         .global_("compute", stream="resync").global_("compute", stream="replica"))
-    b.add_bolt("eval", f"{PKG}:EvalBolt", run=run).all("sync", stream="eval")
-    b.add_bolt("checkpoint", f"{PKG}:CheckpointBolt", dir=checkpoint_dir).all("sync", stream="checkpoint")
+    b.add_bolt("eval", f"{PKG}.eval_bolt:EvalBolt", run=run).all("sync", stream="eval")
+    b.add_bolt("checkpoint", f"{PKG}.checkpoint_bolt:CheckpointBolt", dir=checkpoint_dir).all("sync", stream="checkpoint")
     # the spout holds one tree per unit: a round's trees completing is the sync barrier. The
     # timeout covers an epoch's end, whose trees include the evaluation (AlexNet-64 on 10,000
     # test images takes over a minute on one core); a lost worker is handled sooner, when the
@@ -74,7 +73,7 @@ def _builder(setup: str):
     def build(name: str | None = None, checkpoint_dir: str | None = None, resume: bool | str | None = None,
               **overrides):
         from .summary_from_results import summarise
-        cfg = apply_overrides(SETUPS[setup](), overrides)
+        cfg = with_overrides(SETUPS[setup](), overrides)
         point = None
         if resume:
             point = resume_point(cfg, checkpoint_dir, name or default_name(cfg), None if resume is True else resume)
@@ -85,21 +84,6 @@ def _builder(setup: str):
             return True, f"test accuracy {s.test_accuracy:.2%}, {s.samples_per_s:,.0f} samples/s", s.to_dict()
         return topo, check
     return build
-
-
-ALG_KEYS = ("batch", "sync_period", "lr", "momentum", "weight_decay", "lr_schedule", "outer_lr", "outer_momentum")
-DATA_KEYS = ("dataset", "data_dir", "train_limit", "test_limit")
-
-
-def apply_overrides(cfg: RunConfig, o: dict) -> RunConfig:
-    unknown = set(o) - set(ALG_KEYS) - set(DATA_KEYS) - {"epochs", "units", "threads", "seed"}
-    if unknown:
-        from ..errors import ConfigError
-        raise ConfigError(f"unknown training option(s) {sorted(unknown)}")
-    alg = replace(cfg.algorithm, **{k: o[k] for k in ALG_KEYS if k in o})
-    data = replace(cfg.data, **{k: o[k] for k in DATA_KEYS if k in o})
-    top = {k: o[k] for k in ("epochs", "units", "threads", "seed") if k in o}
-    return replace(cfg, algorithm=alg, data=data, **top)
 
 
 BUILDERS = {name: _builder(name) for name in SETUPS}

@@ -1,0 +1,116 @@
+"""The data spout: each unit's work, round by round, epoch by epoch.
+
+A round's trees completing is the synchronisation barrier (see sync_bolt.py): the
+spout emits the next round only when every tree of this one is acked, and replays
+the work of a unit whose tree failed or timed out.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ..runtime import Spout
+from .bp import lr_scale
+from .config import run_config_from_dict
+from .run_stats import StoppedAt
+from .schedule import UnitSchedule
+from .streams import WORK, row
+
+log = logging.getLogger(__name__)
+
+
+class DataSpout(Spout):
+    """Emits each unit's work, round by round, epoch by epoch.
+
+    A round flagged `checkpoint` (an epoch's last round when the topology writes
+    checkpoints, and the round that ends a drain) goes to every unit, so that each
+    hands over its state with its contribution and the sync bolt can write a
+    checkpoint that resumes exactly. A drain (`streamnet-submit kill --checkpoint`,
+    SIGTERM to a worker) ends the run after its next checkpoint round.
+    """
+    outputs = list(WORK)
+
+    def open(self, ctx, collector):
+        super().open(ctx, collector)
+        self.cfg = run_config_from_dict(self.config["run"])
+        self.schedule = UnitSchedule(self.cfg, int(self.config["train_size"]))
+        self.compute_tasks = ctx.component_tasks("compute")
+        self.checkpoints = bool(self.config.get("checkpoints"))
+        self.epoch = self.round = self.step = 0
+        if self.config.get("resume"):        # a resume point (nsmap.resume_point)
+            start = self.config["resume"]
+            self.epoch, self.round, self.step = start["epoch"], start["round"], start["step"]
+        self.total = self.schedule.epoch(0)[1] * self.cfg.epochs
+        if self.epoch < self.cfg.epochs:
+            self.plan, self.rounds = self.schedule.epoch(self.epoch)
+        self.in_flight: dict[tuple, list] = {}      # (epoch, round, unit) -> work values
+        self.flagged = False                        # is the round in flight a checkpoint round?
+        self.replay: list[tuple] = []
+        self.replayed = 0
+        self.draining = self.stopped = False
+
+    def restore(self, state):
+        self.epoch, self.round, self.step = state["epoch"], state["round"], state["step"]
+        self.replayed = state["replayed"]
+        self.stopped = state.get("stopped", False)   # absent in states saved before drains existed
+        if self.epoch < self.cfg.epochs:
+            self.plan, self.rounds = self.schedule.epoch(self.epoch)
+
+    def drain(self):
+        if not self.draining and not self.is_done():
+            log.warning("drain requested at epoch %d, round %d: stopping after the next checkpoint round",
+                        self.epoch + 1, self.round + 1)
+        self.draining = True
+
+    def _emit(self, key, values):
+        self.collector.emit(values, msg_id=key, direct_task=self.compute_tasks[key[2]])
+
+    def next_tuple(self):
+        if self.replay:
+            key = self.replay.pop()
+            self._emit(key, self.in_flight[key])
+            return
+        if self.in_flight or self.epoch >= self.cfg.epochs or self.stopped:
+            return  # the barrier: the whole round must complete first
+        scale = lr_scale(self.cfg.algorithm, self.step / self.total)
+        self.flagged = self.draining or (self.checkpoints and self.round + 1 >= self.rounds)
+        for unit, rounds in enumerate(self.plan):
+            if self.round < len(rounds) or self.flagged:
+                batches = [b.astype(np.int32) for b in rounds[self.round]] if self.round < len(rounds) else []
+                key = (self.epoch, self.round, unit)
+                self.in_flight[key] = row(WORK, unit=unit, epoch=self.epoch, round=self.round, step=self.step,
+                                          lr_scale=scale, batches=batches, checkpoint=self.flagged)
+                self._emit(key, self.in_flight[key])
+
+    def ack(self, key):
+        self.in_flight.pop(tuple(key), None)
+        if not self.in_flight:
+            self.round += 1
+            self.step += 1
+            if self.round >= self.rounds:
+                self.epoch, self.round = self.epoch + 1, 0
+                if self.epoch < self.cfg.epochs:
+                    self.plan, self.rounds = self.schedule.epoch(self.epoch)
+            if self.draining and self.flagged and self.epoch < self.cfg.epochs:
+                self.stopped = True
+                log.warning("drained: stopped before epoch %d, round %d (step %d)",
+                            self.epoch + 1, self.round + 1, self.step)
+            self.ctx.save_state({"epoch": self.epoch, "round": self.round, "step": self.step,
+                                 "replayed": self.replayed, "stopped": self.stopped})
+
+    def fail(self, key):
+        key = tuple(key)
+        if key in self.in_flight:
+            self.replayed += 1
+            log.warning("replaying work of unit %d, epoch %d, round %d", key[2], key[0], key[1])
+            self.replay.append(key)
+
+    def is_done(self):
+        return (self.epoch >= self.cfg.epochs or self.stopped) and not self.in_flight
+
+    def close(self):
+        if self.is_done():
+            self.ctx.publish("replayed", self.replayed)
+            if self.stopped:
+                self.ctx.publish("stopped_at", StoppedAt(epoch=self.epoch, round=self.round, step=self.step).to_dict())

@@ -1,0 +1,108 @@
+"""What both trainers agree on: the run's data, its model, and which batches each
+unit takes in each round of an epoch.
+
+The in-process trainer (`in_process.train_local`) and the topology's spout, compute
+and sync tasks all call these, so the two paths cannot drift: the schedule is a
+function of the seed alone, which is also what makes exactly-once accounting and an
+exact resume possible (a round's samples can be recomputed anywhere).
+"""
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import asdict
+
+import numpy as np
+
+from ..data import Dataset, batch_slices, epoch_order, load_dataset, shard_indices
+from ..nn import Model, build_model
+from .config import DataConfig, RunConfig
+
+
+def load_data(cfg: DataConfig, seed: int = 0) -> Dataset:
+    """The run's data, with bad samples (NaN/Inf pixels, labels out of range) quarantined."""
+    from ..data.quarantine import quarantine
+    if cfg.dataset == "synthetic":
+        ds = load_dataset("synthetic", train_size=cfg.synthetic_train, test_size=cfg.synthetic_test, seed=seed)
+    else:
+        ds = load_dataset(cfg.dataset, cfg.data_dir)
+    if cfg.train_limit or cfg.test_limit:
+        from ..data import Split
+        cut = lambda s, n: s if n is None else Split(s.images[:n], s.labels[:n])
+        ds = Dataset(ds.name, cut(ds.train, cfg.train_limit), cut(ds.test, cfg.test_limit),
+                     ds.num_classes, ds.mean, ds.std)
+    return quarantine(ds)
+
+
+@functools.lru_cache(maxsize=4)
+def _dataset(data_key: str, seed: int) -> Dataset:
+    """One copy per process however many tasks use it (the local cluster runs all
+    workers in one process); read-only, so sharing is safe."""
+    return load_data(DataConfig(**json.loads(data_key)), seed)
+
+
+def dataset_for(cfg: RunConfig) -> Dataset:
+    """The run's data for a topology task, shared by the tasks of this process."""
+    return _dataset(json.dumps(asdict(cfg.data), sort_keys=True), cfg.seed)
+
+
+def make_model(cfg: RunConfig, num_classes: int = 10) -> Model:
+    return build_model(cfg.model.name, num_classes=num_classes, seed=cfg.seed, **cfg.model.options)
+
+
+class UnitSchedule:
+    """Which batches unit k takes in each round of an epoch."""
+
+    def __init__(self, cfg: RunConfig, train_size: int):
+        self.cfg = cfg
+        self.shards = [shard_indices(train_size, cfg.units, k, cfg.seed) for k in range(cfg.units)]
+
+    def epoch(self, epoch: int) -> tuple[list[list[np.ndarray]], int]:
+        """Per unit, the list of its rounds, each a list of index arrays; and the round count."""
+        alg = self.cfg.algorithm
+        plan = []
+        for k, shard in enumerate(self.shards):
+            order = epoch_order(shard, self.cfg.seed, epoch, k)
+            batches = [order[s] for s in batch_slices(len(order), alg.batch_of(k))]
+            h = alg.sync_period_of(k)
+            plan.append([batches[i:i + h] for i in range(0, len(batches), h)])
+        return plan, max(len(p) for p in plan)
+
+
+class EpochPlans:
+    """The unit plans of the epochs a sync task is working on, computed once each.
+
+    Two epochs are kept: at an epoch boundary the ledger closes the previous one as
+    the next begins, and recomputing a plan costs a shuffle of the whole training set.
+    """
+
+    def __init__(self, schedule: UnitSchedule):
+        self.schedule = schedule
+        self._cache: dict[int, list] = {}
+
+    def plan(self, epoch: int) -> list:
+        """Per unit, its rounds of `epoch` (0-based)."""
+        if epoch not in self._cache:
+            if len(self._cache) >= 2:
+                del self._cache[max(self._cache, key=lambda e: abs(e - epoch))]
+            self._cache[epoch] = self.schedule.epoch(epoch)[0]
+        return self._cache[epoch]
+
+    def cached(self, epoch: int) -> list | None:
+        """The plan if it is at hand (for progress reports, which must not shuffle)."""
+        return self._cache.get(epoch)
+
+    def rounds(self, epoch: int) -> int:
+        return max(len(r) for r in self.plan(epoch))
+
+    def expected(self, epoch: int, rnd: int, flagged: bool = False) -> set[int]:
+        """The units with work in a round; every unit in a checkpoint round."""
+        return {u for u, rounds in enumerate(self.plan(epoch)) if flagged or rnd < len(rounds)}
+
+    def worked(self, epoch: int, rnd: int, units) -> list[int]:
+        """Those of `units` that had samples in the round (a checkpoint round's extra units had none)."""
+        plan = self.plan(epoch)
+        return [u for u in units if rnd < len(plan[u])]
+
+    def epoch_end(self, epoch: int, rnd: int) -> bool:
+        return rnd + 1 >= self.rounds(epoch)

@@ -1,0 +1,188 @@
+"""The sync bolt: receives the units' contributions and combines each round once.
+
+One round, for every unit k with work in it:
+
+    data --work(k, epoch, round, batches)--> compute[k]          (direct; root of k's tree)
+    compute[k] --contribution(k, vector)--> sync                 (anchored to the work)
+    sync, once every expected unit of the round has reported:
+        combine (weighted, in unit order) and one outer step
+        --params--> every compute task (all), and at epoch ends --params--> eval, checkpoint
+        (anchored to all of the round's contributions), then ack the contributions
+    compute[j] sets the params, acks.
+
+So unit k's tree completes only when every replica holds the new parameters (and,
+at an epoch's end, the evaluation is done); the spout's max_spout_pending equals
+the number of units, which makes the tree completion the synchronisation barrier.
+A lost tuple fails the tree and the spout replays the unit's work; the sync bolt
+counts each (epoch, round, unit) once (SyncState, SampleLedger) and answers a replay
+of a round it already combined by sending the current parameters again
+(sync_recovery.py, with the rest of what a failure asks of it).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from ..runtime import Bolt, CoordinatorError, FencedError
+from .bp import Aggregator, Contribution, plan_for
+from .config import run_config_from_dict
+from .epoch_clock import LossMeter, progress_record
+from .run_stats import SyncStats
+from .schedule import EpochPlans, UnitSchedule, dataset_for, make_model
+from .streams import APPLIED, CHECKPOINT, DIRECT_PARAMS, EVAL, PARAMS, STATE_REQUEST, row
+from .sync_recovery import SyncRecovery
+from .sync_state import SyncState
+
+log = logging.getLogger(__name__)
+
+
+class SyncBolt(SyncRecovery, Bolt):
+    """The parameter aggregator.
+
+    It combines each step once (`counts.next_step` is the step its parameters start).
+    A sync bolt that starts anew (its worker died) holds no parameters: it asks every
+    replica for theirs and continues from the newest - the compute units' replicas
+    are the parameters' backup - with the outer momentum reset (logged).
+    """
+    outputs = {"params": list(PARAMS), "direct_params": list(DIRECT_PARAMS), "state_request": list(STATE_REQUEST),
+               "eval": list(EVAL), "checkpoint": list(CHECKPOINT)}
+    tick_interval_s = 1.0
+    PUBLISH_S = 0.5      # progress records at most this often
+
+    def prepare(self, ctx, collector):
+        super().prepare(ctx, collector)
+        self.cfg = run_config_from_dict(self.config["run"])
+        ds = dataset_for(self.cfg)
+        self.train_size = len(ds.train)
+        self.agg = Aggregator(make_model(self.cfg, ds.num_classes).params, plan_for(self.cfg.algorithm))
+        self.plans = EpochPlans(UnitSchedule(self.cfg, self.train_size))
+        self.compute_tasks = ctx.component_tasks("compute")
+        self.counts = SyncState(units=len(self.compute_tasks))
+        self.pending: dict[tuple[int, int], dict[int, object]] = {}   # (epoch, round) -> unit -> contribution
+        self.loss = LossMeter()
+        self.bytes_in = self.bytes_out = 0
+        self.barrier_s = dict.fromkeys(range(len(self.compute_tasks)), 0.0)   # unit -> s waited for the round
+        self.arrived: dict[int, float] = {}
+        self.t0 = time.perf_counter()
+        self._published = 0.0
+        self.prepare_recovery()
+        if self.config.get("resume"):
+            self.resume(self.config["resume"])
+
+    async def execute(self, tup):
+        if tup.stream == "replica":
+            await self._replica(tup)
+        elif tup.stream == "resync":
+            self._resync(tup)
+        else:
+            await self._contribution(tup)
+
+    async def _contribution(self, tup):
+        self._maybe_new(tup)
+        key = (tup["epoch"], tup["round"])
+        unit = tup["unit"]
+        if self.adoption is None and (tup["status"] == APPLIED or tup["step"] < self.counts.next_step):
+            self._answer_replay(tup)
+            return
+        slot = self.pending.setdefault(key, {})
+        if unit in slot:
+            self.counts.duplicates += 1
+            self.collector.ack(slot[unit])  # the newer copy replaces the older; its tree is the one left
+        slot[unit] = tup
+        self.arrived[unit] = time.perf_counter()
+        self.bytes_in += tup["vector"].nbytes
+        if self.adoption is None:
+            await self._maybe_combine(key)
+
+    async def _maybe_combine(self, key):
+        slot = self.pending.get(key, {})
+        flagged = any(t["checkpoint"] for t in slot.values())
+        if not slot or set(slot) < self.plans.expected(*key, flagged):
+            return
+        tuples = [slot[u] for u in sorted(slot)]
+        if any(t["status"] == APPLIED or t["step"] != self.counts.next_step for t in tuples):
+            del self.pending[key]
+            for t in tuples:            # stale after a recovery: answer like replays
+                self._answer_replay(t)
+            return
+        contributions = [Contribution(t["unit"], t["samples"], t["steps"], t["loss_sum"], t["vector"]) for t in tuples]
+        done = time.perf_counter()
+        for u in slot:
+            self.barrier_s[u] += done - self.arrived[u]
+        step = tuples[0]["step"]
+        params = await self.ctx.compute(self.agg.combine, contributions, tuples[0]["lr_scale"], step)
+        del self.pending[key]
+        self._combined(key, step, tuples, contributions, params, flagged)
+
+    def _combined(self, key, step: int, tuples: list, contributions: list, params, flagged: bool) -> None:
+        """Count the round, send the new parameters (and an epoch end's evaluation and
+        checkpoint) anchored to every contribution, save the counters, then ack."""
+        epoch, rnd = key
+        n = sum(c.samples for c in contributions)
+        self.counts.count_round(self.plans, step, epoch, rnd, n, self.plans.worked(epoch, rnd, [t["unit"] for t in tuples]))
+        self.loss.record(epoch + 1, sum(c.loss_sum for c in contributions), n)
+        self.unit_states = {}
+        next_step = self.counts.next_step
+        out = params.copy()  # receivers in this process share the array: never hand out the live one
+        self.collector.emit(row(PARAMS, step=next_step, params=out), stream="params", anchors=tuples)
+        self.bytes_out += out.nbytes * len(self.compute_tasks)
+        end = self.plans.epoch_end(epoch, rnd)
+        if end:
+            self.collector.emit(row(EVAL, epoch=epoch + 1, step=step, params=out), stream="eval", anchors=tuples)
+        if flagged:
+            values = row(CHECKPOINT, epoch=epoch + 1 if end else epoch, step=next_step, params=out,
+                         state=self._checkpoint_state(tuples, (epoch + 1, 0) if end else (epoch, rnd + 1)))
+            self.last_checkpoint = (step, values)
+            self.collector.emit(values, stream="checkpoint", anchors=tuples)
+        self._save()
+        for t in tuples:
+            self.collector.ack(t)
+        now = time.perf_counter()
+        if now - self._published > self.PUBLISH_S:
+            self._publish_progress(epoch, rnd)
+            self._published = now
+
+    def _save(self):
+        try:
+            self.ctx.save_state(self.counts.saved())
+        except FencedError:
+            raise
+        except CoordinatorError as e:  # best effort: the next round saves again
+            log.warning("sync bolt could not save its counters: %s", e)
+
+    def _checkpoint_state(self, tuples, position) -> dict:
+        """Everything besides the parameters that the run needs to continue exactly."""
+        return {"position": {"epoch": position[0], "round": position[1], "step": self.counts.next_step},
+                "outer": self.agg.state(),
+                "units": {str(t["unit"]): t["unit_state"] for t in tuples if t["unit_state"] is not None},
+                "counters": self.counts.checkpoint_counters(),
+                "config": self.config["run"]}
+
+    def _publish_progress(self, epoch, rnd):
+        c = self.counts
+        plan = self.plans.cached(epoch) or []
+        self.ctx.publish("progress", progress_record(
+            epoch=epoch, rnd=rnd, rounds=c.rounds, epoch_rounds=max((len(r) for r in plan), default=0),
+            samples=c.samples, loss=self.loss.last, samples_this_run=c.samples - c.samples_before,
+            elapsed_s=time.perf_counter() - self.t0))
+
+    def stats(self) -> SyncStats:
+        """The run's account; closes the epochs that are complete."""
+        c = self.counts
+        last = max(c.epoch_samples, default=0)
+        finished = {e: n for e, n in c.epoch_samples.items() if n >= self.train_size or e < last}
+        for e in finished:
+            c.ledger.close(e, self.plans.plan(e - 1))
+        return SyncStats(
+            sync_rounds=c.rounds, samples_processed=c.samples, samples_this_run=c.samples - c.samples_before,
+            duplicates=c.duplicates, bytes_received=self.bytes_in, bytes_sent=self.bytes_out,
+            refused=len(self.agg.refused), recoveries=c.recoveries, epoch_samples=dict(c.epoch_samples),
+            each_sample_counted_once=all(n == self.train_size and c.ledger.clean(e) for e, n in finished.items()),
+            miscounted=c.ledger.report(lambda e: self.plans.plan(e - 1)),
+            barrier_s=dict(self.barrier_s), epoch_train_loss=self.loss.per_epoch(), epoch_clock=dict(c.clock.spans),
+            num_params=int(self.agg.params.size), resumed_from_step=c.resumed_from,
+            quarantined=dataset_for(self.cfg).quarantined, wall_s=time.perf_counter() - self.t0, started=c.started)
+
+    def close(self):
+        self.ctx.publish("stats", self.stats().to_dict())
+        self.ctx.publish("params", self.agg.params if self.agg.params.nbytes <= 512 << 10 else None)

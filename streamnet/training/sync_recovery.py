@@ -1,0 +1,151 @@
+"""The sync bolt's recovery half: how it gets its parameters back and answers work
+it has already combined.
+
+- resuming a stopped run from a checkpoint (`resume`);
+- a sync task started anew after its worker died (`restore`, or a first
+  contribution ahead of step 0): its counters come back from the coordinator, its
+  parameters from the compute units' replicas - it asks every replica for theirs
+  and adopts the newest, with the outer momentum reset (logged);
+- a contribution for a step already combined (a replay after a failure) is
+  answered with the current parameters, and an epoch end's evaluation and
+  checkpoint are sent again, since they may have been lost with a worker;
+- a compute unit that missed a broadcast asks (`resync`) and gets the parameters
+  sent to it alone.
+
+A mixin over the SyncBolt's state (sync_bolt.py holds the receiving and combining
+half): the two halves share the aggregator, the counters and the pending rounds.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .bp import Aggregator
+from .streams import APPLIED, DIRECT_PARAMS, EVAL, PARAMS, STATE_REQUEST, row
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Adoption:
+    """Replica replies collected while a new sync task rebuilds its parameters."""
+    since: float                                   # time.monotonic() of the request
+    replies: dict[int, tuple[int, np.ndarray]] = field(default_factory=dict)   # task -> (step, params)
+
+    def newest(self) -> tuple[int, np.ndarray]:
+        """The replica of the latest step (the first to arrive among equals)."""
+        return max(self.replies.values(), key=lambda r: r[0])
+
+
+class SyncRecovery:
+    ADOPT_WAIT_S = 5.0    # replicas that have not replied by then died with the old sync task
+
+    def prepare_recovery(self) -> None:
+        self.adoption: Adoption | None = None
+        self.restored = False
+        self.last_checkpoint = None   # (step, checkpoint tuple values), to send again if its round is replayed
+        self.unit_states: dict[int, dict] = {}   # from the checkpoint resumed, for the units' first resync
+
+    def resume(self, where: dict) -> None:
+        """Continue a stopped run from the checkpoint `where` (nsmap.resume_point) points at."""
+        from .checkpoint import load_checkpoint
+        ck = load_checkpoint(where["path"], where.get("sha256"))
+        st = ck["state"]
+        self.agg = Aggregator(ck["params"], self.agg.plan)
+        self.agg.set_state(st["outer"])
+        self.counts.resume(ck["step"], st["counters"])
+        self.unit_states = {int(k): v for k, v in st["units"].items()}
+        log.warning("sync bolt resumes from %s at step %d", where["path"], self.counts.next_step)
+
+    def restore(self, state):
+        """Counters survive in the coordinator; parameters come back from the replicas."""
+        self.restored = True
+        self.unit_states = {}
+        self.counts.restore(state)
+        self._request_replicas()
+
+    def _request_replicas(self) -> None:
+        log.warning("sync bolt starting over at step %d: asking the %d replicas for their parameters",
+                    self.counts.next_step, len(self.compute_tasks))
+        self.adoption = Adoption(since=time.monotonic())
+        self.collector.emit(row(STATE_REQUEST, nonce=time.time_ns()), stream="state_request")
+
+    def _maybe_new(self, tup) -> None:
+        """A sync task with no saved state that gets work past step 0 replaced one that
+        died before it saved: the same recovery as a restore."""
+        if self.adoption is None and not self.restored and self.counts.next_step == 0 and tup["step"] > 0:
+            self.restored = True
+            self._request_replicas()
+
+    def _resync(self, tup) -> None:
+        """A compute unit asks for the current parameters (it is new, or missed them)."""
+        if self.adoption is None:
+            unit = self.compute_tasks.index(tup["task"])
+            self.collector.emit(row(DIRECT_PARAMS, step=self.counts.next_step, params=self.agg.params.copy(),
+                                    unit_state=self.unit_states.get(unit)),
+                                stream="direct_params", direct_task=tup["task"])
+        self.collector.ack(tup)
+
+    async def _replica(self, tup) -> None:
+        self.collector.ack(tup)
+        if self.adoption is None:
+            return
+        self.adoption.replies[tup["task"]] = (tup["step"], tup["params"])
+        if len(self.adoption.replies) == len(self.compute_tasks):
+            await self._adopt()
+
+    async def tick(self):
+        if self.adoption is not None and time.monotonic() - self.adoption.since > self.ADOPT_WAIT_S:
+            if self.adoption.replies:
+                await self._adopt()   # some replica died with the old sync bolt: go on with the others
+            else:
+                self._request_replicas()
+
+    async def _adopt(self) -> None:
+        step, params = self.adoption.newest()
+        log.warning("sync bolt adopts the parameters of step %d from %d replica(s); outer momentum restarts",
+                    step, len(self.adoption.replies))
+        self.agg = Aggregator(params, self.agg.plan)
+        last = self.counts.last_round
+        if self.counts.next_step > step and last and last.step == step:
+            # the old sync bolt saved its last combine but died before sending it: undo its count
+            self.counts.undo_last_round()
+            log.warning("step %d was combined but never delivered; it will be combined again", step)
+        self.counts.next_step = step
+        self.adoption = None
+        # replicas behind the newest one catch up before they compute again
+        self.collector.emit(row(PARAMS, step=step, params=self.agg.params.copy()), stream="params")
+        for key in sorted(self.pending):   # what arrived while we were rebuilding
+            slot = self.pending[key]
+            for unit, t in sorted(slot.items()):
+                if t["status"] == APPLIED or t["step"] < step:
+                    del slot[unit]
+                    self._answer_replay(t)
+            if not slot:
+                del self.pending[key]
+        for key in sorted(self.pending):
+            await self._maybe_combine(key)
+
+    def _answer_replay(self, tup) -> None:
+        """A step already combined: complete the tree with the current parameters. If it
+        was an epoch's last step, its evaluation and checkpoint may have been lost with a
+        worker: send them again (the eval bolt keeps one result per epoch)."""
+        self.counts.duplicates += 1
+        next_step = self.counts.next_step
+        params = self.agg.params.copy()
+        self.collector.emit(row(PARAMS, step=next_step, params=params), stream="params", anchors=tup)
+        epoch, rnd = tup["epoch"], tup["round"]
+        if tup["step"] == next_step - 1:
+            if self.plans.epoch_end(epoch, rnd):
+                self.collector.emit(row(EVAL, epoch=epoch + 1, step=tup["step"], params=params),
+                                    stream="eval", anchors=tup)
+            if tup["checkpoint"]:
+                if self.last_checkpoint and self.last_checkpoint[0] == tup["step"]:
+                    self.collector.emit(self.last_checkpoint[1], stream="checkpoint", anchors=tup)
+                else:
+                    log.warning("the checkpoint of step %d was lost with a worker; the previous one stays the "
+                                "newest", next_step)
+        self.collector.ack(tup)

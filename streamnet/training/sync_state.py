@@ -1,0 +1,108 @@
+"""The sync bolt's counters, in one typed value, and the shapes they leave in:
+
+- `saved()` / `restore()`: what the task saves in the coordinator after every
+  combine, so that a sync task started anew (its worker died) continues the count;
+- `checkpoint_counters()` / `resume()`: the counters inside a checkpoint, so that a
+  resumed run continues the count (the layout on disk is checkpoint.py's format);
+- `stats()`: the run's account at the end (run_stats.SyncStats).
+
+The parameters are not here: they live in the Aggregator, and come back after a
+failure from the compute units' replicas (sync_recovery.py).
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from .epoch_clock import EpochClock
+from .ledger import SampleLedger
+from .schedule import EpochPlans
+
+
+class LastRound(NamedTuple):
+    """The last combine: to undo its count if it was never delivered. Saved as a list."""
+    step: int
+    epoch: int      # 1-based
+    samples: int
+    round: int
+    units: list     # the units whose samples it counted
+
+
+@dataclass(kw_only=True, eq=False)
+class SyncState:
+    units: int
+    next_step: int = 0                # the step the parameters start: the next one to combine
+    rounds: int = 0                   # combines, resumed runs included
+    samples: int = 0                  # samples counted, resumed runs included
+    duplicates: int = 0
+    recoveries: int = 0
+    epoch_samples: defaultdict = field(default_factory=lambda: defaultdict(int))   # epoch (1-based) -> samples
+    started: float = field(default_factory=time.time)
+    clock: EpochClock = None
+    ledger: SampleLedger = None
+    last_round: LastRound | None = None
+    samples_before: int = 0           # counted before the checkpoint this run resumed from
+    resumed_from: int | None = None   # that checkpoint's step
+
+    def __post_init__(self):
+        self.clock = self.clock or EpochClock(self.started)
+        self.ledger = self.ledger or SampleLedger(self.units)
+
+    # -- counting --------------------------------------------------------------
+
+    def count_round(self, plans: EpochPlans, step: int, epoch: int, rnd: int, samples: int, worked: list) -> None:
+        """Count a combined round of `epoch` (0-based) with `samples` from the units `worked`."""
+        self.next_step = step + 1
+        self.rounds += 1
+        self.samples += samples
+        self.epoch_samples[epoch + 1] += samples
+        for done in [e for e in self.ledger.open if e < epoch + 1]:
+            self.ledger.close(done, plans.plan(done - 1))   # a later epoch began: it can no longer change
+        self.ledger.record(epoch + 1, rnd, worked, plans.rounds(epoch))
+        self.last_round = LastRound(step, epoch + 1, samples, rnd, worked)
+        self.clock.record(epoch + 1, samples, plans.epoch_end(epoch, rnd))
+
+    def undo_last_round(self) -> None:
+        """The last combine was saved but never delivered (its sync task died): uncount it."""
+        last = self.last_round
+        self.ledger.record(last.epoch, last.round, last.units, 0, delta=-1)
+        self.epoch_samples[last.epoch] -= last.samples
+        self.samples -= last.samples
+        self.rounds -= 1
+
+    # -- in the coordinator ----------------------------------------------------
+
+    def saved(self) -> dict:
+        return {"next_step": self.next_step, "epoch_samples": {str(k): v for k, v in self.epoch_samples.items()},
+                "rounds": self.rounds, "samples": self.samples, "duplicates": self.duplicates,
+                "recoveries": self.recoveries, "started": self.started,
+                "last_round": list(self.last_round) if self.last_round else None,
+                "ledger": self.ledger.to_state(), "epoch_clock": self.clock.to_state()}
+
+    def restore(self, state: dict) -> None:
+        """Continue from what the previous sync task saved; this is one more recovery."""
+        self.next_step = state["next_step"]
+        self.epoch_samples = defaultdict(int, {int(k): v for k, v in state["epoch_samples"].items()})
+        self.ledger.load_state(state.get("ledger"))       # the .get()s: absent in states of older versions
+        self.rounds, self.samples, self.duplicates = state["rounds"], state["samples"], state["duplicates"]
+        self.recoveries = state["recoveries"] + 1
+        self.started = state["started"]
+        self.clock = EpochClock.from_state(self.started, state.get("epoch_clock"))
+        last = state.get("last_round")
+        self.last_round = LastRound(*last) if last else None
+
+    # -- in a checkpoint -------------------------------------------------------
+
+    def checkpoint_counters(self) -> dict:
+        return {"epoch_samples": {str(k): v for k, v in self.epoch_samples.items()},
+                "ledger": self.ledger.to_state(), "rounds": self.rounds, "samples": self.samples}
+
+    def resume(self, step: int, counters: dict) -> None:
+        """Continue the count of the run whose checkpoint of `step` this run resumes."""
+        self.next_step = self.resumed_from = step
+        self.epoch_samples = defaultdict(int, {int(k): v for k, v in counters["epoch_samples"].items()})
+        self.ledger.load_state(counters.get("ledger"))     # absent in checkpoints of older versions
+        self.rounds, self.samples = counters["rounds"], counters["samples"]
+        self.samples_before = counters["samples"]

@@ -1,0 +1,90 @@
+"""RunStats reads a run's results by exact key and field name: a missing or renamed
+one is an error naming it, never a zero in the summary."""
+import math
+
+import pytest
+
+from streamnet.training import DataConfig, RunStats, lenet5_mixbp
+from streamnet.training.run_stats import EpochSpan, ResultsError, SyncStats
+from streamnet.training.summary_from_results import summarise
+
+
+def _stats(**over) -> SyncStats:
+    v = dict(sync_rounds=8, samples_processed=400, samples_this_run=300, duplicates=1, bytes_received=1000,
+             bytes_sent=3000, refused=0, recoveries=1, epoch_samples={1: 200, 2: 200},
+             each_sample_counted_once=True, miscounted={}, barrier_s={0: 0.5, 1: 0.25},
+             epoch_train_loss={1: 2.0, 2: 1.5},
+             epoch_clock={1: EpochSpan(start=100.0, end=110.0, samples=200),
+                          2: EpochSpan(start=110.0, end=None, samples=100)},
+             num_params=61706, resumed_from_step=None, quarantined={"train": {"count": 2}}, wall_s=10.0,
+             started=100.0)
+    v.update(over)
+    return SyncStats(**v)
+
+
+def _results() -> dict:
+    return {"sync.0.stats": _stats().to_dict(),
+            "eval.0.history": [{"epoch": 1, "step": 4, "test_accuracy": 0.5, "test_loss": 1.2, "time": 111.0},
+                               {"epoch": 2, "step": 8, "test_accuracy": 0.75, "test_loss": 0.9, "time": 121.0}],
+            "compute.1.timing": {"worker": "w2", "unit": 1, "compute_s": 4.0, "wait_s": 1.0, "samples": 200},
+            "compute.0.timing": {"worker": "w1", "unit": 0, "compute_s": 5.0, "wait_s": 0.25, "samples": 200},
+            "data.0.replayed": 3,
+            "checkpoint.0.checkpoints": {"last": None, "errors": 0},
+            "sync.0.params": None, "sync.0.progress": {}}
+
+
+def test_sync_stats_travel_as_plain_data_with_string_epochs():
+    d = _stats().to_dict()
+    assert d["epoch_samples"] == {"1": 200, "2": 200}
+    assert d["epoch_clock"] == {"1": {"from": 100.0, "to": 110.0, "samples": 200}, "2": {"from": 110.0, "samples": 100}}
+    assert SyncStats.from_dict(d) == _stats()
+
+
+def test_the_summary_reads_every_record():
+    s = summarise(lenet5_mixbp(data=DataConfig(dataset="synthetic")), _results(), workers=None, wall_s=12.0)
+    assert s.workers == 2 and s.test_accuracy == 0.75 and s.samples_per_s == 30.0 and s.wall_s == 12.0
+    assert [(h.epoch, h.train_loss, h.samples, h.seconds) for h in s.history] == [(1, 2.0, 200, 10.0),
+                                                                                 (2, 1.5, 100, 0.0)]
+    assert s.extra["samples_replayed"] == 3 and s.extra["bytes_sent"] == 4000 and s.extra["stopped_at"] is None
+    assert s.extra["samples_quarantined"] == 2 and s.extra["accuracy_at_s"] == [[11.0, 0.5], [21.0, 0.75]]
+    assert s.extra["per_worker"]["w2"] == {"units": [1], "compute_s": 4.0, "communication_s": 0.75,
+                                           "barrier_wait_s": 0.25, "samples": 200}
+
+
+def test_an_epoch_this_run_did_not_measure_is_unknown_not_zero_loss():
+    r = _results()
+    stats = _stats(epoch_train_loss={2: 1.5}, epoch_clock={2: EpochSpan(start=110.0, end=120.0, samples=200)})
+    r["sync.0.stats"] = stats.to_dict()
+    s = summarise(lenet5_mixbp(), r, workers=2)
+    assert math.isnan(s.history[0].train_loss) and s.history[0].seconds == 0.0
+    assert s.history[1].samples_per_s == 20.0
+
+
+@pytest.mark.parametrize("key", ["sync.0.stats", "eval.0.history", "data.0.replayed", "checkpoint.0.checkpoints"])
+def test_a_missing_record_is_an_error_naming_it(key):
+    r = _results()
+    del r[key]
+    with pytest.raises(ResultsError, match=key.replace(".", r"\.")):
+        RunStats.from_results(r)
+
+
+@pytest.mark.parametrize("field", ["samples_this_run", "barrier_s", "epoch_clock"])
+def test_a_renamed_field_is_an_error_naming_both_names(field):
+    r = _results()
+    r["sync.0.stats"][field + "_renamed"] = r["sync.0.stats"].pop(field)
+    with pytest.raises(ResultsError, match=f"missing field.*'{field}'.*unknown field.*'{field}_renamed'"):
+        RunStats.from_results(r)
+
+
+def test_a_timing_record_missing_a_field_is_an_error():
+    r = _results()
+    del r["compute.1.timing"]["wait_s"]
+    with pytest.raises(ResultsError, match=r"compute\.1\.timing: missing field\(s\) \['wait_s'\]"):
+        RunStats.from_results(r)
+
+
+def test_stopped_at_is_the_one_optional_record():
+    r = _results()
+    assert RunStats.from_results(r).stopped_at is None
+    r["data.0.stopped_at"] = {"epoch": 1, "round": 0, "step": 4}
+    assert RunStats.from_results(r).stopped_at.step == 4

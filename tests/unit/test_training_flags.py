@@ -1,0 +1,68 @@
+"""`train` and `submit` take the same training flags, from one declaration, and map
+them to the same configuration."""
+import pytest
+
+from streamnet.cli.submit import build_parser, main
+from streamnet.cli.train_args import TRAINING_FLAGS, config_from_args, given_options
+from streamnet.training.config import SETUPS, with_overrides
+
+# Adding a training flag means adding it here, and it reaches both commands.
+FROZEN = ["--batch", "--checkpoint-dir", "--data", "--dataset", "--epochs", "--input-size", "--lr",
+          "--lr-schedule", "--momentum", "--outer-momentum", "--resume", "--seed", "--sync-period",
+          "--test-limit", "--threads", "--train-limit", "--workers"]
+TRAIN_ONLY = {"-h", "--help", "--model", "--algorithm", "--local", "--in-process", "--summary"}
+SUBMIT_ONLY = {"-h", "--help", "--name", "--set", "--wait", "--summary", "--timeout", "--zk", "--cluster",
+               "--secret-file", "--session-timeout"}
+
+
+def _options(command: str) -> set[str]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices[command]
+    return {s for a in sub._actions for s in a.option_strings}
+
+
+def test_the_flag_list_is_frozen():
+    assert sorted(f.flag for f in TRAINING_FLAGS) == FROZEN
+
+
+def test_train_and_submit_take_the_same_training_flags():
+    assert _options("train") - TRAIN_ONLY == set(FROZEN)
+    assert _options("submit") - SUBMIT_ONLY == set(FROZEN)
+
+
+ALL = ["--epochs", "3", "--workers", "4", "--threads", "2", "--batch", "16", "--sync-period", "4", "--lr", "0.1",
+       "--momentum", "0.5", "--outer-momentum", "0.3", "--lr-schedule", "constant", "--input-size", "32",
+       "--dataset", "synthetic", "--data", "/nowhere", "--train-limit", "100", "--test-limit", "50",
+       "--seed", "7"]
+
+
+def test_every_flag_lands_in_the_configuration_the_same_way_for_both_commands():
+    train = build_parser().parse_args(["train", *ALL])
+    submit = build_parser().parse_args(["submit", "lenet5-mixbp", "--zk", "z:1", *ALL])
+    cfg = config_from_args(train)
+    assert cfg == with_overrides(SETUPS["lenet5-mixbp"](), given_options(submit))
+    alg = cfg.algorithm
+    assert (cfg.epochs, cfg.units, cfg.threads, cfg.seed) == (3, 4, 2, 7)
+    assert (alg.batch, alg.sync_period, alg.lr, alg.momentum, alg.outer_momentum, alg.lr_schedule) == \
+        (16, 4, 0.1, 0.5, 0.3, "constant")
+    assert cfg.model.input_size == 32
+    assert (cfg.data.dataset, cfg.data.data_dir, cfg.data.train_limit, cfg.data.test_limit) == \
+        ("synthetic", "/nowhere", 100, 50)
+
+
+def test_flags_not_given_leave_the_setup_and_train_runs_a_thread_per_unit():
+    cfg = config_from_args(build_parser().parse_args(["train", "--workers", "3"]))
+    assert cfg == with_overrides(SETUPS["lenet5-mixbp"](), {"units": 3, "threads": 3})
+    assert cfg.data.dataset == "fashion-mnist" and cfg.seed == 0
+
+
+def test_run_options_are_not_configuration():
+    a = build_parser().parse_args(["train", "--checkpoint-dir", "/tmp/x", "--resume"])
+    assert given_options(a) == {"checkpoint_dir": "/tmp/x", "resume": True}
+    assert config_from_args(a) == with_overrides(SETUPS["lenet5-mixbp"](), {"threads": 2})
+
+
+@pytest.mark.parametrize("command", [["train"], ["submit", "lenet5-mixbp", "--zk", "127.0.0.1:1"]])
+def test_a_refused_value_names_its_flag(command, capsys):
+    assert main([*command, "--dataset", "synthetic", "--sync-period", "0"]) == 2
+    assert "error: sync_period: must be >= 1; got 0 (from --sync-period 0)" in capsys.readouterr().err
