@@ -40,10 +40,10 @@ def cmd_train(a: argparse.Namespace) -> int:
                                             progress=show, checkpoint_dir=a.checkpoint_dir, resume=a.resume or False)
         for h in (h for h in summary.history if h.epoch > show.shown):  # ended between two progress polls
             line.line(f"epoch {h.epoch}/{cfg.epochs}  loss {h.train_loss:.4f}  test acc {h.test_accuracy:.2%}")
-        if summary.extra.get("resumed_from_step") is not None:
+        if summary.extra["resumed_from_step"] is not None:
             print(f"resumed from step {summary.extra['resumed_from_step']}", file=sys.stderr)
-        if summary.extra.get("stopped_at"):
-            ck = summary.extra.get("last_checkpoint")
+        if summary.extra["stopped_at"]:
+            ck = summary.extra["last_checkpoint"]
             print(f"stopped at step {summary.extra['stopped_at']['step']}"
                   + (f"; checkpoint {ck['path']}; continue with the same command and --resume" if ck else
                      " (no --checkpoint-dir: nothing to resume from)"), file=sys.stderr)

@@ -10,6 +10,7 @@ from ..errors import StreamnetError
 from ..runtime.control import ClusterTimeout, kill_topology, request_stop, wait_done
 from .config import RunConfig
 from .nsmap import build_topology, default_name, resume_point
+from .run_stats import EVAL_HISTORY, PROGRESS
 from .summary_from_results import summarise
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,8 @@ def follow(state, topology, cfg: RunConfig, progress: Callable[[dict], None] | N
         if not (progress or stop_when):
             return
         results = state.results(topology.name)
-        p = results.get("sync.0.progress")
-        hist = results.get("eval.0.history") or []
+        p = results.get(PROGRESS)               # both absent until the first round / evaluation
+        hist = results.get(EVAL_HISTORY) or []
         if not p:
             return
         p = dict(p, epochs=cfg.epochs, elapsed_s=time.monotonic() - t0)

@@ -9,7 +9,6 @@ from .checkpoint_bolt import CheckpointBolt
 from .compute_bolt import ComputeBolt
 from .data_spout import DataSpout
 from .eval_bolt import EvalBolt
-from .schedule import dataset_for
 from .sync_bolt import SyncBolt
 
-__all__ = ["DataSpout", "ComputeBolt", "SyncBolt", "EvalBolt", "CheckpointBolt", "dataset_for"]
+__all__ = ["DataSpout", "ComputeBolt", "SyncBolt", "EvalBolt", "CheckpointBolt"]

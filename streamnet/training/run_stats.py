@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from ..errors import StreamnetError
 
 SYNC_STATS = "sync.0.stats"
+PROGRESS = "sync.0.progress"   # while the run goes: epoch_clock.progress_record
 EVAL_HISTORY = "eval.0.history"
 REPLAYED = "data.0.replayed"
 STOPPED_AT = "data.0.stopped_at"

@@ -36,3 +36,24 @@ def test_work_ahead_of_the_parameters_is_held_and_the_request_repeated_until_the
     bolt._asked_at = 0.0
     bolt.tick()
     assert len(bolt.collector.emitted) == 2
+
+
+def test_work_already_applied_is_answered_by_field_name():
+    """A replay of a combined step: the answer's values follow the stream's declared fields."""
+    from streamnet.training.streams import CONTRIBUTION
+
+    class Acking(Collector):
+        def ack(self, tup):
+            self.acked = tup
+
+    bolt = _bolt()
+    bolt.collector = Acking()
+    bolt.params_step = 6
+    work = {"unit": 1, "epoch": 0, "round": 4, "step": 5, "lr_scale": 0.5, "batches": [], "checkpoint": False}
+    asyncio.run(bolt._work(work))
+    (stream, values), = bolt.collector.emitted
+    assert ComputeBolt.outputs["default"] == list(CONTRIBUTION)
+    sent = dict(zip(CONTRIBUTION, values))
+    assert stream == "default" and bolt.collector.acked is work
+    assert {k: sent[k] for k in work if k != "batches"} == {k: v for k, v in work.items() if k != "batches"}
+    assert (sent["status"], sent["samples"], sent["unit_state"]) == ("applied", 0, None)

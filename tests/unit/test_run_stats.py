@@ -88,3 +88,10 @@ def test_stopped_at_is_the_one_optional_record():
     assert RunStats.from_results(r).stopped_at is None
     r["data.0.stopped_at"] = {"epoch": 1, "round": 0, "step": 4}
     assert RunStats.from_results(r).stopped_at.step == 4
+
+
+def test_a_tuple_is_laid_out_by_field_name_and_every_field_must_be_given():
+    from streamnet.training.streams import PARAMS, row
+    assert row(PARAMS, params="p", step=3) == [3, "p"]
+    with pytest.raises(KeyError, match=r"missing \['params'\], unknown \['parms'\]"):
+        row(PARAMS, step=3, parms="p")
