@@ -40,8 +40,8 @@ class SyncState:
     recoveries: int = 0
     epoch_samples: defaultdict = field(default_factory=lambda: defaultdict(int))   # epoch (1-based) -> samples
     started: float = field(default_factory=time.time)
-    clock: EpochClock = None
-    ledger: SampleLedger = None
+    clock: EpochClock | None = None   # made in __post_init__ from `started`
+    ledger: SampleLedger | None = None
     last_round: LastRound | None = None
     samples_before: int = 0           # counted before the checkpoint this run resumed from
     resumed_from: int | None = None   # that checkpoint's step
