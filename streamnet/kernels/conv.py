@@ -127,6 +127,7 @@ def conv2d_backward(dout, x, weight, dweight, dbias, stride, pad, need_dx):
     col_buf = np.empty(rows * s * p, dtype=x.dtype)
     dy_buf = np.empty(o * s * p, dtype=x.dtype)
     dw_acc = np.zeros((o, rows), dtype=np.float64) if n > s else np.zeros((0, 0), dtype=np.float64)
+    part = np.empty((o, rows), dtype=x.dtype) if n > s else np.empty((0, 0), dtype=x.dtype)
     dflat = dout.reshape(n, o, p)
     wm = weight.reshape(o, rows)
     wmt = np.ascontiguousarray(wm.T)
@@ -154,11 +155,11 @@ def conv2d_backward(dout, x, weight, dweight, dbias, stride, pad, need_dx):
             for oi in range(o):
                 for q in range(p):
                     dy[oi, base + q] = dflat[ni, oi, q]
-        part = np.dot(dy, col.T)
         if n > s:
+            np.dot(dy, col.T, part)
             dw_acc += part
         else:
-            dwm[:, :] = part
+            np.dot(dy, col.T, dwm)  # one chunk: straight into the gradient view
         if need_dx:
             dcol = dcol_buf[:rows * m].reshape(rows, m)
             np.dot(wmt, dy, dcol)
