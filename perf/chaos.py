@@ -25,7 +25,7 @@ from common import machine, png_path, write_json  # noqa: E402
 
 from streamnet.runtime import wait_for  # noqa: E402
 from streamnet.runtime.control import is_done  # noqa: E402
-from streamnet.testing import ZooKeeper, finish, running_cluster  # noqa: E402
+from streamnet.testing import ZooKeeper, finish, placement, running_cluster  # noqa: E402
 from streamnet.training import DataConfig, lenet5_mixbp  # noqa: E402
 from streamnet.training.nsmap import build_topology  # noqa: E402
 from streamnet.training.summary_from_results import summarise  # noqa: E402
@@ -87,7 +87,7 @@ def trial(zk_hosts: str, cfg, rng: random.Random, kill_at: float | None, name: s
             t_kill = time.monotonic()
             c.kill9(victim)
             out["kill_at_s"] = t_kill - t_submit
-            wait_for(lambda: victim not in (state.assignment(topo.name)[0] or {}).get("tasks", {}).values(), 60,
+            wait_for(lambda: victim not in placement(state, topo.name).values(), 60,
                      "reassignment", interval=0.05)
             out["detection_s"] = time.monotonic() - t_kill
             # progress is published at most every 0.5 s, so a kill during the last rounds may be

@@ -176,6 +176,12 @@ def running_cluster(zk_hosts: str, workers: int = 3, threads: int = 1, session_t
         c.close()
 
 
+def placement(state, name: str) -> dict[int, str]:
+    """task -> worker in the topology's current assignment ({} before the first)."""
+    current = state.assignment(name)[0]
+    return dict(current.tasks) if current is not None else {}
+
+
 def finish(state, name: str, timeout: float = 180) -> dict:
     """Wait until the topology's spouts are done, kill it, return its results."""
     wait_done(state, name, timeout, interval=0.2)

@@ -149,7 +149,7 @@ def cmd_list(a) -> int:
             asg, version = state.assignment(n)
             tasks = sum(c["parallelism"] for c in spec["components"])
             print(f"{n:<20s} {state.status(n) or '?':<8s} {tasks:4d} tasks  assignment v{version}  "
-                  f"workers {','.join(sorted((asg or {}).get('workers', {}))) or '-'}")
+                  f"workers {','.join(sorted(asg.workers if asg else ())) or '-'}")
         return 0
     finally:
         coord.close()

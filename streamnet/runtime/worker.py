@@ -17,6 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from . import codec
+from .assignment import Assignment
 from .dataplane.delivery import Delivery
 from .control.cluster_state import RUNNING, ClusterState
 from .dataplane.compute import ComputePool
@@ -161,11 +162,11 @@ class Worker:
         task.add_done_callback(lambda t: t.cancelled() or t.exception() is None or
                                log.error("worker %s: %s", self.id, t.exception(), exc_info=t.exception()))
 
-    async def _on_assignment(self, name: str, assignment: dict | None, version: int) -> None:
+    async def _on_assignment(self, name: str, assignment: Assignment | None, version: int) -> None:
         if assignment is None or self.closing:
             return
         rt = self.runtimes.get(name)
-        if rt is not None and rt.spec_version < assignment.get("spec_version", 0):
+        if rt is not None and rt.spec_version < assignment.spec_version:
             log.info("worker %s: topology %s changed shape; restarting its tasks here", self.id, name)
             await self._drop_runtime(name)
             rt = None
@@ -174,11 +175,11 @@ class Worker:
             if status not in RUNNING:
                 return
             spec = await asyncio.to_thread(self.state.topology, name)
-            if spec.get("version", 0) < assignment.get("spec_version", 0):
+            if spec.get("version", 0) < assignment.spec_version:
                 return  # the new spec is not readable yet; its watch will call again
             rt = self.runtimes[name] = TopologyRuntime(self, name, spec)
             rt.stop_requested = status == "stopping"
-        threads = assignment.get("threads", {}).get(self.id)
+        threads = assignment.threads.get(self.id)
         if threads and threads != self.pool.size:
             log.info("worker %s: compute threads %d -> %d (assignment)", self.id, self.pool.size, threads)
             self.pool.resize(int(threads))

@@ -9,7 +9,7 @@ import pytest
 
 from streamnet.runtime import wait_for
 from streamnet.runtime.control import is_done, kill_topology
-from streamnet.testing import ROOT, zookeeper_installed
+from streamnet.testing import ROOT, placement, zookeeper_installed
 from streamnet.training import DataConfig, lenet5_mixbp
 from streamnet.training.nsmap import build_topology
 
@@ -60,14 +60,14 @@ def test_training_survives_a_network_partition(netns_cluster, victim):
     cfg = lenet5_mixbp(units=2, epochs=3, data=DataConfig(train_limit=12000, test_limit=2000))
     topo = build_topology(cfg, name="partition")
     state.submit_topology(topo.name, topo.to_dict())
-    tasks = wait_for(lambda: (state.assignment(topo.name)[0] or {}).get("tasks"), 60, "the assignment")
-    host = tasks[str(topo.tasks(victim)[0])]
+    tasks = wait_for(lambda: placement(state, topo.name), 60, "the assignment")
+    host = tasks[topo.tasks(victim)[0]]
     wait_for(lambda: (state.results(topo.name).get("sync.0.progress") or {}).get("rounds", 0) >= 10, 120,
              "training to get going", interval=0.2)
     t_cut = time.monotonic()
     sh("cut", host.removeprefix("host"))
     try:
-        wait_for(lambda: host not in (state.assignment(topo.name)[0] or {}).get("tasks", {}).values(), 60,
+        wait_for(lambda: host not in placement(state, topo.name).values(), 60,
                  "the cut-off host's tasks to move", interval=0.1)
         moved_after = time.monotonic() - t_cut
     finally:

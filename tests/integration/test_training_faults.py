@@ -10,7 +10,7 @@ from streamnet.training import DataConfig, lenet5_mixbp
 from streamnet.training.nsmap import build_topology
 from streamnet.training.summary_from_results import summarise
 
-from streamnet.testing import ZooKeeper, finish, running_cluster, zookeeper_installed
+from streamnet.testing import ZooKeeper, finish, placement, running_cluster, zookeeper_installed
 from .test_zk_cluster import zk  # noqa: F401 - the module-scoped ZooKeeper fixture
 
 FASHION = "/usr/share/datasets/fashion-mnist"
@@ -36,9 +36,9 @@ def _finished_exactly(cfg, results, what: str):
 def _training_with_victim(state, topo, victim: str) -> str:
     """Submit, wait until it trains (20 rounds), return the host of `victim`'s first task."""
     state.submit_topology(topo.name, topo.to_dict())
-    assignment = wait_for(lambda: (state.assignment(topo.name)[0] or {}).get("tasks"), 30, "the assignment")
+    assignment = wait_for(lambda: placement(state, topo.name), 30, "the assignment")
     wait_for(_progressed(state, topo.name, 20), 120, "training to get going", interval=0.2)
-    return assignment[str(topo.tasks(victim)[0])]
+    return assignment[topo.tasks(victim)[0]]
 
 
 @pytest.mark.parametrize("victim", ["compute", "sync", "leader"])
@@ -53,7 +53,7 @@ def test_training_survives_sigkill(zk, victim):  # noqa: F811
             host = c.leader(state)
         c.kill9(host)
         t_kill = time.monotonic()
-        wait_for(lambda: host not in (state.assignment(topo.name)[0] or {}).get("tasks", {}).values(), 15,
+        wait_for(lambda: host not in placement(state, topo.name).values(), 15,
                  "the dead worker's tasks to move", interval=0.05)
         moved_after = time.monotonic() - t_kill
         results = finish(state, topo.name, timeout=600)
@@ -138,7 +138,7 @@ def test_worker_cut_off_and_healed_is_fenced(zk, victim):  # noqa: F811
         host = _training_with_victim(state, topo, victim)
         c.procs[host].send_signal(signal.SIGSTOP)
         try:
-            wait_for(lambda: host not in (state.assignment(topo.name)[0] or {}).get("tasks", {}).values(), 30,
+            wait_for(lambda: host not in placement(state, topo.name).values(), 30,
                      "the cut-off worker's tasks to move", interval=0.1)
         finally:
             c.procs[host].send_signal(signal.SIGCONT)

@@ -8,7 +8,7 @@ from streamnet.examples import wordcount
 from streamnet.runtime import wait_for
 from streamnet.runtime.control.zk import ZkCoordinator
 
-from streamnet.testing import SESSION_TIMEOUT, ZooKeeper, finish, running_cluster, zookeeper_installed
+from streamnet.testing import SESSION_TIMEOUT, ZooKeeper, finish, placement, running_cluster, zookeeper_installed
 
 pytestmark = pytest.mark.skipif(not zookeeper_installed(),
                                 reason="needs Debian's zookeeper package (make test installs it)")
@@ -61,7 +61,7 @@ def test_kill9_of_a_worker_mid_topology(cluster):
     c, state = cluster
     topo = _slow_wordcount()
     state.submit_topology(topo.name, topo.to_dict())
-    wait_for(lambda: (state.assignment(topo.name)[0] or {}).get("tasks"), 30, "the first assignment")
+    wait_for(lambda: placement(state, topo.name), 30, "the first assignment")
 
     def counted():
         return sum(m["executed"] for w in state.workers() for m in
@@ -69,10 +69,10 @@ def test_kill9_of_a_worker_mid_topology(cluster):
                    if m["component"] == "count")
     wait_for(lambda: counted() > 500, 60, "the count bolts to get going", interval=0.1)
     leader = c.leader(state)
-    victim = next(w for w in sorted(state.assignment(topo.name)[0]["workers"]) if w != leader)
+    victim = next(w for w in sorted(state.assignment(topo.name)[0].workers) if w != leader)
     t_kill = time.monotonic()
     c.kill9(victim)
-    wait_for(lambda: victim not in (state.assignment(topo.name)[0] or {}).get("tasks", {}).values(),
+    wait_for(lambda: victim not in placement(state, topo.name).values(),
              SESSION_TIMEOUT + 5, "the dead worker's tasks to be reassigned", interval=0.05)
     reassigned_after = time.monotonic() - t_kill
     results = finish(state, topo.name)
@@ -89,16 +89,16 @@ def test_dead_worker_found_by_refused_connections_before_its_session_ends(zk, wh
     with running_cluster(zk, workers=3, session_timeout=10.0) as (c, state):
         topo = _slow_wordcount(3000)
         state.submit_topology(topo.name, topo.to_dict())
-        wait_for(lambda: (state.assignment(topo.name)[0] or {}).get("tasks"), 30, "the first assignment")
+        wait_for(lambda: placement(state, topo.name), 30, "the first assignment")
         leader = c.leader(state)
-        workers = sorted(state.assignment(topo.name)[0]["workers"])
+        workers = sorted(state.assignment(topo.name)[0].workers)
         victim = leader if who == "leader" else next(w for w in workers if w != leader)
         # the peers must be talking to it (links open) for its death to show as refused connections
         wait_for(lambda: all((c.status(state, w) or {}).get("links", {}).get(victim, {}).get("connected")
                              for w in state.workers() if w != victim), 60, "links to the victim", interval=0.1)
         t_kill = time.monotonic()
         c.kill9(victim)
-        wait_for(lambda: victim not in (state.assignment(topo.name)[0] or {}).get("tasks", {}).values(), 20,
+        wait_for(lambda: victim not in placement(state, topo.name).values(), 20,
                  "the dead worker's tasks to be reassigned", interval=0.05)
         reassigned_after = time.monotonic() - t_kill
         print(f"tasks of the {who} {victim} moved {reassigned_after:.1f} s after SIGKILL (session timeout 10 s)")
@@ -155,15 +155,15 @@ def test_rebalance_changes_parallelism_live_without_losing_tuples(cluster):
     c, state = cluster
     topo = _slow_wordcount(3000)
     state.submit_topology(topo.name, topo.to_dict())
-    wait_for(lambda: (state.assignment(topo.name)[0] or {}).get("tasks"), 30, "the first assignment")
+    wait_for(lambda: placement(state, topo.name), 30, "the first assignment")
     # split is stateless; count keeps per-task state, which a new parallelism would have to
     # repartition by key - the engine does not do that (see the README)
     r = c.submit_cli("rebalance", topo.name, "--parallelism", "split=4", "--threads", "w0=2")
     assert r.returncode == 0, r.stderr
-    wait_for(lambda: len((state.assignment(topo.name)[0] or {}).get("tasks", {})) == 8 and
-             state.assignment(topo.name)[0].get("spec_version") == 1, 60, "the new layout", interval=0.1)
+    wait_for(lambda: len(placement(state, topo.name)) == 8 and
+             state.assignment(topo.name)[0].spec_version == 1, 60, "the new layout", interval=0.1)
     assert [comp["parallelism"] for comp in state.topology(topo.name)["components"]] == [1, 4, 3]
-    assert state.assignment(topo.name)[0]["threads"]["w0"] == 2
+    assert state.assignment(topo.name)[0].threads["w0"] == 2
     results = finish(state, topo.name)
     assert wordcount.merge_counts(results) == wordcount.expected_counts(3000, 0)
 
@@ -174,7 +174,7 @@ def test_zookeeper_restart_mid_run():
         with running_cluster(server.hosts, workers=2) as (c, state):
             topo = _slow_wordcount(3000)
             state.submit_topology(topo.name, topo.to_dict())
-            wait_for(lambda: (state.assignment(topo.name)[0] or {}).get("tasks"), 30, "the first assignment")
+            wait_for(lambda: placement(state, topo.name), 30, "the first assignment")
             server.kill()
             # down for a while (less than the session timeout, as a restart usually is)
             deadline = time.monotonic() + 2.0
@@ -231,14 +231,14 @@ def test_a_paused_worker_whose_session_expired_rejoins(cluster):
     c, state = cluster
     topo = _slow_wordcount(3000)
     state.submit_topology(topo.name, topo.to_dict())
-    wait_for(lambda: (state.assignment(topo.name)[0] or {}).get("tasks"), 30, "the first assignment")
+    wait_for(lambda: placement(state, topo.name), 30, "the first assignment")
     leader = c.leader(state)
-    victim = next(w for w in sorted(state.assignment(topo.name)[0]["workers"]) if w != leader)
+    victim = next(w for w in sorted(state.assignment(topo.name)[0].workers) if w != leader)
     import signal
     c.procs[victim].send_signal(signal.SIGSTOP)
     try:
         wait_for(lambda: victim not in state.workers(), SESSION_TIMEOUT + 5, "the session to expire", interval=0.1)
-        wait_for(lambda: victim not in (state.assignment(topo.name)[0] or {}).get("tasks", {}).values(), 10,
+        wait_for(lambda: victim not in placement(state, topo.name).values(), 10,
                  "its tasks to move", interval=0.1)
     finally:
         c.procs[victim].send_signal(signal.SIGCONT)

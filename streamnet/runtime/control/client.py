@@ -120,8 +120,8 @@ def kill_topology(state: ClusterState, name: str, timeout: float = 60.0) -> dict
     """Stop the topology on every worker (their components' close() runs and publishes),
     then return its results and remove it."""
     retrying(lambda: state.topology(name), timeout, f"topology {name!r}")  # UnknownTopologyError if not there
-    assigned = set((retrying(lambda: state.assignment(name), timeout, f"the assignment of {name!r}")[0]
-                    or {}).get("workers", {}))
+    current = retrying(lambda: state.assignment(name), timeout, f"the assignment of {name!r}")[0]
+    assigned = set(current.workers) if current is not None else set()
     retrying(lambda: state.set_status(name, "killed"), timeout, f"{name!r} to be marked killed")
     wait_for(lambda: state.stopped_workers(name) >= (assigned & set(state.workers())), timeout,
              f"workers to stop {name!r}", interval=0.05)

@@ -15,6 +15,7 @@ import json
 from typing import Callable
 
 from .. import codec
+from ..assignment import Assignment
 from .coordinator import (BadVersionError, ConnectionLostError, Coordinator, NoNodeError, NodeExistsError,
                           retry_while_lost)
 from ...errors import StreamnetError
@@ -43,6 +44,11 @@ def _j(obj) -> bytes:
 
 def _unj(data: bytes | None):
     return None if data is None or data == b"" else json.loads(data)
+
+
+def _assignment(data: bytes | None) -> Assignment | None:
+    d = _unj(data)
+    return None if d is None else Assignment.from_json(d)
 
 
 class ClusterState:
@@ -262,23 +268,23 @@ class ClusterState:
         return out
 
     # -- assignments --------------------------------------------------------------
-    def assignment(self, name: str) -> tuple[dict | None, int]:
+    def assignment(self, name: str) -> tuple[Assignment | None, int]:
         try:
             data, version = self.coord.get(self.path("assignments", name))
-            return _unj(data), version
+            return _assignment(data), version
         except NoNodeError:
             return None, -1
 
-    def write_assignment(self, name: str, assignment: dict, version: int) -> int:
+    def write_assignment(self, name: str, assignment: Assignment, version: int) -> int:
         """Compare-and-set: version -1 creates; otherwise BadVersionError if someone wrote first."""
         if version == -1:
-            self.coord.create(self.path("assignments", name), _j(assignment))
+            self.coord.create(self.path("assignments", name), _j(assignment.to_json()))
             return 0
-        return self.coord.set(self.path("assignments", name), _j(assignment), version)
+        return self.coord.set(self.path("assignments", name), _j(assignment.to_json()), version)
 
-    def watch_assignment(self, name: str, callback: Callable[[dict | None, int], None]):
+    def watch_assignment(self, name: str, callback: Callable[[Assignment | None, int], None]):
         return self.coord.watch_data(self.path("assignments", name),
-                                     lambda data, version: callback(_unj(data), version))
+                                     lambda data, version: callback(_assignment(data), version))
 
     # -- checkpoints --------------------------------------------------------------
     def put_checkpoint(self, name: str, pointer: dict) -> None:

@@ -1,16 +1,15 @@
-"""Placement: which worker runs which task. Pure functions - cluster status in,
-assignment out - so they are tested with plain data and any leader can recompute
-them from what the coordinator holds.
-
-An assignment is plain data:
-    {"tasks": {"<task>": "<worker>"}, "workers": {"<worker>": "http://host:port"},
-     "threads": {"<worker>": n}}
-"""
+"""Placement: which worker runs which task, and the steps of a rebalance. Pure
+functions - cluster status in, decision out - so they are tested with plain data
+(tests/unit/test_scheduler.py) and any leader can recompute them from what the
+coordinator holds. The scheduler (scheduler.py) reads, asks, and writes."""
 from __future__ import annotations
 
+import copy
 import math
+from dataclasses import dataclass, field, replace
 
 from ...errors import StreamnetError
+from ..assignment import DRAIN_TIMEOUT_S, DRAINING, Assignment
 from ..topology import Topology
 
 
@@ -22,7 +21,7 @@ def worker_url(info: dict) -> str:
     return f"http://{info['host']}:{info['port']}"
 
 
-def assign(topology: Topology, workers: dict[str, dict], previous: dict | None = None) -> dict:
+def assign(topology: Topology, workers: dict[str, dict], previous: Assignment | None = None) -> Assignment:
     """Spread tasks over live workers in proportion to their compute threads.
 
     Tasks already placed on a live worker stay there while that worker is within
@@ -37,24 +36,75 @@ def assign(topology: Topology, workers: dict[str, dict], previous: dict | None =
     n = topology.num_tasks
     share = {w: math.ceil(n * threads[w] / total_threads) for w in ids}
     load = {w: 0 for w in ids}
-    placed: dict[str, str] = {}
-    old = (previous or {}).get("tasks", {})
+    placed: dict[int, str] = {}
+    old = previous.tasks if previous is not None else {}
     for t in range(n):
-        w = old.get(str(t))
+        w = old.get(t)
         if w in workers and load[w] < share[w]:
-            placed[str(t)] = w
+            placed[t] = w
             load[w] += 1
     for t in range(n):
-        if str(t) in placed:
+        if t in placed:
             continue
         w = min(ids, key=lambda k: ((load[k] + 1) / threads[k], k))
-        placed[str(t)] = w
+        placed[t] = w
         load[w] += 1
-    return {"tasks": placed, "workers": {w: worker_url(workers[w]) for w in ids if load[w]},
-            "threads": {w: threads[w] for w in ids}}
+    return Assignment(tasks=placed, workers={w: worker_url(workers[w]) for w in ids if load[w]},
+                      threads={w: threads[w] for w in ids})
 
 
-def moved_tasks(before: dict | None, after: dict) -> dict[str, tuple[str | None, str]]:
-    """Tasks whose worker changed: task -> (old worker or None, new worker)."""
-    old = (before or {}).get("tasks", {})
-    return {t: (old.get(t), w) for t, w in after["tasks"].items() if old.get(t) != w}
+@dataclass(frozen=True)
+class Step:
+    """What the leader does for one topology in one pass, in this order: write
+    `spec` (a parallelism change), write `assignment`, then set the rebalance
+    request to `request` (None: leave it; {}: clear it)."""
+    assignment: Assignment | None = None
+    spec: dict | None = None
+    request: dict | None = None
+    notes: list[str] = field(default_factory=list)      # decisions worth a log line
+    again: bool = False                                  # look again soon (phase 2 follows)
+
+
+def plan(spec: dict, workers: dict[str, dict], current: Assignment | None, request: dict | None,
+         stopped: set[str], now: float) -> Step:
+    """One pass of the rebalance state machine for one topology.
+
+    - a parallelism request starts phase 1: the new spec, and a *draining* assignment
+      with no tasks (workers stop the old tasks, saving their state); a threads part of
+      the request is kept for phase 2;
+    - a draining assignment waits until every live worker stopped the old tasks (or
+      DRAIN_TIMEOUT_S passed), then phase 2 places every task afresh;
+    - otherwise: place (keeping tasks where they are while fair), with the requested
+      compute threads; nothing to write if nothing changed.
+    """
+    request = request or {}
+    if request.get("parallelism") and not (current and current.draining):
+        new_spec = copy.deepcopy(spec)
+        notes = []
+        for comp in new_spec["components"]:
+            if comp["id"] in request["parallelism"]:
+                old, new = comp["parallelism"], int(request["parallelism"][comp["id"]])
+                notes.append(f"parallelism of {comp['id']} {old} -> {new} (rebalance request)")
+                comp["parallelism"] = new
+        new_spec["version"] = new_spec.get("version", 0) + 1
+        Topology.from_dict(new_spec)       # TopologyError before anything is written
+        draining = Assignment(threads=dict(current.threads) if current else {}, spec_version=new_spec["version"],
+                              phase=DRAINING, draining_since=now)
+        after = {"threads": request["threads"]} if request.get("threads") else {}
+        return Step(assignment=draining, spec=new_spec, request=after, notes=notes, again=True)
+    if current is not None and current.draining:
+        if not set(workers) <= stopped and now - current.draining_since < DRAIN_TIMEOUT_S:
+            return Step()          # phase 1 still running
+        current = None             # phase 2: place everything afresh under the new spec
+    new = assign(Topology.from_dict(spec), workers, current)
+    threads = dict(new.threads)
+    if request.get("threads"):
+        threads.update({w: int(n) for w, n in request["threads"].items() if w in workers})
+    new = replace(new, threads=threads, spec_version=spec.get("version", 0))
+    # a threads-only request is carried out by this write; a parallelism request made
+    # during a drain waits for the next pass
+    done = {} if request and not request.get("parallelism") else None
+    if current is not None and current.placement() == new.placement():
+        return Step(request=done)
+    notes = [f"compute threads now {threads} (rebalance request)"] if request.get("threads") else []
+    return Step(assignment=new, request=done, notes=notes)

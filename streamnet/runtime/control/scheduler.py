@@ -17,8 +17,8 @@ import time
 from .cluster_state import RUNNING, ClusterState
 from .coordinator import BadVersionError, CoordinatorError, NoNodeError
 from .election import Election, probe
-from .placement import NoWorkersError, assign, moved_tasks
-from ..topology import Topology
+from .placement import NoWorkersError, plan
+from ..assignment import Assignment, moved_tasks
 
 log = logging.getLogger(__name__)
 
@@ -153,65 +153,36 @@ class SchedulerService:
         return out
 
     def _reconcile_topology(self, name: str, workers: dict) -> None:
-        spec = self.state.topology(name)
-        request = self.state.rebalance_request(name)
         current, version = self.state.assignment(name)
-        if request and request.get("parallelism") and (current or {}).get("phase") != "draining":
-            self._start_parallelism_change(name, spec, request, current, version)
-            return
-        topology = Topology.from_dict(spec)
-        if current and current.get("phase") == "draining":
-            # phase 2 of a parallelism change: every worker stopped the old tasks
-            stopped = self.state.applied_workers(name, version)
-            live = set(workers)
-            if not live <= stopped and time.time() - current.get("_t", 0) < 30:
-                return
-            current = None  # place everything afresh under the new spec
-        new = assign(topology, workers, current)
-        threads = dict(new["threads"])
-        if request and request.get("threads"):
-            threads.update({w: int(n) for w, n in request["threads"].items() if w in workers})
-        new["threads"] = threads
-        new["spec_version"] = spec.get("version", 0)
-        if current is not None and {k: current.get(k) for k in new} == new:
-            if request and not request.get("parallelism"):
-                self.state.clear_rebalance(name)
-            return
-        moved = moved_tasks(current, new)
-        gone = {}
+        stopped = self.state.applied_workers(name, version) if current and current.draining else set()
+        step = plan(self.state.topology(name), workers, current, self.state.rebalance_request(name), stopped,
+                    time.time())
+        for note in step.notes:
+            log.info("topology %s: %s", name, note)
+        if step.spec is not None:
+            self.state.update_topology(name, step.spec)
+        if step.assignment is not None:
+            if not step.assignment.draining:
+                self._log_moves(name, current, step.assignment, workers)
+            self.state.write_assignment(name, step.assignment, version)
+        if step.request == {}:
+            self.state.clear_rebalance(name)
+        elif step.request:
+            self.state.request_rebalance(name, step.request)
+        if step.again:
+            self._wake.set()
+
+    def _log_moves(self, name: str, current: Assignment | None, new: Assignment, workers: dict) -> None:
+        moved = moved_tasks(None if current is None or current.draining else current, new)
+        gone: dict[str, list[int]] = {}
         for t, (old, _) in moved.items():
             if old is not None and old not in workers:
                 gone.setdefault(old, []).append(t)
         for w, tasks in sorted(gone.items()):
             why = self.unreachable.get(w, "it left the cluster (ZooKeeper session ended)")
             log.warning("topology %s: reassigning %d task(s) of worker %s: %s; tasks %s", name, len(tasks), w, why,
-                        ",".join(sorted(tasks, key=int)))
-        if current is None:
-            log.info("topology %s: placing %d tasks on %d workers", name, len(new["tasks"]), len(new["workers"]))
+                        ",".join(map(str, sorted(tasks))))
+        if current is None or current.draining:
+            log.info("topology %s: placing %d tasks on %d workers", name, len(new.tasks), len(new.workers))
         elif moved and not gone:
             log.info("topology %s: moving %d task(s) to balance load", name, len(moved))
-        if request and request.get("threads"):
-            log.info("topology %s: compute threads now %s (rebalance request)", name, threads)
-        self.state.write_assignment(name, new, version)
-        if request and not request.get("parallelism"):
-            self.state.clear_rebalance(name)
-
-    def _start_parallelism_change(self, name, spec, request, current, version) -> None:
-        """Phase 1: write the new spec and an assignment with no tasks; workers stop the
-        old tasks (saving their state) and acknowledge; phase 2 places the new ones."""
-        for comp in spec["components"]:
-            if comp["id"] in request["parallelism"]:
-                old, new = comp["parallelism"], int(request["parallelism"][comp["id"]])
-                log.info("topology %s: parallelism of %s %d -> %d (rebalance request)", name, comp["id"], old, new)
-                comp["parallelism"] = new
-        spec["version"] = spec.get("version", 0) + 1
-        Topology.from_dict(spec)
-        self.state.update_topology(name, spec)
-        draining = {"tasks": {}, "workers": {}, "threads": (current or {}).get("threads", {}),
-                    "phase": "draining", "spec_version": spec["version"], "_t": time.time()}
-        self.state.write_assignment(name, draining, version)
-        if request.get("threads"):  # applied in phase 2 with the new placement
-            self.state.request_rebalance(name, {"threads": request["threads"]})
-        else:
-            self.state.clear_rebalance(name)
-        self._wake.set()

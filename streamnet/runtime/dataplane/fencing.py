@@ -76,7 +76,7 @@ async def restart_fenced(rt, old) -> None:
         log.warning("%s: cannot check where task %d belongs: %s", rt.name, old.task, e)
         await hand_over_queue(rt, old)
         return
-    if (assignment or {}).get("tasks", {}).get(str(old.task)) != rt.worker.id:
+    if assignment is None or assignment.worker_of(old.task) != rt.worker.id:
         await hand_over_queue(rt, old)     # it runs elsewhere: what waited here is replayed
         return
     async with rt.lock:

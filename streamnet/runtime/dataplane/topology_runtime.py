@@ -10,6 +10,7 @@ import asyncio
 import logging
 import zlib
 
+from ..assignment import Assignment
 from ..component import Context
 from ..messages import DataMsg, Message
 from . import fencing
@@ -47,26 +48,26 @@ class TopologyRuntime:
                          dict(self.addresses))
 
     # -- assignment -------------------------------------------------------------------
-    async def apply(self, assignment: dict, version: int) -> None:
+    async def apply(self, assignment: Assignment, version: int) -> None:
         async with self.lock:
             if version <= self.version:
                 return
             self.version = version
             before = self.task_worker
-            self.task_worker = {int(t): w for t, w in assignment["tasks"].items()}
+            self.task_worker = dict(assignment.tasks)
             moved = sorted(t for t, w in before.items() if self.task_worker.get(t) != w)
             if moved and before:
                 # tuples in flight to a worker that left, or to a task instance that was
                 # stopped to move, are gone: replay now rather than after message_timeout_s,
                 # so no round waits longer than failure detection
-                lost = sorted({w for w in before.values() if w not in assignment["workers"]})
+                lost = sorted({w for w in before.values() if w not in assignment.workers})
                 why = f"worker(s) {','.join(lost)} left" if lost else f"task(s) {moved[:8]} moved"
                 for ex in self.executors.values():
                     if isinstance(ex, SpoutExecutor) and ex.pending:
                         log.warning("%s: %s; failing %d pending tuple tree(s) of task %d for replay",
                                     self.name, why, len(ex.pending), ex.task)
                         ex.fail_all()
-            self.addresses = dict(assignment["workers"])
+            self.addresses = dict(assignment.workers)
             mine = {t for t, w in self.task_worker.items() if w == self.worker.id}
             log.info("%s: assignment v%d: tasks here %s", self.name, version, sorted(mine))
             self._build_routes(mine)

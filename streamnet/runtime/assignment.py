@@ -1,0 +1,78 @@
+"""The assignment of one topology: which worker runs which task, where each worker
+listens, how many compute threads each should run. The leader writes it (versioned,
+compare-and-set) and every worker converges to it.
+
+Stored as JSON in the coordinator (readable with zkCli), task ids as strings there
+because JSON keys are strings; in memory they are ints, everywhere:
+
+    {"tasks": {"<task>": "<worker>"}, "workers": {"<worker>": "http://host:port"},
+     "threads": {"<worker>": n}, "spec_version": v}
+    + "phase": "draining", "draining_since": <unix time>   during a parallelism change
+
+A parallelism change is two-phase: a *draining* assignment with no tasks (every
+worker stops the old tasks, saving their state, and acknowledges), then a placement
+under the new spec. A new leader that finds a drain older than DRAIN_TIMEOUT_S
+places anyway, so a dead worker cannot hold the topology.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from ..errors import StreamnetError
+
+RUNNING, DRAINING = "running", "draining"
+DRAIN_TIMEOUT_S = 30.0
+
+
+class AssignmentError(StreamnetError):
+    pass
+
+
+@dataclass(frozen=True)
+class Assignment:
+    tasks: Mapping[int, str] = field(default_factory=dict)       # task -> worker
+    workers: Mapping[str, str] = field(default_factory=dict)     # worker -> URL, those with tasks
+    threads: Mapping[str, int] = field(default_factory=dict)     # worker -> compute threads
+    spec_version: int = 0                                        # the topology spec it places
+    phase: str = RUNNING
+    draining_since: float = 0.0
+
+    def __post_init__(self):
+        if self.phase not in (RUNNING, DRAINING):
+            raise AssignmentError(f"assignment phase must be {RUNNING!r} or {DRAINING!r}; got {self.phase!r}")
+
+    @property
+    def draining(self) -> bool:
+        return self.phase == DRAINING
+
+    def worker_of(self, task: int) -> str | None:
+        return self.tasks.get(task)
+
+    def placement(self) -> tuple:
+        """What workers act on, for 'did anything change?' (not the drain's clock)."""
+        return (dict(self.tasks), dict(self.workers), dict(self.threads), self.spec_version, self.phase)
+
+    def to_json(self) -> dict:
+        out = {"tasks": {str(t): w for t, w in sorted(self.tasks.items())}, "workers": dict(self.workers),
+               "threads": dict(self.threads), "spec_version": self.spec_version}
+        if self.draining:
+            out.update(phase=self.phase, draining_since=self.draining_since)
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Assignment":
+        try:
+            return cls(tasks={int(t): str(w) for t, w in d.get("tasks", {}).items()},
+                       workers={str(w): str(u) for w, u in d.get("workers", {}).items()},
+                       threads={str(w): int(n) for w, n in d.get("threads", {}).items()},
+                       spec_version=int(d.get("spec_version", 0)), phase=d.get("phase", RUNNING),
+                       draining_since=float(d.get("draining_since", 0.0)))
+        except (AttributeError, TypeError, ValueError) as e:
+            raise AssignmentError(f"malformed assignment {str(d)[:120]}: {e}") from None
+
+
+def moved_tasks(before: Assignment | None, after: Assignment) -> dict[int, tuple[str | None, str]]:
+    """Tasks whose worker changed: task -> (old worker or None, new worker)."""
+    old = before.tasks if before is not None else {}
+    return {t: (old.get(t), w) for t, w in after.tasks.items() if old.get(t) != w}
