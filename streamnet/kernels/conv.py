@@ -14,6 +14,7 @@ Weight layout is PyTorch's: (out, in, kh, kw).
 import numpy as np
 
 from ._jit import jit
+from .conv_wide import use_wide, wide_backward, wide_forward
 
 COL_BUDGET = 1 << 16  # floats in one chunk's column matrix (256 KiB: stays in L2)
 MIN_COLS = 256        # but at least this many GEMM columns, below which BLAS is inefficient
@@ -84,6 +85,8 @@ def col2im(col, n0, n1, kh, kw, stride, pad, dx):
 def conv2d_forward(x, weight, bias, stride, pad):
     """out (N, O, OH, OW) = conv(x, weight) + bias."""
     n, c, h, w = x.shape
+    if use_wide(c, stride):  # one input channel: direct, see conv_wide.py
+        return wide_forward(x, weight, bias, pad)
     o, _, kh, kw = weight.shape
     oh = conv_out_size(h, kh, stride, pad)
     ow = conv_out_size(w, kw, stride, pad)
@@ -118,6 +121,8 @@ def conv2d_backward(dout, x, weight, dweight, dbias, stride, pad, need_dx):
     """Overwrite dweight and dbias (views of a flat gradient); return dx, or an empty
     array when need_dx is False (the first layer's input gradient is never used)."""
     n, c, h, w = x.shape
+    if use_wide(c, stride):
+        return wide_backward(dout, x, weight, dweight, dbias, pad, need_dx)
     o, _, kh, kw = weight.shape
     oh = dout.shape[2]
     ow = dout.shape[3]

@@ -1,0 +1,70 @@
+"""The direct one-channel convolution (kernels/conv_wide.py) against central finite
+differences in float64, and against a plain convolution."""
+import numpy as np
+import pytest
+
+from streamnet import kernels as K
+from streamnet.kernels import conv_wide
+
+rng = np.random.default_rng(4321)
+EPS = 1e-6
+
+
+def _fd(f, x, v):
+    return (f(x + EPS * v) - f(x - EPS * v)) / (2 * EPS)
+
+
+def _reference(x, w, b, pad):
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    kh, kw = w.shape[2:]
+    oh, ow = xp.shape[2] - kh + 1, xp.shape[3] - kw + 1
+    out = np.empty((x.shape[0], w.shape[0], oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            out[:, :, i, j] = np.einsum("nchw,ochw->no", xp[:, :, i:i + kh, j:j + kw], w) + b
+    return out
+
+
+@pytest.mark.parametrize("size,k,pad", [(9, 5, 2), (7, 3, 0), (8, 5, 0), (6, 3, 1)])
+def test_wide_path_is_used_and_matches_plain_convolution(size, k, pad):
+    assert conv_wide.use_wide(1, 1) and not conv_wide.use_wide(2, 1) and not conv_wide.use_wide(1, 2)
+    x = rng.standard_normal((3, 1, size, size))
+    w = rng.standard_normal((4, 1, k, k))
+    b = rng.standard_normal(4)
+    np.testing.assert_allclose(K.conv2d_forward(x, w, b, 1, pad), _reference(x, w, b, pad), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("size,k,pad", [(9, 5, 2), (7, 3, 0), (6, 3, 1)])
+def test_wide_gradients_finite_differences(size, k, pad):
+    x = rng.standard_normal((2, 1, size, size))
+    w = rng.standard_normal((3, 1, k, k))
+    b = rng.standard_normal(3)
+    out = K.conv2d_forward(x, w, b, 1, pad)
+    r = rng.standard_normal(out.shape)
+    dw, db = np.empty_like(w), np.empty_like(b)
+    dx = K.conv2d_backward(r, x, w, dw, db, 1, pad, True)
+    for arr, grad, f in [
+        (x, dx, lambda z: np.sum(r * K.conv2d_forward(z, w, b, 1, pad))),
+        (w, dw, lambda z: np.sum(r * K.conv2d_forward(x, z, b, 1, pad))),
+        (b, db, lambda z: np.sum(r * K.conv2d_forward(x, w, z, 1, pad))),
+    ]:
+        v = rng.standard_normal(arr.shape)
+        numeric = _fd(f, arr, v)
+        assert abs(np.sum(grad * v) - numeric) <= 1e-6 * max(1.0, abs(numeric))
+
+
+def test_wide_float32_weight_gradient_without_dx():
+    x = rng.standard_normal((16, 1, 28, 28)).astype(np.float32)
+    w = rng.standard_normal((6, 1, 5, 5)).astype(np.float32)
+    b = np.zeros(6, np.float32)
+    r = rng.standard_normal((16, 6, 28, 28)).astype(np.float32)
+    dw, db = np.empty_like(w), np.empty_like(b)
+    assert K.conv2d_backward(r, x, w, dw, db, 1, 2, False).size == 0
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (2, 2), (2, 2)))
+    ref = np.empty((6, 1, 5, 5))
+    for i in range(5):
+        for j in range(5):
+            ref[:, 0, i, j] = np.einsum("nhw,nohw->o", xp[:, 0, i:i + 28, j:j + 28], r)
+    np.testing.assert_allclose(dw, ref, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(db, r.astype(np.float64).sum((0, 2, 3)), rtol=1e-4)
+    assert dw.dtype == np.float32
