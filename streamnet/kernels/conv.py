@@ -33,8 +33,22 @@ def chunk_size(n, rows, p):
 
 
 @jit
+def _valid(j, pad, stride, size, out):
+    """[lo, hi) of the output positions z whose input z*stride - pad + j is inside [0, size)."""
+    lo = min(out, max(0, (pad - j + stride - 1) // stride))
+    hi = max(lo, min(out, (size - 1 + pad - j) // stride + 1))
+    return lo, hi
+
+
+@jit
 def im2col(x, n0, n1, kh, kw, stride, pad, col):
-    """Fill col with the columns of samples n0..n1-1."""
+    """Fill col with the columns of samples n0..n1-1.
+
+    The bounds test stays in the inner loop: LLVM turns it into a masked vector
+    copy. Hoisting it out (per-tap valid ranges, as col2im does) was slower for
+    the short rows here: LeNet-5 conv2 batch 64 0.95 -> 1.18 ms, AlexNet-64
+    conv2 batch 32 13.2 -> 17.4 ms.
+    """
     c, h, w = x.shape[1], x.shape[2], x.shape[3]
     oh = conv_out_size(h, kh, stride, pad)
     ow = conv_out_size(w, kw, stride, pad)
@@ -59,7 +73,13 @@ def im2col(x, n0, n1, kh, kw, stride, pad, col):
 
 @jit
 def col2im(col, n0, n1, kh, kw, stride, pad, dx):
-    """Add the column gradients of samples n0..n1-1 into dx (which starts zeroed)."""
+    """Add the column gradients of samples n0..n1-1 into dx (which starts zeroed).
+
+    Each tap's valid output range is computed once and the adds index views with
+    the bare loop counter, so numba's negative-index check drops out and the loop
+    vectorises: LeNet-5 conv2 batch 64 1.31 -> 1.15 ms, AlexNet-64 conv2 batch 32
+    20.6 -> 14.9 ms, AlexNet-64 conv1 (stride 2) 1.16 -> 0.55 ms.
+    """
     c, h, w = dx.shape[1], dx.shape[2], dx.shape[3]
     oh = conv_out_size(h, kh, stride, pad)
     ow = conv_out_size(w, kw, stride, pad)
@@ -68,17 +88,22 @@ def col2im(col, n0, n1, kh, kw, stride, pad, dx):
         base = (ni - n0) * p
         for ci in range(c):
             for i in range(kh):
+                ylo, yhi = _valid(i, pad, stride, h, oh)
                 for j in range(kw):
                     r = (ci * kh + i) * kw + j
-                    for y in range(oh):
-                        iy = y * stride - pad + i
-                        if iy < 0 or iy >= h:
-                            continue
-                        q = base + y * ow
-                        for z in range(ow):
-                            ix = z * stride - pad + j
-                            if 0 <= ix < w:
-                                dx[ni, ci, iy, ix] += col[r, q + z]
+                    zlo, zhi = _valid(j, pad, stride, w, ow)
+                    row = col[r]
+                    for y in range(ylo, yhi):
+                        s = row[base + y * ow + zlo:base + y * ow + zhi]
+                        dst = dx[ni, ci, y * stride - pad + i]
+                        if stride == 1:
+                            d = dst[zlo - pad + j:]
+                            for t in range(s.size):
+                                d[t] += s[t]
+                        else:
+                            d = dst[zlo * stride - pad + j::stride]
+                            for t in range(s.size):
+                                d[t] += s[t]
 
 
 @jit
