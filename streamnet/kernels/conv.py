@@ -14,7 +14,8 @@ Weight layout is PyTorch's: (out, in, kh, kw).
 import numpy as np
 
 from ._jit import jit
-from .conv_wide import use_wide, wide_backward, wide_forward
+from .conv_wide import (cols_backward, cols_forward, use_wide, use_wide_cols, wide_backward,
+                        wide_forward)
 
 COL_BUDGET = 1 << 16  # floats in one chunk's column matrix (256 KiB: stays in L2)
 MIN_COLS = 256        # but at least this many GEMM columns, below which BLAS is inefficient
@@ -112,6 +113,8 @@ def conv2d_forward(x, weight, bias, stride, pad):
     n, c, h, w = x.shape
     if use_wide(c, stride):  # one input channel: direct, see conv_wide.py
         return wide_forward(x, weight, bias, pad)
+    if use_wide_cols(c, weight.shape[2], weight.shape[3], stride):  # few column rows: wide columns, see conv_wide.py
+        return cols_forward(x, weight, bias, pad)
     o, _, kh, kw = weight.shape
     oh = conv_out_size(h, kh, stride, pad)
     ow = conv_out_size(w, kw, stride, pad)
@@ -148,6 +151,8 @@ def conv2d_backward(dout, x, weight, dweight, dbias, stride, pad, need_dx):
     n, c, h, w = x.shape
     if use_wide(c, stride):
         return wide_backward(dout, x, weight, dweight, dbias, pad, need_dx)
+    if use_wide_cols(c, weight.shape[2], weight.shape[3], stride):
+        return cols_backward(dout, x, weight, dweight, dbias, pad, need_dx)
     o, _, kh, kw = weight.shape
     oh = dout.shape[2]
     ow = dout.shape[3]
