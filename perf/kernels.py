@@ -187,19 +187,21 @@ def measure_steps(cases, pairs, block_s, peak) -> dict:
 
 def measure_layers(name, batch, pairs, block_s) -> list[dict]:
     """Forward and backward of each layer alone, streamnet's against torch's, on the
-    activations the network feeds it. A layer's backward needs its forward's saved
-    state, so each timed backward follows an untimed forward (both sides)."""
+    activations the network feeds it, in the model's compute order (a ReLU before
+    a max pool runs after it, on both sides). A layer's backward needs its
+    forward's saved state, so each timed backward follows an untimed forward."""
     import numpy as np
     import torch
     from streamnet.nn import reference
     model = build(name)
     x, _ = batch_for(model, batch)
     seq = reference.torch_module(model)
-    macs = layer_macs(model.spec())
+    macs = dict(zip(map(id, model.layers), layer_macs(model.spec())))
     rows = []
     h = model._check_input(x)
     rng = np.random.default_rng(1)
-    for i, (layer, mod) in enumerate(zip(model.layers, seq)):
+    mods = [seq[model.layers.index(layer)] for layer in model._order]
+    for i, (layer, mod) in enumerate(zip(model._order, mods)):
         out = layer.forward(h, True)
         dy = rng.standard_normal(out.shape).astype(np.float32)
         need_dx = i > 0
@@ -241,7 +243,7 @@ def measure_layers(name, batch, pairs, block_s) -> list[dict]:
         of, tf = paired(timed_block(o_fwd, reps), timed_block(t_fwd, reps), pairs)
         ob, tb = paired(bwd_block(o_bwd, reps), bwd_block(t_bwd, reps), pairs)
         row = {"layer": i, "name": layer.name or layer.type, "type": layer.type,
-               "in_shape": list(h.shape), "gflop_fwd": 2 * macs[i] * batch / 1e9,
+               "in_shape": list(h.shape), "gflop_fwd": 2 * macs[id(layer)] * batch / 1e9,
                "numba_fwd_ms": median(of) * 1e3, "torch_fwd_ms": median(tf) * 1e3,
                "numba_bwd_ms": median(ob) * 1e3, "torch_bwd_ms": median(tb) * 1e3,
                "fwd_ratio": spread([t / o for o, t in zip(of, tf) if o > 0]),

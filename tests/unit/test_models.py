@@ -87,3 +87,21 @@ def test_float32_all_the_way(build):
     for layer in m.layers:
         h = layer.forward(h, train=True)
         assert h.dtype == np.float32, layer.type
+
+
+@pytest.mark.parametrize("build", [lambda: nn.lenet5(seed=7), lambda: nn.alexnet(64, dropout=0.0, seed=7)])
+def test_relu_then_maxpool_runs_pool_first_bit_identically(build):
+    m = build()
+    kinds = [l.type for l in m._order]
+    assert "relu" in kinds and all(not (a == "relu" and b == "maxpool") for a, b in zip(kinds, kinds[1:]))
+    size = m.input_shape[1]
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((3, 1, size, size)).astype(np.float32)
+    x[0, 0, :4, :4] = -1.0  # windows whose ReLU output is all zero (ties)
+    y = rng.integers(0, 10, 3)
+    loss, g = m.loss_and_grad(x, y)
+    g = g.copy()
+    m._order = list(m.layers)  # the declared order
+    loss_plain, g_plain = m.loss_and_grad(x, y)
+    assert loss == loss_plain
+    np.testing.assert_array_equal(g, g_plain)
