@@ -82,23 +82,29 @@ class ParallelStep:
         n = x.shape[0]
         shards = shard_bounds(n, self.threads) if n else [(0, 0)]
         steps = model.random_state()
+        weights = np.array([(hi - lo) / max(n, 1) for lo, hi in shards], dtype=np.float64)
+        rows = self._rows[:len(shards)]
+        # one task per thread: its shard, then (once every shard is done) its slice
+        # of the reduction; a second round of tasks cost a thread wake-up each step
+        done = threading.Barrier(len(shards))
 
         def run(k):
             lo, hi = shards[k]
             rep = self._replicas[k]
             rep.set_random_state(steps)
             rep.set_sample_offset(lo)
-            return rep.loss_and_grad(x[lo:hi], labels[lo:hi])[0]
+            try:
+                loss = rep.loss_and_grad(x[lo:hi], labels[lo:hi])[0]
+            except BaseException:
+                done.abort()  # release the others: they raise BrokenBarrierError
+                raise
+            done.wait()
+            for j in range(k, len(self._slices), len(shards)):
+                a, b = self._slices[j]
+                K.weighted_sum_rows(model.grads, rows, weights, a, b)
+            return loss
 
         losses = self._fan_out(run, len(shards))
-        weights = np.array([(hi - lo) / max(n, 1) for lo, hi in shards], dtype=np.float64)
-        rows = self._rows[:len(shards)]
-
-        def reduce(k):
-            lo, hi = self._slices[k]
-            K.weighted_sum_rows(model.grads, rows, weights, lo, hi)
-
-        self._fan_out(reduce, len(self._slices))
         model.set_random_state(self._replicas[0].random_state())
         return float(sum(w * v for w, v in zip(weights, losses))), model.grads
 
@@ -107,9 +113,13 @@ class ParallelStep:
         futures = [self._pool.submit(fn, k) for k in range(1, count)]
         try:
             first = fn(0)
-        finally:  # never leave a shard running on shared buffers
-            for f in futures:
-                f.exception()
+        except BaseException as exc:
+            # never leave a shard running on shared buffers; report the shard that
+            # failed, not the others' broken barrier
+            errors = [f.exception() for f in futures]
+            cause = next((e for e in [exc] + errors if e is not None
+                          and not isinstance(e, threading.BrokenBarrierError)), exc)
+            raise cause
         return [first] + [f.result() for f in futures]
 
     def close(self) -> None:

@@ -83,3 +83,17 @@ def test_dropout_shard_masks_are_the_batch_mask():
     a, _ = K.dropout_forward(x[:2], 0.5, 9, 0)
     b, _ = K.dropout_forward(x[2:], 0.5, 9, 2 * 40)
     np.testing.assert_array_equal(np.concatenate([a, b]), whole)
+
+
+def test_a_failing_shard_raises_its_own_error_and_the_step_recovers():
+    model = nn.lenet5(seed=9)
+    x, y = _batch(model, 8)
+    with ParallelStep(model, 2) as step:
+        ref = step.loss_and_grad(x, y)[1].copy()
+        bad = step._replicas[1]
+        original = bad.loss_and_grad
+        bad.loss_and_grad = lambda *a: (_ for _ in ()).throw(FloatingPointError("shard 1"))
+        with pytest.raises(FloatingPointError, match="shard 1"):
+            step.loss_and_grad(x, y)
+        bad.loss_and_grad = original
+        np.testing.assert_array_equal(step.loss_and_grad(x, y)[1], ref)
