@@ -2,20 +2,25 @@
 # Run ZooKeeper from Debian's `zookeeper` package, with its own data directory and ports.
 #
 #   deploy/zookeeper.sh start   [--port 2181] [--dir DIR] [--servers N] [--tick-ms 500] [--bind 127.0.0.1]
+#                               [--client-ports P0,P1,..] [--peer-ports A0:B0,A1:B1,..]
 #   deploy/zookeeper.sh stop    [--dir DIR]
 #   deploy/zookeeper.sh status  [--dir DIR]
 #   deploy/zookeeper.sh kill    [--dir DIR] [--server I]    # SIGKILL one server (tests)
 #   deploy/zookeeper.sh restart-server [--dir DIR] [--server I]
 #
 # --servers 1 (default) runs a standalone server (ZooKeeperServerMain); --servers 3 runs a
-# 3-server ensemble on loopback (QuorumPeerMain), client ports PORT..PORT+2. `start` waits
-# until every server answers `ruok` and prints the connect string (host:port,...).
+# 3-server ensemble on loopback (QuorumPeerMain), client ports PORT..PORT+2 and quorum/election
+# ports from PORT+1000 up, unless --client-ports/--peer-ports name each one (the test harness
+# does: it picks ports known to be free). `start` waits until every server serves (`srvr`
+# reports its mode: standalone, leader or follower) and prints the connect string; a server
+# whose process exits meanwhile is reported at once with the end of its log.
 # The tick (--tick-ms) bounds session timeouts to [2, 20] ticks: 500 ms gives 1-10 s, which
 # lets tests see failures quickly; production may want the default 2000.
 set -euo pipefail
 
 cmd=${1:-}; shift || true
 port=2181; dir=${STREAMNET_ZK_DIR:-$(pwd)/.run/zookeeper}; servers=1; tick=500; which=0; bind=127.0.0.1
+client_ports=""; peer_ports=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --port) port=$2; shift 2;;
@@ -24,6 +29,8 @@ while [ $# -gt 0 ]; do
     --tick-ms) tick=$2; shift 2;;
     --server) which=$2; shift 2;;
     --bind) bind=$2; shift 2;;
+    --client-ports) client_ports=$2; shift 2;;
+    --peer-ports) peer_ports=$2; shift 2;;
     *) echo "zookeeper.sh: unknown option $1" >&2; exit 2;;
   esac
 done
@@ -36,7 +43,7 @@ need_java() {
   fi
 }
 
-ruok() {  # host port -> 0 if the server answers imok
+ruok() {  # host port -> 0 if a server answers imok (it runs; it may not serve yet)
   python3 - "$1" "$2" <<'PY' 2>/dev/null
 import socket, sys
 try:
@@ -48,6 +55,34 @@ sys.exit(0 if ok else 1)
 PY
 }
 
+serving() {  # host port -> 0 if the server serves clients (standalone, or in a quorum)
+  python3 - "$1" "$2" <<'PY' 2>/dev/null
+import socket, sys
+try:
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1)
+    s.sendall(b"srvr"); out = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        out += chunk
+    s.close()
+    ok = b"Mode:" in out
+except OSError:
+    ok = False
+sys.exit(0 if ok else 1)
+PY
+}
+
+cport() {  # index -> client port
+  if [ -n "$client_ports" ]; then echo "$client_ports" | cut -d, -f$(($1 + 1)); else echo $((port + $1)); fi
+}
+
+pports() {  # index -> quorum:election ports
+  if [ -n "$peer_ports" ]; then echo "$peer_ports" | cut -d, -f$(($1 + 1))
+  else echo "$((port + 1000 + 2 * $1)):$((port + 1001 + 2 * $1))"; fi
+}
+
 write_config() {  # index
   local i=$1 d="$dir/s$1"
   mkdir -p "$d/data"
@@ -56,7 +91,7 @@ write_config() {  # index
     echo "initLimit=20"
     echo "syncLimit=10"
     echo "dataDir=$d/data"
-    echo "clientPort=$((port + i))"
+    echo "clientPort=$(cport "$i")"
     echo "clientPortAddress=$bind"
     echo "admin.enableServer=false"
     echo "4lw.commands.whitelist=ruok,srvr,stat,mntr"
@@ -64,20 +99,21 @@ write_config() {  # index
     echo "autopurge.purgeInterval=1"
     if [ "$servers" -gt 1 ]; then
       for j in $(seq 0 $((servers - 1))); do
-        echo "server.$((j + 1))=127.0.0.1:$((port + 1000 + 2 * j)):$((port + 1001 + 2 * j))"
+        echo "server.$((j + 1))=127.0.0.1:$(pports "$j")"
       done
     fi
   } > "$d/zoo.cfg"
   [ "$servers" -gt 1 ] && echo $((i + 1)) > "$d/data/myid"
   echo "$servers" > "$dir/servers"; echo "$port" > "$dir/port"; echo "$bind" > "$dir/bind"
+  echo "$client_ports" > "$dir/client_ports"; echo "$peer_ports" > "$dir/peer_ports"
 }
 
 start_one() {  # index
   local i=$1 d="$dir/s$1" main=org.apache.zookeeper.server.ZooKeeperServerMain
   [ "$servers" -gt 1 ] && main=org.apache.zookeeper.server.quorum.QuorumPeerMain
   if [ -f "$d/pid" ] && kill -0 "$(cat "$d/pid")" 2>/dev/null; then return 0; fi
-  if ruok "$(probe_host)" $((port + i)); then
-    echo "zookeeper.sh: port $((port + i)) already has a ZooKeeper that is not ours ($dir); pick --port" >&2
+  if ruok "$(probe_host)" "$(cport "$i")"; then
+    echo "zookeeper.sh: port $(cport "$i") already has a ZooKeeper that is not ours ($dir); pick --port" >&2
     exit 1
   fi
   # setsid: the server outlives the shell that started it and gets its own process group
@@ -86,12 +122,22 @@ start_one() {  # index
   echo $! > "$d/pid"
 }
 
+died() {  # index -> 0 if the server's process is gone
+  [ -f "$dir/s$1/pid" ] && ! kill -0 "$(cat "$dir/s$1/pid")" 2>/dev/null
+}
+
 wait_up() {
-  local deadline=$((SECONDS + 60))
+  local deadline=$((SECONDS + 60)) i j
   for i in $(seq 0 $((servers - 1))); do
-    until ruok "$(probe_host)" $((port + i)); do
+    until serving "$(probe_host)" "$(cport "$i")"; do
+      for j in $(seq 0 $((servers - 1))); do
+        if died "$j"; then
+          echo "zookeeper.sh: server $j (client port $(cport "$j"), quorum ports $(pports "$j")) exited; log:" >&2
+          tail -20 "$dir/s$j/zookeeper.log" >&2; exit 1
+        fi
+      done
       if [ $SECONDS -ge $deadline ]; then
-        echo "zookeeper.sh: server $i did not answer on port $((port + i)) within 60 s; log:" >&2
+        echo "zookeeper.sh: server $i is not serving on port $(cport "$i") after 60 s; log:" >&2
         tail -20 "$dir/s$i/zookeeper.log" >&2; exit 1
       fi
       sleep 0.2
@@ -103,7 +149,7 @@ probe_host() { if [ "$bind" = 0.0.0.0 ]; then echo 127.0.0.1; else echo "$bind";
 
 connect_string() {
   local s="" i
-  for i in $(seq 0 $((servers - 1))); do s="$s${s:+,}$(probe_host):$((port + i))"; done
+  for i in $(seq 0 $((servers - 1))); do s="$s${s:+,}$(probe_host):$(cport "$i")"; done
   echo "$s"
 }
 
@@ -111,6 +157,8 @@ load_layout() {
   [ -f "$dir/servers" ] && servers=$(cat "$dir/servers")
   [ -f "$dir/port" ] && port=$(cat "$dir/port")
   [ -f "$dir/bind" ] && bind=$(cat "$dir/bind")
+  [ -f "$dir/client_ports" ] && client_ports=$(cat "$dir/client_ports")
+  [ -f "$dir/peer_ports" ] && peer_ports=$(cat "$dir/peer_ports")
   return 0
 }
 
@@ -139,15 +187,19 @@ case "$cmd" in
   restart-server)
     load_layout
     start_one "$which"
-    until ruok "$(probe_host)" $((port + which)); do sleep 0.2; done;;
+    until ruok "$(probe_host)" "$(cport "$which")"; do
+      if died "$which"; then echo "zookeeper.sh: server $which exited; log:" >&2; tail -20 "$dir/s$which/zookeeper.log" >&2; exit 1; fi
+      sleep 0.2
+    done;;
   status)
     load_layout
     rc=0
     for i in $(seq 0 $((servers - 1))); do
-      if ruok "$(probe_host)" $((port + i)); then echo "server $i on $(probe_host):$((port + i)): up"
-      else echo "server $i on $(probe_host):$((port + i)): down"; rc=3; fi
+      if serving "$(probe_host)" "$(cport "$i")"; then echo "server $i on $(probe_host):$(cport "$i"): serving"
+      elif ruok "$(probe_host)" "$(cport "$i")"; then echo "server $i on $(probe_host):$(cport "$i"): up, not serving (no quorum?)"; rc=3
+      else echo "server $i on $(probe_host):$(cport "$i"): down"; rc=3; fi
     done
     exit $rc;;
   *)
-    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2;;
+    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2;;
 esac

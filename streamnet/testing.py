@@ -23,9 +23,22 @@ SESSION_TIMEOUT = 4.0
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct ports that were free a moment ago: all held open together while picked,
+    so none is picked twice (the kernel hands out each bound port once)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def zookeeper_installed() -> bool:
@@ -36,22 +49,58 @@ def zookeeper_installed() -> bool:
 
 class ZooKeeper:
     """A standalone ZooKeeper (or an ensemble of `servers`) in its own directory,
-    started with deploy/zookeeper.sh."""
+    started with deploy/zookeeper.sh on ports picked free here: the client port of
+    each server and, for an ensemble, its two quorum ports. `start` returns once every
+    member serves; a member that cannot start (another program took a port between
+    the pick and the start) is reported with its log, and the start is tried once more
+    on new ports."""
 
     def __init__(self, servers: int = 1):
         self.dir = tempfile.mkdtemp(prefix="streamnet-zk-")
         self.servers = servers
-        # an ensemble's client ports are port..port+N-1 (quorum ports above): hope they are free too
-        self.port = free_port()
-        self.hosts = ",".join(f"127.0.0.1:{self.port + i}" for i in range(servers))
+        self._pick_ports()
+
+    def _pick_ports(self) -> None:
+        ports = free_ports(3 * self.servers if self.servers > 1 else 1)
+        self.client_ports = ports[:self.servers]
+        peers = ports[self.servers:]
+        self.peer_ports = [f"{peers[2 * i]}:{peers[2 * i + 1]}" for i in range(self.servers)] if self.servers > 1 \
+            else []
+        self.port = self.client_ports[0]
+        self.hosts = ",".join(f"127.0.0.1:{p}" for p in self.client_ports)
 
     def _run(self, *args):
         return subprocess.run([ZK_SCRIPT, *args, "--dir", self.dir], check=True, capture_output=True, text=True,
                               timeout=90)
 
     def start(self):
-        self._run("start", "--port", str(self.port), "--servers", str(self.servers))
-        return self
+        for attempt in (1, 2):
+            args = ["start", "--servers", str(self.servers), "--port", str(self.port),
+                    "--client-ports", ",".join(map(str, self.client_ports))]
+            if self.peer_ports:
+                args += ["--peer-ports", ",".join(self.peer_ports)]
+            try:
+                self._run(*args)
+                return self
+            except subprocess.CalledProcessError as e:
+                self._run("stop")
+                if attempt == 2:
+                    raise RuntimeError(f"ZooKeeper did not start on ports {self.client_ports} "
+                                       f"{self.peer_ports}: {e.stderr}") from None
+                print(f"ZooKeeper did not start ({e.stderr.strip()}); trying new ports")
+                self._pick_ports()
+
+    def serving(self, server: int) -> bool:
+        """The server answers `srvr` with its mode (it serves clients, in a quorum)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.client_ports[server]), timeout=1) as s:
+                s.sendall(b"srvr")
+                out = b""
+                while chunk := s.recv(4096):
+                    out += chunk
+            return b"Mode:" in out
+        except OSError:
+            return False
 
     def kill(self, server: int = 0):
         self._run("kill", "--server", str(server))

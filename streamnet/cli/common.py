@@ -46,7 +46,8 @@ def connect(a: argparse.Namespace):
     if not a.zk:
         raise StreamnetError("no ZooKeeper ensemble given: pass --zk HOST:PORT (or set STREAMNET_ZK)")
     secret = read_secret(a.secret_file)
-    coord = ZkCoordinator(a.zk, secret, session_timeout=a.session_timeout, connect_timeout=10.0)
+    coord = ZkCoordinator(a.zk, secret, session_timeout=a.session_timeout,
+                          connect_timeout=a.session_timeout)
     try:
         return coord, ClusterState(coord, a.cluster), secret
     except BaseException:

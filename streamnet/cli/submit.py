@@ -6,6 +6,7 @@ import logging
 import sys
 
 from ..errors import StreamnetError
+from ..runtime.control.coordinator import ConnectionLostError
 from .progress import ProgressLine, bar
 from .train_args import add_training_options, config_from_args
 
@@ -123,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     try:
         return a.func(a)
+    except ConnectionLostError as e:    # the ensemble is away or has no quorum: not a usage error
+        print(f"streamnet-submit: error: {e}", file=sys.stderr)
+        return 1
     except StreamnetError as e:
         print(f"streamnet-submit: error: {e}", file=sys.stderr)
         return 2

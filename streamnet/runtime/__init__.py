@@ -15,10 +15,10 @@ from .control.inprocess import InProcessServer
 from .control.placement import assign
 from .dataplane.fencing import FencedError
 from .local import LocalCluster
-from .topology import Topology, TopologyBuilder, TopologyError
+from .topology import Topology, TopologyBuilder, TopologyError, resolve
 from .worker import Worker
 
 __all__ = ["ClusterState", "CodecError", "Limits", "BasicBolt", "Bolt", "Context", "Spout", "Tuple",
            "BadVersionError", "Coordinator", "CoordinatorError", "InProcessServer", "NoNodeError",
            "NodeExistsError", "FencedError", "LocalCluster", "wait_for", "wait_done", "kill_topology",
-           "ClusterTimeout", "assign", "Topology", "TopologyBuilder", "TopologyError", "Worker"]
+           "ClusterTimeout", "assign", "Topology", "TopologyBuilder", "TopologyError", "Worker", "resolve"]

@@ -20,12 +20,9 @@ class Component:
     def __init__(self, **config):
         self.config = config
 
-    def snapshot(self):
-        """Plain data from which `restore` rebuilds this component's state (None: stateless)."""
-        return None
-
     def restore(self, state) -> None:
-        pass
+        """Called after open/prepare with the last state this task saved through
+        `ctx.save_state` (wherever it ran before), if it saved any."""
 
 
 class Spout(Component):

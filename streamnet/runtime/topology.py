@@ -53,7 +53,6 @@ def declared_outputs(cls) -> dict[str, list[str]]:
 class Declarer:
     """Returned by add_bolt: subscribe the bolt to streams, Storm style."""
     _spec: dict
-    _builder: "TopologyBuilder"
 
     def _sub(self, component: str, grouping: dict, stream: str) -> "Declarer":
         self._spec["inputs"].append({"component": component, "stream": stream, "grouping": grouping})
@@ -105,7 +104,7 @@ class TopologyBuilder:
         self._add("spout", cid, component, parallelism, config)
 
     def add_bolt(self, cid: str, component: str, parallelism: int = 1, **config) -> Declarer:
-        return Declarer(self._add("bolt", cid, component, parallelism, config), self)
+        return Declarer(self._add("bolt", cid, component, parallelism, config))
 
     def build(self, *, allow_cycles: bool = False, check_classes: bool = True, **config) -> "Topology":
         unknown = set(config) - set(DEFAULT_CONFIG) - {"extra"}

@@ -23,6 +23,7 @@ from .control.cluster_state import RUNNING, ClusterState
 from .dataplane.compute import ComputePool
 from .control.coordinator import CoordinatorError
 from .prometheus import prometheus
+from .control.publisher import ResultPublisher
 from .control.scheduler import SchedulerService
 from .dataplane.topology_runtime import TopologyRuntime
 from .dataplane.transport import Auth, StreamServer
@@ -46,6 +47,7 @@ class Worker:
         self._watched: set[str] = set()
         self.closing = False
         self.scheduler = SchedulerService(state, worker_id) if schedule else None
+        self.publisher = ResultPublisher(state)
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
@@ -57,6 +59,7 @@ class Worker:
         self.delivery = Delivery(worker_id=self.id, auth=self.auth, session=self.session, limits=self.limits,
                                  runtimes=self.runtimes, on_unreachable=self._peer_unreachable)
         self.stream_server = StreamServer(self.auth, self.delivery.receive, self.limits)
+        self.publisher.start()
         app = web.Application(client_max_size=self.limits.max_frame + 1024)
         app.add_routes(self.stream_server.routes() + [web.get("/status", self._status_handler),
                                                       web.get("/metrics", self._metrics_handler)])
@@ -138,6 +141,7 @@ class Worker:
             await asyncio.to_thread(self.scheduler.stop)
         for rt in list(self.runtimes.values()):
             await rt.stop(drain_s)
+        await self.publisher.close()
         await self.delivery.close()
         await self.session.close()
         await self._runner.cleanup()
@@ -195,6 +199,7 @@ class Worker:
         if status in ("killed", None):
             await self._drop_runtime(name)
             if status == "killed":
+                await self.publisher.flush()     # what close() published, before the client reads it
                 await asyncio.to_thread(self.state.mark_stopped, name, self.id)
 
     async def _drop_runtime(self, name: str) -> None:
@@ -207,7 +212,7 @@ class Worker:
         return asyncio.wrap_future(self.pool.submit(fn, *args))
 
     def publish(self, topology: str, key: str, value) -> None:
-        self.state.publish_result(topology, key, value)
+        self.publisher.publish(topology, key, value)
 
     def mark_done(self, topology: str, task: int) -> None:
         self._spawn(asyncio.to_thread(self.state.mark_done, topology, task))

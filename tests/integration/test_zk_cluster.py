@@ -245,3 +245,51 @@ def test_a_paused_worker_whose_session_expired_rejoins(cluster):
     wait_for(lambda: victim in state.workers(), 30, "the paused worker to register again", interval=0.1)
     results = finish(state, topo.name)
     assert wordcount.merge_counts(results) == wordcount.expected_counts(3000, 0)
+
+
+def test_without_a_quorum_clients_get_a_clear_error_and_workers_keep_their_tasks():
+    """Two of three ensemble members die mid-topology: `streamnet-submit list` says there
+    is no quorum and exits 1 instead of blocking; the workers stay up with their tasks
+    and log the same; once the members are back the topology completes exactly."""
+    server = ZooKeeper(servers=3).start()
+    try:
+        with running_cluster(server.hosts, workers=2) as (c, state):
+            topo = _slow_wordcount(count=6000)
+            state.submit_topology(topo.name, topo.to_dict())
+            wait_for(lambda: placement(state, topo.name), 30, "the first assignment")
+            workers = {w: f"http://{i['host']}:{i['port']}" for w, i in state.workers().items()}
+
+            def running_here(url):
+                tasks = ((_get_json(url + "/status") or {}).get("topologies", {}).get(topo.name) or {}).get("tasks")
+                return tasks and any(m["executed"] for m in tasks.values())
+            wait_for(lambda: all(running_here(u) for u in workers.values()), 60, "tasks running on both workers",
+                     interval=0.1)
+            server.kill(1)
+            server.kill(2)
+            wait_for(lambda: not server.serving(0), 30, "server 0 to lose its quorum", interval=0.1)
+            t0 = time.monotonic()
+            r = c.submit_cli("list", timeout=120)
+            took = time.monotonic() - t0
+            print(f"submit list without a quorum: exit {r.returncode} after {took:.1f} s: {r.stderr.strip()}")
+            assert r.returncode == 1, (r.stdout, r.stderr)
+            assert "ZooKeeper has no quorum (1 of 3 servers reachable)" in r.stderr
+            assert "Traceback" not in r.stderr
+            wait_for(lambda: all("no quorum" in open(c.logs[w]).read() for w in workers), 30,
+                     "the workers to log the outage", interval=0.2)
+            assert all(c.procs[w].poll() is None for w in workers), "a worker exited without a quorum"
+            server.restart(1)
+            server.restart(2)
+            results = finish(state, topo.name, timeout=300)
+    finally:
+        server.stop()
+    assert wordcount.merge_counts(results) == wordcount.expected_counts(6000, 0)
+
+
+def _get_json(url: str):
+    import json
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url, timeout=3) as r:
+            return json.load(r)
+    except OSError:
+        return None

@@ -142,7 +142,7 @@ def test_epoch_order_is_a_seeded_permutation():
 
 def test_bad_samples_are_quarantined_with_a_report(tmp_path):
     from streamnet.training.config import DataConfig
-    from streamnet.training.local import load_data
+    from streamnet.training.schedule import load_data
     rng = np.random.default_rng(1)
     train = rng.uniform(0, 255, (30, 28, 28)).astype(np.float32)
     train[3, 5, 5] = np.nan

@@ -172,10 +172,11 @@ class ClusterState:
                 return 0
             return self.coord.set(path, data, version)
         except ConnectionLostError:
-            # the connection dropped with the write in flight: it may have been applied.
-            # Look (reads are retried after the reconnect) rather than take our own write
-            # for another instance's next time and fence ourselves.
-            return self._settle_state_write(path, data, version)
+            # the connection dropped with the write in flight (or never came back within
+            # the call's deadline): it may have been applied. Look once the connection is
+            # back rather than take our own write for another instance's next time and
+            # fence ourselves.
+            return retry_while_lost(lambda: self._settle_state_write(path, data, version), RESEND_S)
 
     def _settle_state_write(self, path: str, data: bytes, version: int) -> int:
         try:
@@ -254,7 +255,10 @@ class ClusterState:
             return set()
 
     def publish_result(self, name: str, key: str, value) -> None:
-        data = codec.encode_bytes(value)
+        self.put_result(name, key, codec.encode_bytes(value))
+
+    def put_result(self, name: str, key: str, data: bytes) -> None:
+        """An encoded result, sent again while the connection is lost (it is idempotent)."""
         retry_while_lost(lambda: self.coord.put(self.path("topologies", name, "results", key), data), RESEND_S)
 
     def results(self, name: str) -> dict:

@@ -53,20 +53,24 @@ class SessionClosedError(ConnectionLostError):
     """This client closed its session: nothing will come back."""
 
 
-def retry_while_lost(fn: Callable[[], object], timeout: float):
+def retry_while_lost(fn: Callable[[], object], timeout: float, *, what: str = "",
+                     give_up: Callable[[], bool] = lambda: False):
     """fn(), called again while the connection is lost (the client is reconnecting,
-    say to another server of the ensemble), for up to `timeout` s; then the last
-    ConnectionLostError propagates. A closed session is not waited on. Only for calls
-    that may safely run twice: reads, and writes whose repeat changes nothing."""
+    say to another server of the ensemble), for up to `timeout` s or until give_up();
+    then the last ConnectionLostError propagates. A closed session is not waited on.
+    Only for calls that may safely run twice: reads, and writes whose repeat changes
+    nothing. With `what`, the first retry is logged."""
     deadline, delay = time.monotonic() + timeout, 0.05
     while True:
         try:
             return fn()
         except SessionClosedError:
             raise
-        except ConnectionLostError:
-            if time.monotonic() + delay > deadline:
+        except ConnectionLostError as e:
+            if time.monotonic() + delay > deadline or give_up():
                 raise
+            if what and delay == 0.05:
+                log.warning("cannot %s yet (%s); retrying for up to %.0f s", what, e, timeout)
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ..control.coordinator import BadVersionError, ConnectionLostError, NodeExistsError
+from ..control.coordinator import BadVersionError, NodeExistsError, retry_while_lost
 
 log = logging.getLogger(__name__)
 
@@ -33,26 +33,22 @@ def state_key(ex) -> str:
 async def claim_state(rt, ex) -> None:
     """Load the task's last state and take ownership of it: rewriting it bumps the
     version, so an older instance still running somewhere fails its next save and
-    stops - it is fenced."""
+    stops - it is fenced. The task cannot start without it: a lost coordinator is
+    waited for (up to CLAIM_DEADLINE_S)."""
     state, key = rt.worker.state, state_key(ex)
-    loop = asyncio.get_running_loop()
-    delay, deadline = 0.1, loop.time() + CLAIM_DEADLINE_S
-    while True:
-        try:
-            value, version = await asyncio.to_thread(state.load_state, rt.name, key)
-            ex.restored, ex.state_version = value, version
-            # write it back (or create it empty): an instance that loaded it before us
-            # now fails its next save, even a first one
-            ex.state_version = await asyncio.to_thread(state.save_state, rt.name, key, value, version)
-            return
-        except (BadVersionError, NodeExistsError):
-            continue     # another instance claimed it between our read and write: read again
-        except ConnectionLostError as e:
-            if loop.time() > deadline or rt.worker.closing:
-                raise
-            log.warning("worker %s: cannot claim the state of %s yet (%s); retrying", rt.worker.id, key, e)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+
+    def claim():
+        while True:
+            value, version = state.load_state(rt.name, key)
+            try:
+                # write it back (or create it empty): an instance that loaded it before us
+                # now fails its next save, even a first one
+                return value, state.save_state(rt.name, key, value, version)
+            except (BadVersionError, NodeExistsError):
+                continue     # another instance claimed it between our read and write: read again
+    ex.restored, ex.state_version = await asyncio.to_thread(
+        retry_while_lost, claim, CLAIM_DEADLINE_S, what=f"claim the state of {key} on worker {rt.worker.id}",
+        give_up=lambda: rt.worker.closing)
 
 
 def save_state(rt, ex, value) -> None:
