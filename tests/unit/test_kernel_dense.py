@@ -1,0 +1,32 @@
+"""The dense layer's two GEMM arrangements (plain for small weights, transposed
+for big ones, kernels/dense.py) against finite differences in float64."""
+import numpy as np
+import pytest
+
+from streamnet import kernels as K
+from streamnet.kernels import dense
+
+rng = np.random.default_rng(99)
+EPS = 1e-6
+
+
+@pytest.mark.parametrize("fin,fout", [(7, 3), (600, dense.TALL // 600 + 1)])
+def test_dense_gradients_both_arrangements(fin, fout):
+    x = rng.standard_normal((5, fin))
+    w = rng.standard_normal((fout, fin)) / np.sqrt(fin)
+    b = rng.standard_normal(fout)
+    out = K.dense_forward(x, w, b)
+    np.testing.assert_allclose(out, x @ w.T + b, rtol=1e-12, atol=1e-12)
+    r = rng.standard_normal(out.shape)
+    dw, db = np.empty_like(w), np.empty_like(b)
+    dx = K.dense_backward(r, x, w, dw, db, True)
+    np.testing.assert_allclose(dw, r.T @ x, rtol=1e-12, atol=1e-12)
+    for arr, grad, f in [
+        (x, dx, lambda z: np.sum(r * K.dense_forward(z, w, b))),
+        (w, dw, lambda z: np.sum(r * K.dense_forward(x, z, b))),
+        (b, db, lambda z: np.sum(r * K.dense_forward(x, w, z))),
+    ]:
+        v = rng.standard_normal(arr.shape)
+        numeric = (f(arr + EPS * v) - f(arr - EPS * v)) / (2 * EPS)
+        assert abs(np.sum(grad * v) - numeric) <= 1e-6 * max(1.0, abs(numeric))
+    assert dx.flags.c_contiguous
