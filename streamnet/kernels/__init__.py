@@ -6,7 +6,8 @@ caller-owned views (slices of one flat gradient vector).
 """
 from .activations import (relu_backward, relu_forward, sigmoid_backward, sigmoid_forward,
                           tanh_backward, tanh_forward)
-from .conv import conv2d_backward, conv2d_forward, conv_out_size
+from .conv import (columns_size, conv2d_backward, conv2d_backward_kept, conv2d_forward,
+                   conv2d_forward_keep, conv_out_size)
 from .dense import dense_backward, dense_forward
 from .dropout import dropout_backward, dropout_forward, dropout_mask
 from .loss import argmax_rows, softmax_cross_entropy

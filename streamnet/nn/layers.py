@@ -76,13 +76,32 @@ class Conv2d(Layer):
             raise ValueError(f"layer {self.name!r}: input {h}x{w} is smaller than kernel {self.kernel}")
         return (self.cout, oh, ow)
 
+    # a training forward keeps its im2col columns for the backward pass, in a
+    # workspace made once per batch shape (no allocation per step), unless they
+    # would pass this many floats (then the backward rebuilds them)
+    KEEP_COLUMNS_MAX = 1 << 26
+
     def forward(self, x, train):
         self._x = x
+        self._kept = False
+        if train:
+            need = K.columns_size(x.shape, self.w.shape, self.stride, self.padding)
+            if 0 < need <= self.KEEP_COLUMNS_MAX:
+                ws = getattr(self, "_cols", None)
+                if ws is None or ws.size != need or ws.dtype != x.dtype:
+                    ws = self._cols = np.empty(need, dtype=x.dtype)
+                self._kept = True
+                return K.conv2d_forward_keep(x, self.w, self.b, self.stride, self.padding, ws)
         return K.conv2d_forward(x, self.w, self.b, self.stride, self.padding)
 
     def backward(self, dy, need_dx):
-        dx = K.conv2d_backward(dy, self._x, self.w, self.dw, self.db, self.stride, self.padding, need_dx)
+        if self._kept:
+            dx = K.conv2d_backward_kept(dy, self._x, self.w, self.dw, self.db, self.stride, self.padding,
+                                        need_dx, self._cols)
+        else:
+            dx = K.conv2d_backward(dy, self._x, self.w, self.dw, self.db, self.stride, self.padding, need_dx)
         self._x = None
+        self._kept = False
         return dx if need_dx else None
 
     def spec(self):

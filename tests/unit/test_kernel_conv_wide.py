@@ -110,3 +110,35 @@ def test_wide_columns_many_chunks_equal_generic_path():
     dx_ref = np.zeros_like(x)
     K.conv.col2im(w.reshape(16, 150).T @ dy, 0, 9, 5, 5, 1, 0, dx_ref)
     np.testing.assert_allclose(dx, dx_ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("stride,pad,k,c", [(1, 1, 3, 40), (2, 2, 5, 1), (1, 2, 5, 16)])
+def test_kept_columns_give_the_same_gradients(stride, pad, k, c):
+    """conv2d_forward_keep / conv2d_backward_kept (columns kept from the forward
+    pass) equal the plain pair, on the im2col path, in several chunks."""
+    x = rng.standard_normal((9, c, 12, 12))
+    w = rng.standard_normal((5, c, k, k))
+    b = rng.standard_normal(5)
+    need = K.columns_size(x.shape, w.shape, stride, pad)
+    oh = (12 + 2 * pad - k) // stride + 1
+    assert need > 0 and (c == 1 or K.conv.chunk_size(9, c * k * k, oh * oh) < 9)  # several chunks
+    cols = np.full(need, np.nan)
+    out = K.conv2d_forward_keep(x, w, b, stride, pad, cols)
+    np.testing.assert_array_equal(out, K.conv2d_forward(x, w, b, stride, pad))
+    r = rng.standard_normal(out.shape)
+    dw1, db1, dw2, db2 = np.empty_like(w), np.empty_like(b), np.empty_like(w), np.empty_like(b)
+    dx1 = K.conv2d_backward(r, x, w, dw1, db1, stride, pad, True)
+    dx2 = K.conv2d_backward_kept(r, x, w, dw2, db2, stride, pad, True, cols)
+    np.testing.assert_allclose(dw2, dw1, rtol=1e-12, atol=1e-10)
+    np.testing.assert_allclose(db2, db1, rtol=1e-12, atol=1e-10)
+    np.testing.assert_allclose(dx2, dx1, rtol=1e-12, atol=1e-10)
+    v = rng.standard_normal(w.shape)
+    f = lambda z: np.sum(r * K.conv2d_forward(x, z, b, stride, pad))
+    numeric = _fd(f, w, v)
+    assert abs(np.sum(dw2 * v) - numeric) <= 1e-6 * max(1.0, abs(numeric))
+
+
+def test_wide_layers_keep_no_columns():
+    assert K.columns_size((4, 1, 28, 28), (6, 1, 5, 5), 1, 2) == 0
+    assert K.columns_size((4, 6, 14, 14), (16, 6, 5, 5), 1, 0) == 0
+    assert K.columns_size((4, 64, 16, 16), (192, 64, 5, 5), 1, 2) == 1600 * 4 * 256
