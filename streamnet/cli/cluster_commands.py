@@ -8,9 +8,9 @@ import urllib.request
 
 from ..errors import ConfigError, StreamnetError
 from ..runtime.control import ClusterTimeout, TopologyGone, drain_topology, is_done, kill_topology, wait_done
-from ..runtime.topology import Topology, resolve
+from ..runtime.topology import Topology, TopologyError, resolve
 from ..training.run_stats import CHECKPOINTS, STOPPED_AT
-from .common import add_cluster_options, connect
+from .common import add_cluster_options, allowed_modules, connect
 from .progress import ProgressLine, bar
 from .train_args import add_training_options, given_options, naming_the_flag
 
@@ -55,6 +55,10 @@ def cmd_submit(a) -> int:
         topo, check = build_topology(a.topology, opts)
     except ConfigError as e:
         raise naming_the_flag(e, given) from None
+    try:   # what the workers will check: refuse here, before anything is written
+        topo.validate(check_classes=True, allow=allowed_modules(a))
+    except TopologyError as e:
+        raise StreamnetError(f"topology {topo.name!r} would be refused by the workers: {e}") from None
     coord, state, _ = connect(a)
     try:
         if not state.workers():

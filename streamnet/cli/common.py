@@ -19,6 +19,24 @@ def add_cluster_options(p: argparse.ArgumentParser, zk_required: bool = True) ->
                    help="ZooKeeper session timeout in seconds: how long until a dead worker is declared dead")
 
 
+def add_allow_option(p: argparse.ArgumentParser) -> None:
+    from ..runtime.topology import DEFAULT_ALLOWED_MODULES
+    p.add_argument("--allow-module", action="append", default=[], metavar="PREFIX[,PREFIX...]",
+                   help="module prefix that topologies may take component and grouping classes from "
+                        "(repeatable; default: $STREAMNET_ALLOW_MODULES, else "
+                        f"{','.join(DEFAULT_ALLOWED_MODULES)})")
+
+
+def allowed_modules(a: argparse.Namespace | None = None) -> tuple[str, ...]:
+    """The worker's --allow-module list; else $STREAMNET_ALLOW_MODULES (which is also
+    what `streamnet-submit submit` checks against: keep the two in agreement); else
+    the project's own packages."""
+    from ..runtime.topology import DEFAULT_ALLOWED_MODULES
+    items = list(getattr(a, "allow_module", None) or []) or [os.environ.get("STREAMNET_ALLOW_MODULES", "")]
+    given = tuple(p.strip() for item in items for p in item.split(",") if p.strip())
+    return given or DEFAULT_ALLOWED_MODULES
+
+
 def read_secret(path: str | None) -> bytes:
     if not path:
         raise StreamnetError("a cluster secret is required: pass --secret-file FILE (make one with "

@@ -24,7 +24,7 @@ import socket
 import sys
 
 from ..errors import StreamnetError
-from .common import add_cluster_options, connect
+from .common import add_allow_option, add_cluster_options, allowed_modules, connect
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "leave and let the others carry on")
     p.add_argument("--stop-grace", type=float, default=120.0, help="seconds to wait for a clean stop")
     p.add_argument("--log-level", default="INFO")
+    add_allow_option(p)
     return p
 
 
@@ -48,7 +49,7 @@ async def serve(a: argparse.Namespace) -> int:
     coord, state, secret = await asyncio.to_thread(connect, a)
     name = a.name or f"{socket.gethostname()}-{a.port}"
     worker = Worker(worker_id=name, state=state, secret=secret, host=a.host, port=a.port, threads=a.threads,
-                    advertise_host=a.advertise_host)
+                    advertise_host=a.advertise_host, allow_modules=allowed_modules(a))
     try:
         try:
             await worker.start()
@@ -65,8 +66,8 @@ async def serve(a: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, on_signal)
         log = logging.getLogger("streamnet")
         log.info("worker %s up on %s:%d (cluster %s, ZooKeeper %s, session timeout %.1f s: a worker silent that "
-                 "long is declared dead; refused connections are detected sooner)", name, a.host, worker.port,
-                 a.cluster, a.zk, a.session_timeout)
+                 "long is declared dead; refused connections are detected sooner; classes from %s)", name, a.host,
+                 worker.port, a.cluster, a.zk, a.session_timeout, ",".join(worker.allow_modules))
         await stop.wait()
         log.info("worker %s: signal received; stopping (%s)", name, a.on_signal)
         if a.on_signal == "checkpoint" and worker.runtimes:

@@ -13,7 +13,11 @@ the arrays are read-only views of that buffer.
 
 Only whitelisted dtypes and ext codes are accepted, every length is checked
 before it is used, and any malformed input raises CodecError (never anything
-else), so a bad frame costs one connection, not the worker.
+else), so a bad frame costs one connection, not the worker. A header decodes to
+at most `max_header_items` list and map entries in all (each byte of msgpack
+can become a 60-byte Python object: a 4 MiB header of empty lists would be
+259 MiB), and the payload must be exactly its arrays' padded bytes (a 4-byte
+array cannot keep a 64 MiB buffer alive).
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ class Limits:
     max_frame: int = 256 << 20    # header + payload
     max_header: int = 16 << 20
     max_arrays: int = 4096
+    max_header_items: int = 1 << 20   # list and map entries in one header, all levels together
 
 
 DEFAULT_LIMITS = Limits()
@@ -121,10 +126,19 @@ def parse_prefix(prefix: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[int, i
 def decode_body(header: bytes | memoryview, payload: bytes | memoryview, limits: Limits = DEFAULT_LIMITS):
     """Decode a frame given its header and payload bytes."""
     count = 0
+    items = 0
+    used = 0        # the arrays' bytes, padded as the encoder lays them out
     plen = len(payload)
 
+    def count_items(obj):
+        nonlocal items
+        items += len(obj)
+        if items > limits.max_header_items:
+            raise CodecError(f"frame header holds more than {limits.max_header_items} list/map entries")
+        return obj
+
     def ext_hook(code, data):
-        nonlocal count
+        nonlocal count, used
         if code != ARRAY_EXT:
             raise CodecError(f"unknown ext code {code}")
         count += 1
@@ -154,14 +168,20 @@ def decode_body(header: bytes | memoryview, payload: bytes | memoryview, limits:
                              f"descriptor says {nbytes}")
         if offset + nbytes > plen:
             raise CodecError(f"array bytes {offset}..{offset + nbytes} run past the payload of {plen}")
+        used += nbytes + _pad(nbytes)
         return np.frombuffer(payload, dt, count=n, offset=offset).reshape(shape)
 
+    n = limits.max_header_items
     try:
-        return msgpack.unpackb(header, ext_hook=ext_hook, raw=False, strict_map_key=False)
+        obj = msgpack.unpackb(header, ext_hook=ext_hook, raw=False, strict_map_key=False,
+                              list_hook=count_items, object_hook=count_items, max_array_len=n, max_map_len=n)
     except CodecError:
         raise
     except Exception as e:  # noqa: BLE001 - msgpack raises many types on garbage
         raise CodecError(f"malformed frame header: {type(e).__name__}: {e}") from None
+    if used != plen:
+        raise CodecError(f"payload of {plen} bytes, but its arrays take {used}")
+    return obj
 
 
 def decode(frame: bytes | memoryview, limits: Limits = DEFAULT_LIMITS):

@@ -8,7 +8,11 @@
 
 A Topology is a JSON/msgpack-serialisable dict underneath (`to_dict`,
 `from_dict`); components are named by the import path of installed code, and
-code never travels over the wire. Tasks are numbered globally in component
+code never travels over the wire. A worker imports only from the module prefixes
+its operator allows (`streamnet-worker --allow-module`, default
+DEFAULT_ALLOWED_MODULES), and instantiates only Spout/Bolt subclasses and
+groupings with a `choose(values, targets)` method: whoever can write the
+coordinator cannot make it run `subprocess:Popen`. Tasks are numbered globally in component
 order: component i owns the task ids [first, first + parallelism).
 """
 from __future__ import annotations
@@ -26,15 +30,32 @@ DEFAULT_CONFIG = {
 }
 
 
+#: the project's own packages: what a worker runs unless its operator allows more
+DEFAULT_ALLOWED_MODULES = ("streamnet.examples", "streamnet.training")
+
+
 class TopologyError(StreamnetError):
     """A topology that cannot run as written; the message says what to change."""
 
 
-def resolve(path: str):
-    """Import "package.module:Name"."""
+def module_allowed(module: str, allow) -> bool:
+    """`module` is one of the prefixes in `allow` or inside one ("a.b" allows "a.b"
+    and "a.b.c", not "a.bc"; a prefix ending in "." allows what starts with it)."""
+    return any(module == p.rstrip(".") or module.startswith(p if p.endswith(".") else p + ".")
+               for p in allow if p)
+
+
+def resolve(path: str, allow=None):
+    """Import "package.module:Name". With `allow` (module prefixes), a module outside
+    them is refused before it is imported: importing runs its code. None is for
+    paths the caller wrote itself (a client's own topology function)."""
     if not isinstance(path, str) or path.count(":") != 1:
         raise TopologyError(f"component class must be 'package.module:Class'; got {path!r}")
     mod, _, name = path.partition(":")
+    if allow is not None and not module_allowed(mod, allow):
+        raise TopologyError(f"class {path!r} is not allowed: module {mod!r} is outside the allowed prefixes "
+                            f"{', '.join(allow) or '(none)'}; to run it, start the workers with "
+                            f"--allow-module {mod.split('.')[0]}")
     try:
         obj = getattr(importlib.import_module(mod), name)
     except ImportError as e:
@@ -42,6 +63,24 @@ def resolve(path: str):
     except AttributeError:
         raise TopologyError(f"module {mod!r} has no {name!r}") from None
     return obj
+
+
+def resolve_component(path: str, kind: str, allow=None) -> type:
+    """The Spout (kind "spout") or Bolt subclass at `path`, or TopologyError naming it."""
+    from .component import Bolt, Spout
+    cls = resolve(path, allow)
+    want = Spout if kind == "spout" else Bolt
+    if not (isinstance(cls, type) and issubclass(cls, want)):
+        raise TopologyError(f"{kind} class {path} is not a {want.__name__} subclass")
+    return cls
+
+
+def resolve_grouping(path: str, allow=None) -> type:
+    """A custom grouping: a class whose instances have choose(values, targets)."""
+    cls = resolve(path, allow)
+    if not (isinstance(cls, type) and callable(getattr(cls, "choose", None))):
+        raise TopologyError(f"custom grouping {path} is not a class with a choose(values, targets) method")
+    return cls
 
 
 def declared_outputs(cls) -> dict[str, list[str]]:
@@ -126,9 +165,9 @@ class Topology:
         return self.spec
 
     @classmethod
-    def from_dict(cls, spec: dict, check_classes: bool = False) -> "Topology":
+    def from_dict(cls, spec: dict, check_classes: bool = False, allow=None) -> "Topology":
         t = cls(spec)
-        t.validate(check_classes=check_classes)
+        t.validate(check_classes=check_classes, allow=allow)
         return t
 
     @property
@@ -177,7 +216,9 @@ class Topology:
                 if i["component"] == cid and i["stream"] == stream]
 
     # -- validation ---------------------------------------------------------------
-    def validate(self, check_classes: bool = True) -> None:
+    def validate(self, check_classes: bool = True, allow=None) -> None:
+        """Check the shape; with check_classes also import and check every class (from
+        the module prefixes in `allow`, when given)."""
         ids = [c["id"] for c in self.components]
         if not ids:
             raise TopologyError(f"topology {self.name!r} has no components")
@@ -203,7 +244,7 @@ class Topology:
         if not self.spec.get("allow_cycles"):
             self._check_acyclic()
         if check_classes:
-            self._check_classes()
+            self._check_classes(allow)
 
     def _check_acyclic(self) -> None:
         edges = {c["id"]: [i["component"] for i in c["inputs"]] for c in self.components}
@@ -223,14 +264,13 @@ class Topology:
         for n in edges:
             visit(n, [])
 
-    def _check_classes(self) -> None:
-        from .component import Bolt, Spout
+    def _check_classes(self, allow=None) -> None:
         outputs = {}
         for c in self.components:
-            cls = resolve(c["class"])
-            want = Spout if c["kind"] == "spout" else Bolt
-            if not (isinstance(cls, type) and issubclass(cls, want)):
-                raise TopologyError(f"{c['kind']} {c['id']!r}: {c['class']} is not a {want.__name__} subclass")
+            try:
+                cls = resolve_component(c["class"], c["kind"], allow)
+            except TopologyError as e:
+                raise TopologyError(f"{c['kind']} {c['id']!r}: {e}") from None
             outputs[c["id"]] = declared_outputs(cls)
         for c in self.components:
             for i in c["inputs"]:
@@ -244,7 +284,7 @@ class Topology:
                         raise TopologyError(f"bolt {c['id']!r} groups by {missing} but {i['component']!r} "
                                             f"declares fields {src_out[i['stream']]}")
                 if i["grouping"]["type"] == "custom":
-                    resolve(i["grouping"]["class"])
+                    resolve_grouping(i["grouping"]["class"], allow)
 
     # -- text -----------------------------------------------------------------------
     def describe(self) -> str:

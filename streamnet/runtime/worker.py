@@ -26,6 +26,7 @@ from .prometheus import prometheus
 from .control.publisher import ResultPublisher
 from .control.scheduler import SchedulerService
 from .dataplane.topology_runtime import TopologyRuntime
+from .topology import DEFAULT_ALLOWED_MODULES, TopologyError
 from .dataplane.transport import Auth, StreamServer
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,12 @@ READ_BUFSIZE = 4 << 20  # measured: large frames move fastest with a 4 MiB read 
 class Worker:
     def __init__(self, *, worker_id: str, state: ClusterState, secret: bytes, host: str = "127.0.0.1",
                  port: int = 0, threads: int = 2, advertise_host: str | None = None,
-                 limits: codec.Limits = codec.DEFAULT_LIMITS, schedule: bool = True):
+                 limits: codec.Limits = codec.DEFAULT_LIMITS, schedule: bool = True,
+                 allow_modules: tuple[str, ...] = DEFAULT_ALLOWED_MODULES):
         self.id, self.state, self.host, self.port = worker_id, state, host, port
+        #: module prefixes this worker imports components and groupings from
+        self.allow_modules = tuple(allow_modules)
+        self.refused: dict[str, int] = {}   # topology -> spec version refused (logged once)
         self.advertise_host = advertise_host or host
         self.threads, self.limits = threads, limits
         self.auth = Auth(secret, worker_id)
@@ -181,7 +186,12 @@ class Worker:
             spec = await asyncio.to_thread(self.state.topology, name)
             if spec.get("version", 0) < assignment.spec_version:
                 return  # the new spec is not readable yet; its watch will call again
-            rt = self.runtimes[name] = TopologyRuntime(self, name, spec)
+            try:
+                rt = TopologyRuntime(self, name, spec)
+            except TopologyError as e:
+                self._refuse(name, spec.get("version", 0), e)
+                return
+            self.runtimes[name] = rt
             rt.stop_requested = status == "stopping"
         threads = assignment.threads.get(self.id)
         if threads and threads != self.pool.size:
@@ -191,6 +201,16 @@ class Worker:
         await rt.apply(assignment, version)
         await self.delivery.deliver_parked(rt)
         self._spawn(asyncio.to_thread(self.state.mark_applied, name, self.id, version))
+
+    def _refuse(self, name: str, version: int, error: TopologyError) -> None:
+        """A spec this worker will not run (a class outside its allowed modules, or not
+        a Spout/Bolt): none of its tasks start here; the reason goes to the log and to
+        the topology's results, where the submitter reads it. Other topologies go on."""
+        if self.refused.get(name) == version:
+            return
+        self.refused[name] = version
+        log.error("worker %s refuses topology %s: %s", self.id, name, error)
+        self.publish(name, f"refused.{self.id}", str(error))
 
     async def _on_status(self, name: str, status: str | None) -> None:
         if status == "stopping" and name in self.runtimes:

@@ -12,6 +12,7 @@ from .config import run_config_from_dict
 from .run_stats import UnitTiming
 from .schedule import dataset_for, make_model
 from .streams import APPLIED, CONTRIBUTION, OK, REPLICA, RESYNC, row
+from .sync_recovery import vector_problem
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class ComputeBolt(Bolt):
         self._asked_at = 0.0
 
     def _round(self, batches, scale):
+        self.unit.set_threads(self.ctx.compute_share())   # the threads this worker gives the unit now
         t0 = time.perf_counter()
         c = self.unit.run_round((self.ds.batch(self.ds.train, idx, self.size) for idx in batches), scale)
         return c, time.perf_counter() - t0
@@ -91,6 +93,13 @@ class ComputeBolt(Bolt):
             self.collector.emit(row(REPLICA, task=self.ctx.task, step=self.params_step,
                                     params=self.unit.model.params.copy()), stream="replica")
         elif tup["step"] >= self.params_step:  # parameters: broadcast or sent to us alone
+            problem = vector_problem(tup["params"], self.unit.model.num_params)
+            if problem:
+                # failing the tree makes the sync bolt answer the replay with its parameters again
+                log.warning("unit %d refuses parameters for step %s from %s: %s", self.ctx.task_index,
+                            tup["step"], tup.source, problem)
+                self.collector.fail(tup)
+                return
             if self._sent_at is not None:
                 self.wait_s += time.perf_counter() - self._sent_at
                 self._sent_at = None
@@ -104,6 +113,7 @@ class ComputeBolt(Bolt):
             await self._work(work)
 
     def close(self):
+        self.unit.close()
         self.ctx.publish("timing", UnitTiming(worker=self.ctx.worker, unit=self.ctx.task_index,
                                               compute_s=self.compute_s, wait_s=self.wait_s,
                                               samples=self.samples).to_dict())

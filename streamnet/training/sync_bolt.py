@@ -30,7 +30,7 @@ from .epoch_clock import LossMeter, progress_record
 from .run_stats import SyncStats
 from .schedule import EpochPlans, UnitSchedule, dataset_for, make_model
 from .streams import APPLIED, CHECKPOINT, DIRECT_PARAMS, EVAL, PARAMS, STATE_REQUEST, row
-from .sync_recovery import SyncRecovery
+from .sync_recovery import SyncRecovery, vector_problem
 from .sync_state import SyncState
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,13 @@ class SyncBolt(SyncRecovery, Bolt):
         if self.adoption is None and (tup["status"] == APPLIED or tup["step"] < self.counts.next_step):
             self._answer_replay(tup)
             return
+        problem = self._refusal(tup)
+        if problem:
+            # fail it rather than ack: the spout replays the unit's work, so no sample is lost
+            log.warning("sync bolt refuses the contribution of unit %s to step %s: %s", unit, tup["step"], problem)
+            self.agg.refused.append((unit, problem))
+            self.collector.fail(tup)
+            return
         slot = self.pending.setdefault(key, {})
         if unit in slot:
             self.counts.duplicates += 1
@@ -93,6 +100,16 @@ class SyncBolt(SyncRecovery, Bolt):
         self.bytes_in += tup["vector"].nbytes
         if self.adoption is None:
             await self._maybe_combine(key)
+
+    def _refusal(self, tup) -> str | None:
+        """Why a contribution cannot be combined, or None. Finiteness is left to the
+        aggregator, which drops a diverged unit from the round without failing it."""
+        unit = tup["unit"]
+        if not (isinstance(unit, int) and 0 <= unit < len(self.compute_tasks)):
+            return f"no unit {unit!r} among {len(self.compute_tasks)}"
+        if tup["status"] == APPLIED:
+            return None          # a replay's answer carries an empty vector
+        return vector_problem(tup["vector"], self.agg.params.size, finite=False)
 
     async def _maybe_combine(self, key):
         slot = self.pending.get(key, {})

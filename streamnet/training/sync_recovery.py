@@ -23,10 +23,28 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import kernels as K
 from .bp import Aggregator
 from .streams import APPLIED, DIRECT_PARAMS, EVAL, PARAMS, STATE_REQUEST, row
 
 log = logging.getLogger(__name__)
+
+
+def vector_problem(v, size: int, finite: bool = True) -> str | None:
+    """Why `v` cannot be one of the model's flat vectors (float32, `size` values and,
+    with `finite`, no inf/NaN), or None if it can. Every vector that arrives in a tuple
+    (contributions, parameters, replicas) passes here before a kernel sees it: the
+    kernels index without bounds checks, so a wrongly sized one would write past its
+    arrays and take the whole worker down."""
+    if not isinstance(v, np.ndarray):
+        return f"a {type(v).__name__}, not an array"
+    if v.dtype != np.float32:
+        return f"dtype {v.dtype}, not float32"
+    if v.shape != (size,):
+        return f"shape {v.shape}, not ({size},)"
+    if finite and not K.all_finite(v):
+        return "non-finite values"
+    return None
 
 
 @dataclass
@@ -92,6 +110,10 @@ class SyncRecovery:
     async def _replica(self, tup) -> None:
         self.collector.ack(tup)
         if self.adoption is None:
+            return
+        problem = vector_problem(tup["params"], self.agg.params.size)
+        if problem:
+            log.warning("sync bolt refuses the replica of task %s (step %s): %s", tup["task"], tup["step"], problem)
             return
         self.adoption.replies[tup["task"]] = (tup["step"], tup["params"])
         if len(self.adoption.replies) == len(self.compute_tasks):

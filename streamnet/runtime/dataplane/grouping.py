@@ -13,7 +13,7 @@ from typing import Callable
 
 import msgpack
 
-from ..topology import TopologyError, resolve
+from ..topology import TopologyError, resolve_grouping
 
 Chooser = Callable[[list, int | None], list[int]]
 
@@ -23,8 +23,9 @@ def stable_hash(values: list) -> int:
 
 
 def make_chooser(grouping: dict, targets: list[int], fields: list[str], local_tasks: set[int],
-                 seed: int) -> Chooser:
-    """A function (values, direct_task) -> target task ids."""
+                 seed: int, allow=None) -> Chooser:
+    """A function (values, direct_task) -> target task ids. A custom grouping's class
+    comes from the module prefixes in `allow` (a worker passes its own)."""
     kind = grouping["type"]
     n = len(targets)
     if kind == "shuffle" or (kind == "local_or_shuffle" and not local_tasks.intersection(targets)):
@@ -65,6 +66,6 @@ def make_chooser(grouping: dict, targets: list[int], fields: list[str], local_ta
             return [direct]
         return direct_
     if kind == "custom":
-        impl = resolve(grouping["class"])(**grouping.get("config", {}))
+        impl = resolve_grouping(grouping["class"], allow)(**grouping.get("config", {}))
         return lambda values, direct: list(impl.choose(values, targets))
     raise TopologyError(f"unknown grouping {kind!r}")

@@ -17,17 +17,19 @@ from . import fencing
 from .executor import STOP, BoltExecutor, SpoutExecutor
 from .grouping import make_chooser
 from .routing import View
-from ..topology import Topology, TopologyError, declared_outputs, resolve
+from ..topology import DEFAULT_ALLOWED_MODULES, Topology, TopologyError, declared_outputs, resolve_component
 
 log = logging.getLogger(__name__)
 
 
 class TopologyRuntime:
     def __init__(self, worker, name: str, spec: dict):
+        """TopologyError, naming the class, if the spec names one the worker does not allow."""
         self.worker, self.name = worker, name
-        self.topology = Topology.from_dict(spec)
+        self.allow = getattr(worker, "allow_modules", DEFAULT_ALLOWED_MODULES)
+        self.topology = Topology.from_dict(spec, check_classes=True, allow=self.allow)
         self.spec_version = spec.get("version", 0)
-        self.classes = {c["id"]: resolve(c["class"]) for c in self.topology.components}
+        self.classes = {c["id"]: resolve_component(c["class"], c["kind"], self.allow) for c in self.topology.components}
         self.fields = {cid: declared_outputs(cls) for cid, cls in self.classes.items()}
         self.task_cid = {t: c["id"] for c in self.topology.components for t in self.topology.tasks(c["id"])}
         self.task_worker: dict[int, str] = {}
@@ -108,7 +110,7 @@ class TopologyRuntime:
                 for bolt, grouping in self.topology.subscribers(c["id"], stream):
                     seed = zlib.crc32(f"{self.name}/{self.worker.id}/{c['id']}/{stream}/{bolt['id']}".encode())
                     choosers.append(make_chooser(grouping, list(self.topology.tasks(bolt["id"])), fields,
-                                                 local, seed))
+                                                 local, seed, self.allow))
                 routes[(c["id"], stream)] = choosers
         self.choosers = routes
 
@@ -121,13 +123,19 @@ class TopologyRuntime:
                       component_config=c["config"], component_tasks=self.topology.tasks,
                       compute=self.worker.compute, publish=lambda k, v: self.worker.publish(self.name, k, v),
                       save_state=None,
-                      put_checkpoint=lambda p: self.worker.state.put_checkpoint(self.name, p))
+                      put_checkpoint=lambda p: self.worker.state.put_checkpoint(self.name, p),
+                      compute_share=lambda: self.compute_share(c["id"]))
         if c["kind"] == "spout":
             ex = SpoutExecutor(self, task, c, instance, ctx)
         else:
             ex = BoltExecutor(self, task, c, instance, ctx, queue_size=int(self.topology.config["queue_size"]))
         ctx._save_state = lambda v: fencing.save_state(self, ex, v)
         return ex
+
+    def compute_share(self, cid: str) -> int:
+        """The worker's compute threads divided among this component's tasks here."""
+        here = sum(1 for ex in self.executors.values() if ex.cid == cid)
+        return max(1, self.worker.pool.size // max(1, here))
 
     async def _stop_executor(self, ex, timeout: float = 10.0) -> None:
         if ex._task is None:
