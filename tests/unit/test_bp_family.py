@@ -1,4 +1,5 @@
 """The BP family is one mechanism: check each mode's arithmetic against its definition."""
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 from streamnet import kernels as K
 from streamnet.errors import ConfigError
 from streamnet.training import (AlgorithmConfig, ComputeUnit, Contribution, DataConfig, ModelConfig,
-                                RunConfig, UnitSchedule, load_data, make_model, plan_for, train_local)
+                                RunConfig, UnitSchedule, load_data, lr_scale, make_model, plan_for, train_local)
 from streamnet.training.bp import Aggregator
 
 DATA = DataConfig(dataset="synthetic", synthetic_train=256, synthetic_test=64)
@@ -21,12 +22,20 @@ def cfg(units, name="cumulative", **alg):
                      units=units, threads=min(units, 2), epochs=2, seed=3)
 
 
+def cosine(progress: float) -> float:
+    """The cosine schedule written out from its definition (not the library's lr_scale)."""
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def reference_sgd(c: RunConfig, ds):
-    """Single-process SGD with momentum on the union of the units' batches, step by step."""
+    """Single-process SGD with momentum on the union of the units' batches, step by step.
+    Which samples form a round's union is the schedule's business (tests/unit/test_schedule.py);
+    the learning rate follows the cosine formula above, step by step over the whole run."""
     model = make_model(c, ds.num_classes)
     velocity = np.zeros_like(model.params)
     schedule = UnitSchedule(c, len(ds.train))
-    from streamnet.training import lr_scale
+    a = c.algorithm
+    assert a.lr_schedule == "cosine"
     done, total = 0, None
     for epoch in range(c.epochs):
         rounds_by_unit, rounds = schedule.epoch(epoch)
@@ -35,11 +44,18 @@ def reference_sgd(c: RunConfig, ds):
             idx = np.concatenate([rounds_by_unit[k][r][0] for k in range(c.units) if r < len(rounds_by_unit[k])])
             x, y = ds.batch(ds.train, idx)
             _, g = model.loss_and_grad(x, y)
-            a = c.algorithm
-            K.sgd_step(model.params, g, velocity, a.lr * lr_scale(a, done / total), a.momentum,
-                       a.weight_decay, False)
+            K.sgd_step(model.params, g, velocity, a.lr * cosine(done / total), a.momentum, a.weight_decay, False)
             done += 1
     return model.params
+
+
+def test_cosine_schedule_follows_its_formula():
+    """lr_scale(progress) = (1 + cos(pi * progress)) / 2: the full rate at the start, half
+    at mid-run, zero at the end; `constant` is 1 throughout."""
+    cos_alg, const_alg = AlgorithmConfig(lr_schedule="cosine"), AlgorithmConfig(lr_schedule="constant")
+    for progress, expected in [(0.0, 1.0), (0.5, 0.5), (1.0, 0.0)]:
+        assert lr_scale(cos_alg, progress) == pytest.approx(expected, abs=1e-12), progress
+        assert lr_scale(const_alg, progress) == 1.0
 
 
 @pytest.mark.parametrize("units", [1, 2, 4])
@@ -49,6 +65,17 @@ def test_cumulative_equals_single_process_sgd(units):
     result = train_local(c, ds)
     ref = reference_sgd(c, ds)
     assert result.summary.sync_rounds == 2 * (256 // (8 * units))
+    err = np.max(np.abs(result.params - ref)) / np.max(np.abs(ref))
+    assert err < 1e-5, f"relative difference {err:.2e}"
+
+
+def test_online_equals_single_process_sgd():
+    """Online BP is cumulative BP with batch 1: two units equal SGD on batches of two."""
+    c = replace(cfg(2, name="online", batch=1, momentum=0.0, lr=0.01), epochs=1)
+    ds = load_data(c.data, c.seed)
+    result = train_local(c, ds)
+    assert result.summary.sync_rounds == 128 and result.summary.samples_processed == 256
+    ref = reference_sgd(c, ds)
     err = np.max(np.abs(result.params - ref)) / np.max(np.abs(ref))
     assert err < 1e-5, f"relative difference {err:.2e}"
 
@@ -81,6 +108,29 @@ def test_aggregation_does_not_depend_on_arrival_order():
     np.testing.assert_array_equal(a, b)
 
 
+def test_outer_momentum_is_nesterov_on_the_averaged_change():
+    """`--outer-momentum M` (mixbp): Delta = the sample-weighted average of the units'
+    changes (start - end); v = M v + Delta; p -= outer_lr (Delta + M v) - DiLoCo's outer
+    Nesterov step, written out here in float64. The lr schedule scales the inner steps
+    only, so the outer step ignores the scale it is handed."""
+    from streamnet.cli.submit import build_parser
+    from streamnet.cli.train_args import config_from_args
+    alg = config_from_args(build_parser().parse_args(["train", "--outer-momentum", "0.5"])).algorithm
+    assert (alg.name, alg.outer_momentum, alg.outer_lr) == ("mixbp", 0.5, 1.0)
+    rng = np.random.default_rng(2)
+    p0 = rng.standard_normal(50).astype(np.float32)
+    agg = Aggregator(p0, plan_for(alg))
+    p, v = p0.astype(np.float64), np.zeros(50)
+    for _ in range(3):
+        changes = [rng.standard_normal(50).astype(np.float32) for _ in range(2)]
+        delta = (16 * changes[0].astype(np.float64) + 48 * changes[1]) / 64
+        v = 0.5 * v + delta
+        p = p - 1.0 * (delta + 0.5 * v)
+        out = agg.combine([Contribution(1, 48, 4, 0.0, changes[1]), Contribution(0, 16, 4, 0.0, changes[0])],
+                          lr_scale=0.3)
+        np.testing.assert_allclose(out, p, rtol=1e-5, atol=1e-5)
+
+
 def test_non_finite_contribution_is_refused():
     plan = plan_for(AlgorithmConfig(name="mixbp"))
     agg = Aggregator(np.zeros(4, np.float32), plan)
@@ -89,13 +139,6 @@ def test_non_finite_contribution_is_refused():
     out = agg.combine([good, bad])
     np.testing.assert_array_equal(out, -np.ones(4))
     assert agg.refused == [(1, "non-finite")]
-
-
-def test_online_mode_trains_with_batch_one():
-    c = replace(cfg(2, name="online", batch=1, momentum=0.0, lr=0.01), epochs=1)
-    s = train_local(c).summary
-    assert s.sync_rounds == 128 and s.samples_processed == 256
-    assert s.history[0].train_loss < 2.3
 
 
 def test_mixbp_learns_and_reports():

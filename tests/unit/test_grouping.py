@@ -23,7 +23,27 @@ def test_fields_sends_one_key_to_one_task():
     # the same key goes to the same task from any emitter (stable across processes)
     other = make_chooser({"type": "fields", "fields": ["word"]}, TARGETS, ["word"], set(), seed=99)
     assert all(other([w], None) == [next(iter(t))] for w, t in seen.items())
-    assert stable_hash(["x", 1]) == stable_hash(["x", 1])
+
+
+def test_stable_hash_is_the_same_in_every_process():
+    """Workers are separate processes, each with its own str hash seed: a key's hash
+    (so its fields-grouping task) must not depend on PYTHONHASHSEED."""
+    import json
+    import os
+    import subprocess
+    import sys
+    keys = [["x", 1], ["storm"], ["gradient", 2.5], ["zookeeper", None, True]]
+    code = ("import json, sys; from streamnet.runtime.dataplane.grouping import stable_hash; "
+            "print(json.dumps([stable_hash(k) for k in json.loads(sys.argv[1])]))")
+    here = [stable_hash(k) for k in keys]
+    seen = []
+    for seed in ("0", "1", "12345"):
+        r = subprocess.run([sys.executable, "-c", code, json.dumps(keys)], capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "PYTHONHASHSEED": seed})
+        assert r.returncode == 0, r.stderr
+        seen.append(json.loads(r.stdout))
+    assert seen == [here] * 3
+    assert len(set(here)) == len(here)
 
 
 def test_all_global_direct():
