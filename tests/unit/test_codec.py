@@ -1,4 +1,3 @@
-import os
 import random
 
 import msgpack
@@ -77,7 +76,7 @@ def test_fuzz_decoder_with_random_and_mutated_frames():
     outcomes = {"ok": 0, "error": 0}
     for i in range(6000):
         if i % 3 == 0:
-            data = os.urandom(rng.randint(0, 200))
+            data = rng.randbytes(rng.randint(0, 200))
             if rng.random() < 0.5:  # a valid prefix in front of garbage reaches the msgpack layer
                 data = PREFIX.pack(MAGIC, len(data), 0) + data
         else:
@@ -89,7 +88,7 @@ def test_fuzz_decoder_with_random_and_mutated_frames():
                 elif op < 0.8:
                     data = data[: rng.randrange(len(data) + 1)]
                 else:
-                    data += os.urandom(rng.randint(1, 8))
+                    data += rng.randbytes(rng.randint(1, 8))
             data = bytes(data)
         try:
             decode(data)

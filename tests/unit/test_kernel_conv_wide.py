@@ -6,7 +6,13 @@ import pytest
 from streamnet import kernels as K
 from streamnet.kernels import conv_wide
 
-rng = np.random.default_rng(4321)
+
+@pytest.fixture
+def rng():
+    """Each test seeds its own generator: its data do not depend on which tests ran before."""
+    return np.random.default_rng(4321)
+
+
 EPS = 1e-6
 
 
@@ -26,7 +32,7 @@ def _reference(x, w, b, pad):
 
 
 @pytest.mark.parametrize("size,k,pad", [(9, 5, 2), (7, 3, 0), (8, 5, 0), (6, 3, 1)])
-def test_wide_path_is_used_and_matches_plain_convolution(size, k, pad):
+def test_wide_path_is_used_and_matches_plain_convolution(size, k, pad, rng):
     assert conv_wide.use_wide(1, 1) and not conv_wide.use_wide(2, 1) and not conv_wide.use_wide(1, 2)
     x = rng.standard_normal((3, 1, size, size))
     w = rng.standard_normal((4, 1, k, k))
@@ -35,7 +41,7 @@ def test_wide_path_is_used_and_matches_plain_convolution(size, k, pad):
 
 
 @pytest.mark.parametrize("size,k,pad", [(9, 5, 2), (7, 3, 0), (6, 3, 1)])
-def test_wide_gradients_finite_differences(size, k, pad):
+def test_wide_gradients_finite_differences(size, k, pad, rng):
     x = rng.standard_normal((2, 1, size, size))
     w = rng.standard_normal((3, 1, k, k))
     b = rng.standard_normal(3)
@@ -53,7 +59,7 @@ def test_wide_gradients_finite_differences(size, k, pad):
         assert abs(np.sum(grad * v) - numeric) <= 1e-6 * max(1.0, abs(numeric))
 
 
-def test_wide_float32_weight_gradient_without_dx():
+def test_wide_float32_weight_gradient_without_dx(rng):
     x = rng.standard_normal((16, 1, 28, 28)).astype(np.float32)
     w = rng.standard_normal((6, 1, 5, 5)).astype(np.float32)
     b = np.zeros(6, np.float32)
@@ -71,7 +77,7 @@ def test_wide_float32_weight_gradient_without_dx():
 
 
 @pytest.mark.parametrize("c,size,k,pad,n", [(3, 9, 3, 1, 2), (2, 8, 5, 0, 3), (4, 7, 3, 2, 2)])
-def test_wide_columns_match_plain_convolution_and_finite_differences(c, size, k, pad, n):
+def test_wide_columns_match_plain_convolution_and_finite_differences(c, size, k, pad, n, rng):
     assert conv_wide.use_wide_cols(c, k, k, 1) and not conv_wide.use_wide_cols(64, 5, 5, 1)
     x = rng.standard_normal((n, c, size, size))
     w = rng.standard_normal((3, c, k, k))
@@ -91,7 +97,7 @@ def test_wide_columns_match_plain_convolution_and_finite_differences(c, size, k,
         assert abs(np.sum(grad * v) - numeric) <= 1e-6 * max(1.0, abs(numeric))
 
 
-def test_wide_columns_many_chunks_equal_generic_path():
+def test_wide_columns_many_chunks_equal_generic_path(rng):
     """A float32 batch cut into many chunks agrees with the generic im2col path."""
     x = rng.standard_normal((9, 6, 14, 14)).astype(np.float32)
     w = rng.standard_normal((16, 6, 5, 5)).astype(np.float32)
@@ -113,7 +119,7 @@ def test_wide_columns_many_chunks_equal_generic_path():
 
 
 @pytest.mark.parametrize("stride,pad,k,c", [(1, 1, 3, 40), (2, 2, 5, 1), (1, 2, 5, 16)])
-def test_kept_columns_give_the_same_gradients(stride, pad, k, c):
+def test_kept_columns_give_the_same_gradients(stride, pad, k, c, rng):
     """conv2d_forward_keep / conv2d_backward_kept (columns kept from the forward
     pass) equal the plain pair, on the im2col path, in several chunks."""
     x = rng.standard_normal((9, c, 12, 12))

@@ -6,12 +6,18 @@ import pytest
 from streamnet import kernels as K
 from streamnet.kernels import dense
 
-rng = np.random.default_rng(99)
+
+@pytest.fixture
+def rng():
+    """Each test seeds its own generator: its data do not depend on which tests ran before."""
+    return np.random.default_rng(99)
+
+
 EPS = 1e-6
 
 
 @pytest.mark.parametrize("fin,fout", [(7, 3), (600, dense.TALL // 600 + 1)])
-def test_dense_gradients_both_arrangements(fin, fout):
+def test_dense_gradients_both_arrangements(fin, fout, rng):
     x = rng.standard_normal((5, fin))
     w = rng.standard_normal((fout, fin)) / np.sqrt(fin)
     b = rng.standard_normal(fout)
