@@ -225,6 +225,58 @@ def running_cluster(zk_hosts: str, workers: int = 3, threads: int = 1, session_t
         c.close()
 
 
+class LocalHandle:
+    """The embedded cluster (LocalCluster: worker threads, in-process coordinator)
+    behind the face of Cluster, so that one test body runs on both execution modes."""
+
+    def __init__(self, workers: int = 3, threads: int = 1):
+        from streamnet.runtime import LocalCluster
+        self.lc = LocalCluster(workers=workers, threads=threads).__enter__()
+        self.state = self.lc.state
+        self.dead: set[str] = set()
+
+    def kill9(self, name: str) -> None:
+        self.dead.add(name)
+        self.lc.crash_worker(name)
+
+    def leader(self, state=None) -> str | None:
+        return self.lc.leader()
+
+    def status(self, state, worker: str) -> dict | None:
+        if worker in self.dead:
+            return None
+        w = next(w for w in self.lc.workers if w.id == worker)
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{w.port}/status", timeout=3) as r:
+                return json.load(r)
+        except OSError:
+            return None
+
+    def dump_logs(self) -> str:
+        return ""           # one process: the log is pytest's captured log
+
+    def close(self) -> None:
+        self.lc.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def cluster_in_mode(mode: str, zk_hosts: str | None, workers: int = 3, threads: int = 1):
+    """(cluster, ClusterState) in `mode`: "local" (LocalCluster) or "zk" (streamnet-worker
+    processes on the ZooKeeper at zk_hosts). Both offer kill9(worker), leader(state),
+    status(state, worker)."""
+    if mode == "zk":
+        with running_cluster(zk_hosts, workers=workers, threads=threads) as (c, state):
+            yield c, state
+        return
+    if mode != "local":
+        raise ValueError(f"mode must be 'local' or 'zk'; got {mode!r}")
+    h = LocalHandle(workers, threads)
+    try:
+        yield h, h.state
+    finally:
+        h.close()
+
+
 def placement(state, name: str) -> dict[int, str]:
     """task -> worker in the topology's current assignment ({} before the first)."""
     current = state.assignment(name)[0]

@@ -38,3 +38,34 @@ def no_leaks():
             pytest.fail(f"leaked threads {[t.name for t in extra_threads]}, fds "
                         f"{[os.readlink(f'/proc/self/fd/{fd}') for fd in extra_fds if os.path.exists(f'/proc/self/fd/{fd}')]}")
         time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def zk():
+    """A ZooKeeper for the cluster tests: $STREAMNET_TEST_ZK (make test starts one), or
+    one started here for the session."""
+    from streamnet.testing import ZooKeeper, zookeeper_installed
+    hosts = os.environ.get("STREAMNET_TEST_ZK")
+    if hosts:
+        yield hosts
+        return
+    if not zookeeper_installed():
+        pytest.skip("needs Debian's zookeeper package (make test installs it)")
+    server = ZooKeeper().start()
+    try:
+        yield server.hosts
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["local", "zk"])
+def mode(request):
+    """The execution mode a test body runs on: the embedded LocalCluster, or
+    streamnet-worker processes on a real ZooKeeper. `cluster_in_mode(mode, zk_hosts)`."""
+    return request.param
+
+
+@pytest.fixture
+def zk_hosts(mode, request):
+    """The ZooKeeper of the zk mode (None for local)."""
+    return request.getfixturevalue("zk") if mode == "zk" else None

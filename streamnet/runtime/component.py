@@ -110,13 +110,15 @@ class Context:
     def __init__(self, *, topology: str, component: str, task: int, task_index: int, parallelism: int,
                  worker: str, config: dict, component_config: dict, component_tasks: Callable[[str], range],
                  compute: Callable[..., Awaitable], publish: Callable[[str, Any], None],
-                 save_state: Callable[[Any], None], put_checkpoint: Callable[[dict], None] = None):
+                 save_state: Callable[[Any], None], put_checkpoint: Callable[[dict], None] = None,
+                 compute_share: Callable[[], int] = lambda: 1):
         self.topology, self.component, self.task = topology, component, task
         self.task_index, self.parallelism, self.worker = task_index, parallelism, worker
         self.config, self.component_config = config, component_config
         self._component_tasks, self._compute, self._publish = component_tasks, compute, publish
         self._save_state = save_state
         self._put_checkpoint = put_checkpoint
+        self._compute_share = compute_share
         self.log = logging.getLogger(f"streamnet.task.{component}.{task_index}")
 
     def component_tasks(self, component: str) -> list[int]:
@@ -126,6 +128,13 @@ class Context:
     def compute(self, fn: Callable, *args) -> Awaitable:
         """Run fn(*args) on the worker's compute threads; await the result."""
         return self._compute(fn, *args)
+
+    def compute_share(self) -> int:
+        """This task's share of the worker's compute threads: the pool's size divided
+        among the tasks of this component that run on this worker (at least 1). A task
+        whose one step can use several threads (training's compute units) asks before
+        each step: a rebalance of threads, or a task moving in or out, changes it."""
+        return self._compute_share()
 
     def save_state(self, state) -> None:
         """Persist this task's state in the coordinator; when the task starts again

@@ -37,6 +37,7 @@ class _WorkerThread:
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, name=f"worker-{worker.id}", daemon=True)
         self._stop: asyncio.Event | None = None
+        self.crashed = False
 
     def _main(self) -> None:
         async def serve():
@@ -50,13 +51,17 @@ class _WorkerThread:
                 return
             self.ready.set()
             await self._stop.wait()
-            await self.worker.stop()
+            if self.crashed:
+                await self.worker.crash()
+            else:
+                await self.worker.stop()
         asyncio.run(serve())
 
     def start(self) -> None:
         self.thread.start()
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float = 30.0, crash: bool = False) -> None:
+        self.crashed = self.crashed or crash
         if self.loop is not None and self._stop is not None and self.thread.is_alive():
             self.loop.call_soon_threadsafe(self._stop.set)
         self.thread.join(timeout)
@@ -105,6 +110,19 @@ class LocalCluster:
     @property
     def workers(self) -> list[Worker]:
         return [wt.worker for wt in self._threads]
+
+    def crash_worker(self, worker_id: str) -> None:
+        """Fault injection: worker `worker_id` dies as if SIGKILLed - its tasks end without
+        close(), its connections are cut and its coordinator session ends, so the leader
+        moves its tasks and the spouts replay what was in flight."""
+        wt = next(wt for wt in self._threads if wt.worker.id == worker_id)
+        wt.stop(crash=True)
+        wt.worker.state.coord.close()
+
+    def leader(self) -> str | None:
+        """The worker whose scheduler leads now (None while an election is open)."""
+        return next((wt.worker.id for wt in self._threads if not wt.crashed and wt.worker.scheduler and
+                     wt.worker.scheduler.leading), None)
 
     # -- topologies ------------------------------------------------------------------
     def submit(self, topology: Topology) -> None:

@@ -153,6 +153,41 @@ class Worker:
         self.pool.shutdown()
         log.info("worker %s stopped", self.id)
 
+    async def crash(self) -> None:
+        """Go away as a killed process would, for LocalCluster.crash_worker: tasks end
+        without close() (nothing published), connections are cut, nothing is drained;
+        the caller then closes this worker's coordinator session, so its ephemeral
+        nodes vanish as a dead process's session would."""
+        if self.closing:
+            return
+        self.closing = True
+        for cancel in self._unwatch:
+            cancel()
+        if self.scheduler:
+            await asyncio.to_thread(self.scheduler.stop)
+        tasks = []
+        for rt in self.runtimes.values():
+            for ex in rt.executors.values():
+                if ex._task is not None:
+                    ex.crashed = True
+                    ex._task.cancel()
+                    tasks.append(ex._task)
+        if tasks:     # a dead process waits for nothing: give them a moment, no more
+            _, stuck = await asyncio.wait(tasks, timeout=2.0)
+            if stuck:
+                log.warning("worker %s crash: %d task(s) still ending: %s", self.id, len(stuck),
+                            ", ".join(t.get_name() for t in stuck))
+        self.runtimes.clear()
+        for link in self.delivery.links.values():
+            link.abort()
+        try:
+            await asyncio.wait_for(self._runner.cleanup(), 5.0)
+        except asyncio.TimeoutError:
+            log.warning("worker %s crash: its HTTP server did not close within 5 s", self.id)
+        await self.session.close()
+        self.pool.shutdown()
+        log.warning("worker %s crashed (on purpose)", self.id)
+
     # -- coordinator events ----------------------------------------------------------
     def _on_topologies(self, names: list[str]) -> None:
         for name in names:

@@ -27,7 +27,7 @@ from typing import Iterable
 import numpy as np
 
 from .. import kernels as K
-from ..nn import Model
+from ..nn import Model, ParallelStep
 from .config import AlgorithmConfig
 
 log = logging.getLogger(__name__)
@@ -85,10 +85,32 @@ class Contribution:
 class ComputeUnit:
     """One model replica with its inner optimiser state."""
 
-    def __init__(self, unit: int, model: Model, plan: Plan):
+    def __init__(self, unit: int, model: Model, plan: Plan, threads: int = 1):
         self.unit, self.model, self.plan = unit, model, plan
         self.velocity = plan.inner.new_velocity(model.num_params) if plan.inner else None
         self.start = model.params.copy()
+        self._step = None          # a ParallelStep when one step runs on several threads
+        self.set_threads(threads)
+
+    def set_threads(self, threads: int) -> None:
+        """Run each step on `threads` threads (the batch split across them, reduced in a
+        fixed order: the result does not depend on timing, and equals the one-thread
+        gradient to float32 rounding)."""
+        threads = max(1, int(threads))
+        if (self._step.threads if self._step is not None else 1) == threads:
+            return
+        self.close()
+        if threads > 1:
+            self._step = ParallelStep(self.model, threads)
+
+    @property
+    def threads(self) -> int:
+        return self._step.threads if self._step is not None else 1
+
+    def close(self) -> None:
+        if self._step is not None:
+            self._step.close()
+            self._step = None
 
     def run_round(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], lr_scale: float = 1.0) -> Contribution:
         samples = steps = 0
@@ -97,7 +119,7 @@ class ComputeUnit:
         for x, y in batches:
             if inner is None and steps:
                 raise ValueError("a unit without an inner optimiser takes one batch per round")
-            loss, grad = self.model.loss_and_grad(x, y)
+            loss, grad = self._step.loss_and_grad(x, y) if self._step is not None else self.model.loss_and_grad(x, y)
             if inner is not None:
                 inner.step(self.model.params, grad, self.velocity, 1.0 if self.plan.scale_outer else lr_scale)
             samples += len(y)

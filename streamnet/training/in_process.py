@@ -46,7 +46,10 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
     wall0 = time.perf_counter()
     ds = dataset if dataset is not None else load_data(cfg.data, cfg.seed)
     plan = plan_for(cfg.algorithm)
-    units = [ComputeUnit(k, make_model(cfg, ds.num_classes), plan) for k in range(cfg.units)]
+    # cfg.threads compute threads: units run side by side, and each unit's step is split
+    # across the threads left over (3 threads for 1 unit: one step on 3 threads)
+    step_threads = max(1, cfg.threads // cfg.units)
+    units = [ComputeUnit(k, make_model(cfg, ds.num_classes), plan, threads=step_threads) for k in range(cfg.units)]
     agg = Aggregator(units[0].model.params, plan)
     size = units[0].model.input_shape[-1]
     schedule = UnitSchedule(cfg, len(ds.train))
@@ -62,7 +65,7 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
 
     train_s = 0.0
     done_rounds = 0
-    with ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix="compute") as pool:
+    with ThreadPoolExecutor(max_workers=min(cfg.threads, cfg.units), thread_name_prefix="compute") as pool:
         for epoch in range(cfg.epochs):
             unit_rounds, rounds = (first_plan, rounds_per_epoch) if epoch == 0 else schedule.epoch(epoch)
             t0 = time.perf_counter()
@@ -95,6 +98,8 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
             if progress:
                 progress(Progress(epoch + 1, cfg.epochs, rounds, rounds, samples, loss_sum / max(samples, 1),
                                   samples / seconds if seconds > 0 else 0.0, acc))
+    for u in units:
+        u.close()
     summary.sync_rounds = done_rounds
     summary.test_accuracy = summary.history[-1].test_accuracy
     summary.test_loss = summary.history[-1].test_loss

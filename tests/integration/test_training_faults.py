@@ -10,8 +10,7 @@ from streamnet.training import DataConfig, lenet5_mixbp
 from streamnet.training.nsmap import build_topology
 from streamnet.training.summary_from_results import summarise
 
-from streamnet.testing import ZooKeeper, finish, placement, running_cluster, zookeeper_installed
-from .test_zk_cluster import zk  # noqa: F401 - the module-scoped ZooKeeper fixture
+from streamnet.testing import ZooKeeper, cluster_in_mode, finish, placement, running_cluster, zookeeper_installed
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 pytestmark = [pytest.mark.skipif(not zookeeper_installed(), reason="needs Debian's zookeeper package"),
@@ -42,12 +41,12 @@ def _training_with_victim(state, topo, victim: str) -> str:
 
 
 @pytest.mark.parametrize("victim", ["compute", "sync", "leader"])
-def test_training_survives_sigkill(zk, victim):  # noqa: F811
+def test_training_survives_sigkill(mode, zk_hosts, victim):
     """SIGKILL of the host of a compute unit, of the sync bolt (and spout), or of the
-    leader (the scheduler), mid-run."""
+    leader (the scheduler), mid-run; on worker processes and on the embedded cluster."""
     cfg = _config()
     topo = build_topology(cfg, name=f"faults-{victim}")
-    with running_cluster(zk, workers=3) as (c, state):
+    with cluster_in_mode(mode, zk_hosts, workers=3) as (c, state):
         host = _training_with_victim(state, topo, "compute" if victim == "leader" else victim)
         if victim == "leader":
             host = c.leader(state)
@@ -71,7 +70,7 @@ def _progressed(state, name, rounds):
 TRAIN_ARGS = ["--train-limit", "12000", "--test-limit", "2000", "--epochs", "3", "--workers", "2"]
 
 
-def test_kill_checkpoint_then_submit_resume(zk, tmp_path):  # noqa: F811
+def test_kill_checkpoint_then_submit_resume(zk, tmp_path):
     """`kill --checkpoint` stops a run cleanly with a checkpoint; `submit --resume`
     finishes it with every sample of every epoch counted once."""
     ckdir = str(tmp_path / "ck")
@@ -96,7 +95,7 @@ def test_kill_checkpoint_then_submit_resume(zk, tmp_path):  # noqa: F811
     assert s["test_accuracy"] >= 0.80
 
 
-def test_sigterm_to_the_workers_stops_with_a_checkpoint(zk, tmp_path):  # noqa: F811
+def test_sigterm_to_the_workers_stops_with_a_checkpoint(zk, tmp_path):
     """SIGTERM to every worker (a cluster shutdown): each asks for a clean stop, the run
     writes its checkpoint, the workers exit 0; a new cluster resumes from it."""
     import signal
@@ -125,7 +124,7 @@ def test_sigterm_to_the_workers_stops_with_a_checkpoint(zk, tmp_path):  # noqa: 
 
 
 @pytest.mark.parametrize("victim", ["compute", "sync"])
-def test_worker_cut_off_and_healed_is_fenced(zk, victim):  # noqa: F811
+def test_worker_cut_off_and_healed_is_fenced(zk, victim):
     """SIGSTOP the host of a compute unit (or of the sync bolt) past its ZooKeeper
     session - a worker cut off - then SIGCONT it. Its session has expired and its tasks
     run elsewhere; whatever its stale instances still send is dropped (assignment

@@ -8,23 +8,11 @@ from streamnet.examples import wordcount
 from streamnet.runtime import wait_for
 from streamnet.runtime.control.zk import ZkCoordinator
 
-from streamnet.testing import SESSION_TIMEOUT, ZooKeeper, finish, placement, running_cluster, zookeeper_installed
+from streamnet.testing import (SESSION_TIMEOUT, ZooKeeper, cluster_in_mode, finish, placement, running_cluster,
+                               zookeeper_installed)
 
 pytestmark = pytest.mark.skipif(not zookeeper_installed(),
                                 reason="needs Debian's zookeeper package (make test installs it)")
-
-
-@pytest.fixture(scope="module")
-def zk():
-    hosts = os.environ.get("STREAMNET_TEST_ZK")
-    if hosts:
-        yield hosts
-        return
-    server = ZooKeeper().start()
-    try:
-        yield server.hosts
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -57,8 +45,12 @@ def _slow_wordcount(count=4000):
                               message_timeout_s=5)
 
 
-def test_kill9_of_a_worker_mid_topology(cluster):
-    c, state = cluster
+def test_kill9_of_a_worker_mid_topology(mode, zk_hosts):
+    with cluster_in_mode(mode, zk_hosts) as (c, state):
+        _kill_a_worker_mid_topology(c, state)
+
+
+def _kill_a_worker_mid_topology(c, state):
     topo = _slow_wordcount()
     state.submit_topology(topo.name, topo.to_dict())
     wait_for(lambda: placement(state, topo.name), 30, "the first assignment")

@@ -70,6 +70,7 @@ class Executor:
         self.restored = None   # the last saved state, handed to restore() after open/prepare
         self.state_version = -1  # version of the state node this instance owns (fencing)
         self.fenced = False
+        self.crashed = False   # the worker died under it (LocalCluster.crash_worker): no close()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._guarded(), name=f"{self.cid}-{self.task}")
@@ -218,7 +219,7 @@ class SpoutExecutor(Executor):
             self.fenced = True
             raise
         finally:
-            if not self.fenced:   # a stale instance publishes nothing
+            if not (self.fenced or self.crashed):   # a stale (or crashed) instance publishes nothing
                 spout.close()
 
 
@@ -333,7 +334,7 @@ class BoltExecutor(Executor):
             await self.abandon()
             raise
         finally:
-            if not self.fenced:
+            if not (self.fenced or self.crashed):
                 bolt.close()
 
     async def abandon(self) -> None:

@@ -185,6 +185,12 @@ class PeerLink:
             except (asyncio.CancelledError, Exception):  # noqa: BLE001
                 pass
 
+    def abort(self) -> None:
+        """Stop now, sending nothing more (a crash)."""
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+
     async def _run(self) -> None:
         backoff = 0.05
         while not self._closing:
