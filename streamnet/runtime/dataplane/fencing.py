@@ -91,11 +91,10 @@ async def restart_fenced(rt, old) -> None:
 async def hand_over_queue(rt, old) -> None:
     """The tuples queued for a fenced bolt instance (also those that reach its queue
     later) go to its successor on this worker, or are failed so their spouts replay them."""
-    from .executor import BoltExecutor
-    if not isinstance(old, BoltExecutor):
+    if old.kind != "bolt":      # (by kind, not class: executor.py imports this module)
         return
     new = rt.executors.get(old.task)
-    if isinstance(new, BoltExecutor) and new is not old:
+    if new is not None and new.kind == "bolt" and new is not old:
         queued = old.take_queue()
         for tup in queued:
             await new.inbound.put(tup)
