@@ -27,7 +27,7 @@ from .control.publisher import ResultPublisher
 from .control.scheduler import SchedulerService
 from .dataplane.topology_runtime import TopologyRuntime
 from .topology import DEFAULT_ALLOWED_MODULES, TopologyError
-from .dataplane.transport import Auth, StreamServer
+from .dataplane.transport import HEADER_TIMEOUT_S, Auth, ConnectionGuard, GuardedRunner, StreamServer
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,11 @@ class Worker:
         app = web.Application(client_max_size=self.limits.max_frame + 1024)
         app.add_routes(self.stream_server.routes() + [web.get("/status", self._status_handler),
                                                       web.get("/metrics", self._metrics_handler)])
-        self._runner = web.AppRunner(app, read_bufsize=READ_BUFSIZE, access_log=None,
-                                     shutdown_timeout=1.0)
+        # keepalive_timeout runs from a connection's start: it is also the time allowed
+        # to send a request's headers (a half-sent request holds a descriptor no longer)
+        self.guard = ConnectionGuard()
+        self._runner = GuardedRunner(app, self.guard, read_bufsize=READ_BUFSIZE, access_log=None,
+                                     shutdown_timeout=1.0, keepalive_timeout=HEADER_TIMEOUT_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
         await site.start()
@@ -135,15 +138,22 @@ class Worker:
             log.error("worker %s: topology %s did not stop within %.0f s; leaving anyway", self.id, name, timeout)
         return sorted(pending)
 
-    async def stop(self, drain_s: float = 5.0) -> None:
-        """Stop spouts, drain bolts, close connections, deregister."""
+    async def _stop_listening(self) -> bool:
+        """The first step of stop() and crash(): no more coordinator events, no more
+        scheduling here. False if the worker was already going."""
         if self.closing:
-            return
+            return False
         self.closing = True
         for cancel in self._unwatch:
             cancel()
         if self.scheduler:
             await asyncio.to_thread(self.scheduler.stop)
+        return True
+
+    async def stop(self, drain_s: float = 5.0) -> None:
+        """Stop spouts, drain bolts, close connections, deregister."""
+        if not await self._stop_listening():
+            return
         for rt in list(self.runtimes.values()):
             await rt.stop(drain_s)
         await self.publisher.close()
@@ -158,13 +168,8 @@ class Worker:
         without close() (nothing published), connections are cut, nothing is drained;
         the caller then closes this worker's coordinator session, so its ephemeral
         nodes vanish as a dead process's session would."""
-        if self.closing:
+        if not await self._stop_listening():
             return
-        self.closing = True
-        for cancel in self._unwatch:
-            cancel()
-        if self.scheduler:
-            await asyncio.to_thread(self.scheduler.stop)
         tasks = []
         for rt in self.runtimes.values():
             for ex in rt.executors.values():
@@ -296,7 +301,8 @@ class Worker:
             "topologies": {n: rt.status() for n, rt in self.runtimes.items()},
             "links": self.delivery.status(),
             "transport": {"rejected": s.rejected, "frames_in": s.frames_in, "bytes_in": s.bytes_in,
-                          "open_streams": s.open_streams, "dropped": self.delivery.dropped},
+                          "open_streams": s.open_streams, "dropped": self.delivery.dropped,
+                          "connections": self.guard.status()},
         }
 
     async def _status_handler(self, request: web.Request) -> web.Response:
