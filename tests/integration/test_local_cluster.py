@@ -1,16 +1,16 @@
 """The stream engine on the embedded local cluster: exact results, replay,
 backpressure, and bad input against a running worker."""
 import asyncio
-import os
+import random
 
 import aiohttp
 import msgpack
 import pytest
 
 from streamnet.examples import flood, tensor_pipe, wordcount
-from streamnet.runtime import LocalCluster, wait_for
+from streamnet.runtime import Bolt, LocalCluster, Spout, TopologyBuilder, wait_for
 from streamnet.runtime.codec import ARRAY_EXT, MAGIC, PREFIX
-from streamnet.runtime.dataplane.transport import Auth
+from streamnet.runtime.dataplane.transport import TRAILER, Auth, frame_tag
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -100,12 +100,18 @@ def test_slow_bolt_across_workers_memory_stays_bounded():
     assert max(gaps) > 64
 
 
-async def _attack(port: int, secret: bytes, body: bytes) -> tuple[int, str]:
+async def _attack(port: int, secret: bytes, body: bytes, signed: bool) -> tuple[int, str]:
+    """POST `body` as a stream from "intruder" to worker w1; `signed`: followed by the
+    trailer (sequence number 0, frame MAC under the session key) that a real peer sends,
+    so the frame gets past the MAC check to the decoder."""
     async with aiohttp.ClientSession() as s:
         async with s.get(f"http://127.0.0.1:{port}/hello") as r:
             nonce = (await r.json())["nonce"]
+        auth = Auth(secret, "intruder")
         headers = {"X-Streamnet-From": "intruder", "X-Streamnet-Nonce": nonce,
-                   "X-Streamnet-Auth": Auth(secret, "intruder").sign(nonce, "intruder", "w1")}
+                   "X-Streamnet-Auth": auth.sign(nonce, "intruder", "w1")}
+        if signed:
+            body += TRAILER.pack(0, frame_tag(auth.session_key(nonce, "intruder", "w1"), 0, (body,)))
         try:
             async with s.post(f"http://127.0.0.1:{port}/stream", data=body, headers=headers) as r:
                 return r.status, await r.text()
@@ -122,32 +128,44 @@ def _ext_frame(meta, payload=b"", code=ARRAY_EXT):
                                   [msgpack.ExtType(code, msgpack.packb(meta))], []]]), payload)
 
 
-def test_bad_input_closes_one_connection_and_the_worker_keeps_serving():
+def test_bad_input_closes_one_connection_with_a_logged_reason_and_the_worker_keeps_serving(caplog):
+    # name: (secret, body, signed, the reason the worker logs)
     attacks = {
-        "random bytes": (None, os.urandom(4096)),
-        "oversized length prefix": (None, PREFIX.pack(MAGIC, 16, 2 ** 40) + b"x" * 64),
-        "wrong secret": (b"not the secret", b""),
-        "unknown ext code": (None, _ext_frame(["<f4", [1], 0, 4], b"\0" * 8, code=9)),
-        "disallowed dtype": (None, _ext_frame(["|O", [1], 0, 8], b"\0" * 8)),
-        "shape/size mismatch": (None, _ext_frame(["<f4", [100], 0, 8], b"\0" * 8)),
-        "malformed message": (None, _frame(msgpack.packb([["t", "wordcount"]]))),
-        "truncated frame": (None, _ext_frame(["<f4", [2], 0, 8], b"\0" * 8)[:20]),
+        "random bytes": (None, random.Random(0).randbytes(4096), False, "bad frame magic"),
+        "oversized length prefix": (None, PREFIX.pack(MAGIC, 16, 2 ** 40) + b"x" * 64, False, "exceeds the limit"),
+        "wrong secret": (b"not the secret", b"", False, "bad MAC (wrong cluster secret?)"),
+        "forged frame": (None, _ext_frame(["<f4", [2], 0, 8], b"\0" * 8) + TRAILER.pack(0, bytes(16)), False,
+                         "frame 0: bad MAC (altered or forged on the way)"),
+        "unknown ext code": (None, _ext_frame(["<f4", [1], 0, 4], b"\0" * 8, code=9), True, "unknown ext code 9"),
+        "disallowed dtype": (None, _ext_frame(["|O", [1], 0, 8], b"\0" * 8), True, "not allowed on the wire"),
+        "shape/size mismatch": (None, _ext_frame(["<f4", [100], 0, 8], b"\0" * 8), True,
+                                "needs 400 bytes, descriptor says 8"),
+        "malformed message": (None, _frame(msgpack.packb([["t", "wordcount"]])), True, "bad message: "),
+        "truncated frame": (None, _ext_frame(["<f4", [2], 0, 8], b"\0" * 8)[:20], False,
+                            "stream ended inside a frame"),
     }
+    caplog.set_level("WARNING", logger="streamnet.runtime.dataplane.transport")
     with LocalCluster(workers=2) as c:
         target = c.workers[1]
         # a healthy topology that keeps both workers busy while the attacks land
         c.submit(wordcount.topology(count=20000, split=2, counters=2))
-        outcomes = {}
-        for name, (secret, body) in attacks.items():
-            outcomes[name] = asyncio.run(_attack(target.port, secret or c.secret, body))
+        outcomes, logged = {}, {}
+        for name, (secret, body, signed, _) in attacks.items():
+            before = len(caplog.records)
+            outcomes[name] = asyncio.run(_attack(target.port, secret or c.secret, body, signed))
+            wait_for(lambda: any(r.getMessage().startswith("closing stream from") for r in caplog.records[before:]),
+                     10, f"the worker to log why it closed the {name} stream", interval=0.01)
+            logged[name] = [r.getMessage() for r in caplog.records[before:]
+                            if r.getMessage().startswith("closing stream from")]
         c.wait_done("wordcount", 120)
         results = c.kill("wordcount")
         rejected = target.stream_server.rejected
     assert wordcount.merge_counts(results) == wordcount.expected_counts(20000, 0)
     assert outcomes["wrong secret"][0] == 403 and "bad MAC" in outcomes["wrong secret"][1]
-    for name in attacks:
+    for name, (_, _, _, reason) in attacks.items():
         if name != "wrong secret":
             assert outcomes[name][0] in (400, 0), (name, outcomes[name])
+        assert len(logged[name]) == 1 and reason in logged[name][0], (name, logged[name])
     assert rejected == len(attacks), (rejected, outcomes)
 
 
@@ -172,3 +190,192 @@ def test_a_fenced_bolt_restarted_in_place_replays_what_it_held_at_once(caplog):
     assert "count.0 of wordcount was taken over by another instance" in caplog.text
     assert "was fenced but the assignment places it here; starting it again" in caplog.text
     assert wordcount.merge_counts(results) == wordcount.expected_counts(n, 0)
+
+
+# -- reliability knobs: message_timeout_s and max_spout_pending ------------------------
+
+class NumberSpout(Spout):
+    """Emits 0..count-1 as tracked roots; replays what fails; records which fails it got
+    and the most trees it ever had open at once."""
+    outputs = ["n"]
+
+    def open(self, ctx, collector):
+        super().open(ctx, collector)
+        self.todo = list(range(int(self.config["count"])))[::-1]
+        self.open_trees: set[int] = set()
+        self.most_open, self.failed, self.acked = 0, [], 0
+
+    def next_tuple(self):
+        if self.todo:
+            n = self.todo.pop()
+            self.open_trees.add(n)
+            self.most_open = max(self.most_open, len(self.open_trees))
+            self.collector.emit([n], msg_id=n)
+
+    def ack(self, n):
+        self.open_trees.discard(n)
+        self.acked += 1
+
+    def fail(self, n):
+        self.open_trees.discard(n)
+        self.failed.append(n)
+        self.todo.append(n)
+
+    def is_done(self):
+        return not self.todo and not self.open_trees
+
+    def close(self):
+        self.ctx.publish("failed", sorted(self.failed))
+        self.ctx.publish("most_open", self.most_open)
+        self.ctx.publish("acked", self.acked)
+
+
+class LosingBolt(Bolt):
+    """Loses the first delivery of every `lose_every`-th number: neither ack nor fail, as
+    a tuple lost on the way would be. Only the message timeout can fail its tree."""
+    outputs = []
+
+    def prepare(self, ctx, collector):
+        super().prepare(ctx, collector)
+        self.lost: list[int] = []
+
+    def execute(self, tup):
+        n = tup["n"]
+        if n % int(self.config["lose_every"]) == 0 and n not in self.lost:
+            self.lost.append(n)
+            return
+        self.collector.ack(tup)
+
+    def close(self):
+        self.ctx.publish("lost", sorted(self.lost))
+
+
+class HoldingBolt(Bolt):
+    """Acks nothing until it holds `hold` tuples, then all of them (and, after a pause
+    in its input, whatever it holds): a spout that did not pause at max_spout_pending
+    would have many more trees open than `hold`."""
+    outputs = []
+    tick_interval_s = 0.2
+
+    def prepare(self, ctx, collector):
+        super().prepare(ctx, collector)
+        self.held = []
+
+    def execute(self, tup):
+        self.held.append(tup)
+        if len(self.held) >= int(self.config["hold"]):
+            self.tick()
+
+    def tick(self):
+        for tup in self.held:
+            self.collector.ack(tup)
+        self.held.clear()
+
+
+def _allow_this_module(cluster):
+    """What `streamnet-worker --allow-module` does: these test components may run."""
+    for w in cluster.workers:
+        w.allow_modules = (*w.allow_modules, __name__)
+
+
+def _numbers(name: str, sink: str, count: int, sink_config: dict, **config):
+    b = TopologyBuilder(name)
+    b.add_spout("numbers", f"{__name__}:NumberSpout", count=count)
+    b.add_bolt("sink", f"{__name__}:{sink}", **sink_config).shuffle("numbers")
+    return b.build(**config)
+
+
+def _task(status, topology, component):
+    tasks = _tasks(status, topology, component)
+    assert len(tasks) == 1, tasks
+    return tasks[0]
+
+
+def test_a_lost_tuple_is_failed_after_message_timeout_s_and_replayed():
+    with LocalCluster(workers=2) as c:
+        _allow_this_module(c)
+        topo = _numbers("lossy", "LosingBolt", 50, {"lose_every": 10}, message_timeout_s=1.0)
+        c.submit(topo)
+        c.wait_done(topo.name, 60)
+        spout = _task(c.worker_status(), topo.name, "numbers")
+        results = c.kill(topo.name)
+    assert results["sink.0.lost"] == [0, 10, 20, 30, 40]
+    # the lost trees, and only they, timed out and were failed back to the spout, which replayed them
+    assert spout["timed_out"] == 5 and results["numbers.0.failed"] == [0, 10, 20, 30, 40]
+    assert results["numbers.0.acked"] == 50
+
+
+def test_the_spout_pauses_at_max_spout_pending():
+    with LocalCluster(workers=2) as c:
+        _allow_this_module(c)
+        topo = _numbers("held", "HoldingBolt", 200, {"hold": 5}, max_spout_pending=5)
+        c.submit(topo)
+        c.wait_done(topo.name, 60)
+        spout = _task(c.worker_status(), topo.name, "numbers")
+        results = c.kill(topo.name)
+    assert spout["pending_max"] == 5 and spout["timed_out"] == 0
+    assert results["numbers.0.most_open"] == 5 and results["numbers.0.acked"] == 200
+
+
+# -- GET /metrics --------------------------------------------------------------------
+
+def _parse_prometheus(text: str) -> tuple[dict, dict]:
+    """Prometheus text exposition -> ({name: type}, {(name, frozenset(labels)): value});
+    every sample must follow the TYPE line of its name."""
+    import re
+    types, samples = {}, {}
+    sample = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)\{((?:[a-zA-Z_]\w*="(?:[^"\\]|\\.)*",?)*)\} (\S+)$')
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            assert kind in ("counter", "gauge") and name not in types, line
+            types[name] = kind
+            continue
+        m = sample.match(line)
+        assert m, f"not a sample line: {line!r}"
+        name, labels, value = m.groups()
+        assert name in types, f"sample before its TYPE line: {line!r}"
+        key = (name, frozenset(re.findall(r'([a-zA-Z_]\w*)="((?:[^"\\]|\\.)*)"', labels)))
+        assert key not in samples, f"duplicate sample {line!r}"
+        samples[key] = float(value)
+    return types, samples
+
+
+def test_metrics_are_the_status_in_prometheus_text():
+    import urllib.request
+    with LocalCluster(workers=2) as c:
+        topo = wordcount.topology(count=500, fail_every=7)
+        c.submit(topo)
+        c.wait_done(topo.name, 60)      # then the counters stand still
+        w = c.workers[0]
+        get = lambda path: urllib.request.urlopen(f"http://127.0.0.1:{w.port}{path}", timeout=5)
+        with get("/metrics") as r:
+            content_type, text = r.headers["Content-Type"], r.read().decode()
+        with get("/status") as r:
+            import json
+            status = json.load(r)
+        c.kill(topo.name)
+    assert content_type.startswith("text/plain")
+    types, samples = _parse_prometheus(text)
+    worker = ("worker", status["worker"])
+    expected = {("streamnet_compute_threads", frozenset([worker])): status["threads"],
+                ("streamnet_rejected_connections_total", frozenset([worker])): status["transport"]["rejected"],
+                ("streamnet_frames_received_total", frozenset([worker])): status["transport"]["frames_in"],
+                ("streamnet_bytes_received_total", frozenset([worker])): status["transport"]["bytes_in"]}
+    tasks = status["topologies"][topo.name]["tasks"]
+    assert tasks, status
+    for task, m in tasks.items():
+        labels = frozenset([worker, ("topology", topo.name), ("component", m["component"]), ("task", task)])
+        for c_ in ("executed", "emitted", "acked", "failed", "timed_out", "errors"):
+            expected[(f"streamnet_task_{c_}_total", labels)] = m[c_]
+        for g in ("queue", "pending", "execute_ms_avg"):
+            if g in m:
+                expected[(f"streamnet_task_{g}", labels)] = m[g]
+    for peer, link in status["links"].items():
+        expected[("streamnet_link_bytes_sent_total", frozenset([worker, ("peer", peer)]))] = link["bytes_out"]
+    busy = ("streamnet_compute_busy_fraction", frozenset([worker]))
+    assert 0 <= samples.pop(busy) <= 1          # a gauge that moves between the two requests
+    assert samples == {k: float(v) for k, v in expected.items()}
+    assert any(v > 0 for (name, _), v in samples.items() if name == "streamnet_task_executed_total")
+    assert all(kind == "counter" for name, kind in types.items() if name.endswith("_total"))
+    assert all(kind == "gauge" for name, kind in types.items() if not name.endswith("_total"))
