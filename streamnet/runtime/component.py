@@ -10,7 +10,19 @@ keeps the event loop free for I/O.
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable
+import re
+from typing import Any, Awaitable, Callable, NamedTuple
+
+_FIGURE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+class Figure(NamedTuple):
+    """A number a task reports through `Context.figure`."""
+    name: str
+    value: float
+    type: str          # "gauge" | "counter"
+    help: str
+    labels: dict
 
 
 class Component:
@@ -119,6 +131,8 @@ class Context:
         self._save_state = save_state
         self._put_checkpoint = put_checkpoint
         self._compute_share = compute_share
+        #: (name, labels) -> Figure: the named numbers this task reports (see `figure`)
+        self.figures: dict[tuple, Figure] = {}
         self.log = logging.getLogger(f"streamnet.task.{component}.{task_index}")
 
     def component_tasks(self, component: str) -> list[int]:
@@ -145,6 +159,21 @@ class Context:
     def put_checkpoint(self, pointer: dict) -> None:
         """Record the topology's latest checkpoint (step, path, checksum) in the coordinator."""
         self._put_checkpoint(pointer)
+
+    def figure(self, name: str, value: float, *, help: str, counter: bool = False, **labels: str) -> None:
+        """Report a named number of this task (a loss, an epoch, seconds spent): it shows
+        in the worker's /status under the task and as the Prometheus family
+        `streamnet_<name>` on /metrics, labelled with the task and `labels`. A counter's
+        name ends in `_total` and its value only grows. Cheap: call it as often as the
+        number changes; the last value is what is read."""
+        if not _FIGURE_NAME.fullmatch(name) or counter != name.endswith("_total"):
+            raise ValueError(f"figure name {name!r}: use [a-z_][a-z0-9_]*, ending in _total exactly for a counter")
+        key = (name, tuple(sorted(labels.items())))
+        self.figures[key] = Figure(name, float(value), "counter" if counter else "gauge", help, dict(labels))
+
+    def figures_status(self) -> list[dict]:
+        """The figures as plain data, for /status."""
+        return [f._asdict() for f in self.figures.values()]
 
     def publish(self, key: str, value) -> None:
         """Store a (small) result under the topology's results, readable by clients."""

@@ -22,7 +22,7 @@ from .dataplane.delivery import Delivery
 from .control.cluster_state import RUNNING, ClusterState
 from .dataplane.compute import ComputePool
 from .control.coordinator import CoordinatorError
-from .prometheus import prometheus
+from .prometheus import CONTENT_TYPE as PROMETHEUS_TYPE, prometheus
 from .control.publisher import ResultPublisher
 from .control.scheduler import SchedulerService
 from .dataplane.topology_runtime import TopologyRuntime
@@ -309,4 +309,4 @@ class Worker:
         return web.json_response(self.status())
 
     async def _metrics_handler(self, request: web.Request) -> web.Response:
-        return web.Response(text=prometheus(self.status()), content_type="text/plain")
+        return web.Response(body=prometheus(self.status()).encode(), headers={"Content-Type": PROMETHEUS_TYPE})

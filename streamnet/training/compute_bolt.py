@@ -67,11 +67,23 @@ class ComputeBolt(Bolt):
             c, seconds = await self.ctx.compute(self._round, tup["batches"], tup["lr_scale"])
             self.compute_s += seconds
             self.samples += c.samples
+            self._report()
             state = self.unit.state() if tup["checkpoint"] else None   # for a checkpoint that resumes exactly
             self.collector.emit(row(CONTRIBUTION, **work, samples=c.samples, steps=c.steps, loss_sum=c.loss_sum,
                                     vector=c.vector, status=OK, unit_state=state), anchors=tup)
             self._sent_at = time.perf_counter()
         self.collector.ack(tup)
+
+    def _report(self):
+        """This unit's figures for /status and /metrics (the UI's per-worker bars)."""
+        unit = str(self.ctx.task_index)
+        self.ctx.figure("training_compute_seconds_total", self.compute_s, counter=True, unit=unit,
+                        help="Seconds this compute unit spent computing its rounds")
+        self.ctx.figure("training_round_trip_seconds_total", self.wait_s, counter=True, unit=unit,
+                        help="Seconds from sending a contribution to receiving the round's parameters "
+                             "(communication, barrier and combine)")
+        self.ctx.figure("training_unit_samples_total", self.samples, counter=True, unit=unit,
+                        help="Samples this compute unit trained on")
 
     def _ask_for_params(self):
         self.collector.emit(row(RESYNC, task=self.ctx.task), stream="resync")
@@ -103,6 +115,7 @@ class ComputeBolt(Bolt):
             if self._sent_at is not None:
                 self.wait_s += time.perf_counter() - self._sent_at
                 self._sent_at = None
+                self._report()
             self.unit.receive(tup["params"])
             self.params_step = tup["step"]
             if tup.stream == "direct_params" and tup["unit_state"] is not None:

@@ -48,6 +48,8 @@ class DataSpout(Spout):
         self.flagged = False                        # is the round in flight a checkpoint round?
         self.replay: list[tuple] = []
         self.replayed = 0
+        self.replayed_samples = 0     # this task's, for /metrics (not saved)
+        self._count_replay(0)
         self.draining = self.stopped = False
 
     def restore(self, state):
@@ -103,8 +105,14 @@ class DataSpout(Spout):
         key = tuple(key)
         if key in self.in_flight:
             self.replayed += 1
+            self._count_replay(sum(len(b) for b in dict(zip(WORK, self.in_flight[key]))["batches"]))
             log.warning("replaying work of unit %d, epoch %d, round %d", key[2], key[0], key[1])
             self.replay.append(key)
+
+    def _count_replay(self, samples: int) -> None:
+        self.replayed_samples += samples
+        self.ctx.figure("training_replayed_samples_total", self.replayed_samples, counter=True,
+                        help="Samples whose work the data spout sent again after a failure")
 
     def is_done(self):
         return (self.epoch >= self.cfg.epochs or self.stopped) and not self.in_flight

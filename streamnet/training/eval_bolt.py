@@ -37,6 +37,9 @@ class EvalBolt(Bolt):
                                        time=time.time()).to_dict())
         self.ctx.save_state(self.history)   # survives this worker
         self.ctx.publish("history", self.history)
+        self.ctx.figure("training_test_accuracy", acc, help="Test accuracy after the last evaluated epoch")
+        self.ctx.figure("training_test_loss", loss, help="Test loss after the last evaluated epoch")
+        self.ctx.figure("training_evaluated_epoch", tup["epoch"], help="The last evaluated epoch (1-based)")
         self.collector.ack(tup)
 
     def close(self):

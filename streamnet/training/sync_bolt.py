@@ -154,6 +154,7 @@ class SyncBolt(SyncRecovery, Bolt):
         self._save()
         for t in tuples:
             self.collector.ack(t)
+        self._report(epoch)
         now = time.perf_counter()
         if now - self._published > self.PUBLISH_S:
             self._publish_progress(epoch, rnd)
@@ -174,6 +175,26 @@ class SyncBolt(SyncRecovery, Bolt):
                 "units": {str(t["unit"]): t["unit_state"] for t in tuples if t["unit_state"] is not None},
                 "counters": self.counts.checkpoint_counters(),
                 "config": self.config["run"]}
+
+    def _report(self, epoch: int):
+        """The run's figures after each combined round, for /status and /metrics."""
+        c, fig = self.counts, self.ctx.figure
+        fig("training_loss", self.loss.last or 0.0, help="Mean training loss of the last combined round")
+        fig("training_epoch", epoch + 1, help="Epoch (1-based) of the last combined round")
+        fig("training_sync_rounds_total", c.rounds, counter=True, help="Rounds combined by the sync bolt")
+        fig("training_samples_total", c.samples, counter=True, help="Samples combined into the parameters")
+        fig("training_samples_per_second", (c.samples - c.samples_before) / max(time.perf_counter() - self.t0, 1e-9),
+            help="Samples combined per second since this run started")
+        fig("training_sync_received_bytes_total", self.bytes_in, counter=True,
+            help="Bytes of contributions the sync bolt received")
+        fig("training_sync_sent_bytes_total", self.bytes_out, counter=True,
+            help="Bytes of parameters the sync bolt sent to the units")
+        fig("training_duplicate_contributions_total", c.duplicates, counter=True,
+            help="Contributions answered as replays or replaced by a newer copy")
+        fig("training_recoveries_total", c.recoveries, counter=True, help="Times a new sync task took over")
+        for unit, s in self.barrier_s.items():
+            fig("training_barrier_wait_seconds_total", s, counter=True, unit=str(unit),
+                help="Seconds a unit's contributions waited at the sync bolt for the round's others")
 
     def _publish_progress(self, epoch, rnd):
         c = self.counts

@@ -218,6 +218,8 @@ class TopologyRuntime:
         tasks = {}
         for t, ex in sorted(self.executors.items()):
             m = {"component": ex.cid, "kind": ex.kind, **ex.metrics.as_dict()}
+            if ex.ctx.figures:
+                m["figures"] = ex.ctx.figures_status()
             if isinstance(ex, BoltExecutor):
                 m["queue"], m["queue_max"] = ex.inbound.qsize(), ex.inbound.maxsize
             else:

@@ -1,0 +1,61 @@
+"""/metrics by the book: prometheus_client's own parser reads what StatusCollector writes."""
+from prometheus_client.parser import text_string_to_metric_families
+
+from streamnet.runtime.component import Context
+from streamnet.runtime.prometheus import prometheus
+
+
+def _ctx() -> Context:
+    return Context(topology="t", component="sync", task=3, task_index=0, parallelism=1, worker="w0", config={},
+                   component_config={}, component_tasks=lambda c: range(0), compute=None, publish=None,
+                   save_state=None)
+
+
+def _status(figures) -> dict:
+    task = {"component": "sync", "kind": "bolt", "executed": 10, "emitted": 4, "acked": 9, "failed": 1,
+            "timed_out": 0, "errors": 0, "execute_ms_avg": 2.0, "execute_ms_p99": 7.0, "execute_s_total": 0.02,
+            "queue": 16, "queue_max": 64, "figures": figures}
+    return {"worker": "w0", "threads": 2, "busy_fraction": 0.25, "leader": True,
+            "topologies": {"t": {"tasks": {3: task}}}, "links": {"w1": {"bytes_out": 100}},
+            "transport": {"rejected": 0, "frames_in": 5, "bytes_in": 500, "open_streams": 1, "dropped": 0}}
+
+
+def test_every_family_parses_with_help_type_and_units():
+    ctx = _ctx()
+    ctx.figure("training_loss", 0.5, help="loss")
+    ctx.figure("training_barrier_wait_seconds_total", 1.5, counter=True, unit="1", help="barrier")
+    text = prometheus(_status(ctx.figures_status()))
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for f in families.values():
+        shown = f.name + ("_total" if f.type == "counter" else "")     # the parser strips a counter's _total
+        assert f"# HELP {shown} " in text and f"# TYPE {shown} {f.type}" in text, f.name
+    assert not [n for n in families if n.endswith("_ms") or "_ms_" in n]       # seconds, not milliseconds
+    assert families["streamnet_task_executed"].type == "counter"
+    assert families["streamnet_compute_busy_ratio"].samples[0].value == 0.25
+    assert families["streamnet_task_queue_fill_ratio"].samples[0].value == 0.25
+    summary = {s.name: s for s in families["streamnet_task_execute_seconds"].samples}
+    assert summary["streamnet_task_execute_seconds"].value == 0.007          # p99, in seconds
+    assert summary["streamnet_task_execute_seconds_count"].value == 10
+    assert families["streamnet_training_loss"].samples[0].labels == {"worker": "w0", "topology": "t",
+                                                                      "component": "sync", "task": "3"}
+    barrier = families["streamnet_training_barrier_wait_seconds"]
+    assert barrier.type == "counter" and barrier.samples[0].labels["unit"] == "1"
+    assert barrier.samples[0].name == "streamnet_training_barrier_wait_seconds_total"
+    assert any(n.startswith("process_") for n in families)
+
+
+def test_a_figure_keeps_its_last_value_per_labels_and_names_are_checked():
+    ctx = _ctx()
+    for v in (1, 2, 3):
+        ctx.figure("training_epoch", v, help="epoch")
+    ctx.figure("training_compute_seconds_total", 1, counter=True, unit="0", help="s")
+    ctx.figure("training_compute_seconds_total", 2, counter=True, unit="1", help="s")
+    values = {(f["name"], tuple(f["labels"].items())): f["value"] for f in ctx.figures_status()}
+    assert values == {("training_epoch", ()): 3.0, ("training_compute_seconds_total", (("unit", "0"),)): 1.0,
+                      ("training_compute_seconds_total", (("unit", "1"),)): 2.0}
+    for bad, counter in (("Loss", False), ("loss_total", False), ("rounds", True)):
+        try:
+            ctx.figure(bad, 1, counter=counter, help="x")
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad!r} accepted")
