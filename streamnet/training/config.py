@@ -42,6 +42,8 @@ class ModelConfig:
 
     def __post_init__(self):
         _require(self.name in MODELS, "model", f"must be one of {', '.join(MODELS)}; got {self.name!r}")
+        _require(self.name != "alexnet" or self.input_size in (64, 224), "input_size",
+                 f"must be 64 or 224 for alexnet; got {self.input_size}")
 
     @property
     def input_size(self) -> int:

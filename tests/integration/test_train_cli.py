@@ -1,0 +1,180 @@
+"""`streamnet-submit train` and `run-example` as the README's CLI reference describes
+them, on small synthetic data (seconds each)."""
+import json
+import signal
+
+import numpy as np
+import pytest
+
+from streamnet.cli.submit import build_parser, main
+from streamnet.cli.train_args import config_from_args
+from streamnet.examples.registry import EXAMPLES
+from streamnet.training import train_local
+from streamnet.training.checkpoint import list_checkpoints, read_checkpoint
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+SMALL = ["--dataset", "synthetic", "--train-limit", "256", "--test-limit", "64", "--batch", "16", "--epochs", "1",
+         "--workers", "2"]
+
+
+@pytest.fixture(autouse=True)
+def keep_sigterm():
+    """`train` on the embedded cluster turns SIGTERM into Ctrl-C (its clean stop)."""
+    before = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, before)
+
+
+def _config(*args):
+    return config_from_args(build_parser().parse_args(["train", *args]))
+
+
+def _train(tmp_path, *args, name="summary.json") -> dict:
+    out = tmp_path / name
+    assert main(["train", *args, "--summary", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def _losses(s: dict) -> list[float]:
+    return [h["train_loss"] for h in s["history"]]
+
+
+# -- run-example ----------------------------------------------------------------------
+
+SMALL_EXAMPLE = {"wordcount": ["--set", "count=600", "--set", "fail_every=7"],
+                 "tensor_pipe": ["--set", "count=3", "--set", "size=4096"]}
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_run_example_runs_and_checks_each_example(name, capsys):
+    assert main(["run-example", name, "--workers", "2", *SMALL_EXAMPLE.get(name, [])]) == 0
+    out = capsys.readouterr().out
+    assert f"{name}: OK: " in out, out
+
+
+def test_run_example_refuses_an_unknown_example(capsys):
+    assert main(["run-example", "nope"]) == 2
+    assert "unknown example 'nope'; known: " + ", ".join(EXAMPLES) in capsys.readouterr().err
+
+
+# -- train --in-process ---------------------------------------------------------------
+
+def test_train_in_process_runs_the_reference_trainer(tmp_path, capsys):
+    args = [*SMALL, "--algorithm", "cumulative"]
+    s = _train(tmp_path, "--in-process", *args)
+    assert "with cumulative in this process" in capsys.readouterr().err
+    reference = train_local(_config(*args)).summary
+    assert s["workers"] == 1 and "bytes_sent" not in s          # no engine: no workers, nothing sent
+    assert _losses(s) == [h.train_loss for h in reference.history]
+    assert s["test_accuracy"] == reference.test_accuracy and s["samples_processed"] == 256
+
+
+@pytest.mark.parametrize("flag", [["--checkpoint-dir", "ck"], ["--resume"]], ids=["checkpoint-dir", "resume"])
+def test_train_in_process_refuses_checkpoints(flag, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--in-process", *SMALL, *flag]) == 2
+    assert "--checkpoint-dir and --resume need the engine; drop --in-process" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- training flags -------------------------------------------------------------------
+
+def test_seed_decides_the_run_and_defaults_to_0(tmp_path):
+    runs = {name: _train(tmp_path, "--in-process", *SMALL, *extra, name=f"{name}.json")
+            for name, extra in [("7", ["--seed", "7"]), ("7 again", ["--seed", "7"]), ("default", []),
+                                ("0", ["--seed", "0"])]}
+    assert _losses(runs["7"]) == _losses(runs["7 again"])
+    assert _losses(runs["default"]) == _losses(runs["0"]) != _losses(runs["7"])
+
+
+def test_lr_schedule_cosine_by_default_and_constant_on_request(tmp_path):
+    """The arithmetic of each schedule is checked in tests/unit/test_bp_family.py; here,
+    that the flag picks it."""
+    runs = {name: _train(tmp_path, "--in-process", *SMALL, "--epochs", "2", *extra, name=f"{name}.json")
+            for name, extra in [("default", []), ("cosine", ["--lr-schedule", "cosine"]),
+                                ("constant", ["--lr-schedule", "constant"])]}
+    assert _losses(runs["default"]) == _losses(runs["cosine"]) != _losses(runs["constant"])
+    constant = train_local(_config(*SMALL, "--epochs", "2", "--lr-schedule", "constant")).summary
+    assert _losses(runs["constant"]) == [h.train_loss for h in constant.history]
+
+
+def test_threads_are_the_embedded_workers_compute_threads(tmp_path, monkeypatch):
+    """`--threads T` on the embedded cluster of K workers (one per unit): T // K compute
+    threads each; by default one per unit."""
+    from streamnet.runtime import LocalCluster
+    pools, enter = [], LocalCluster.__enter__
+
+    def spy(self):
+        cluster = enter(self)
+        pools.append([w.pool.size for w in cluster.workers])
+        return cluster
+    monkeypatch.setattr(LocalCluster, "__enter__", spy)
+    _train(tmp_path, *SMALL, "--threads", "4", name="four.json")
+    _train(tmp_path, *SMALL, name="default.json")
+    assert pools == [[2, 2], [1, 1]]
+
+
+@pytest.mark.parametrize("size", ["64", "224"])
+def test_model_alexnet_at_its_input_size(size, tmp_path):
+    s = _train(tmp_path, "--in-process", "--model", "alexnet", "--input-size", size, "--algorithm", "cumulative",
+               "--dataset", "synthetic", "--train-limit", "8", "--test-limit", "8", "--batch", "8", "--epochs", "1",
+               "--workers", "1")
+    # counted by hand: 1-channel AlexNet convs (3,723,968 at 224) with fc 6400-4096-4096-10 at 224,
+    # 4096-1024-1024-10 at 64 (its conv stack ends at 4x4)
+    assert s["model"] == "alexnet" and s["num_params"] == {"64": 7703242, "224": 46764746}[size]
+    assert np.isfinite(_losses(s)).all()
+
+
+def test_model_alexnet_refuses_another_input_size(capsys):
+    assert main(["train", "--in-process", "--model", "alexnet", "--input-size", "100", *SMALL]) == 2
+    assert "error: input_size: must be 64 or 224 for alexnet; got 100 (from --input-size 100)" in \
+        capsys.readouterr().err
+
+
+def _idx_dir(path, train: int, test: int):
+    from streamnet.data import synthetic, write_idx
+    ds = synthetic(train_size=train, test_size=test, seed=1)
+    path.mkdir()
+    write_idx(path / "train-images-idx3-ubyte", ds.train.images)
+    write_idx(path / "train-labels-idx1-ubyte", ds.train.labels.astype(np.uint8))
+    write_idx(path / "t10k-images-idx3-ubyte", ds.test.images)
+    write_idx(path / "t10k-labels-idx1-ubyte", ds.test.labels.astype(np.uint8))
+    return path
+
+
+def test_data_directory_from_streamnet_data_unless_data_is_given(tmp_path, monkeypatch, capsys):
+    data = _idx_dir(tmp_path / "idx", train=96, test=32)
+    args = ["--in-process", "--dataset", "mnist", "--epochs", "1", "--workers", "1", "--batch", "16"]
+    monkeypatch.setenv("STREAMNET_DATA", str(data))
+    s = _train(tmp_path, *args, name="env.json")
+    assert s["dataset"] == "mnist" and s["samples_processed"] == 96
+    monkeypatch.setenv("STREAMNET_DATA", str(tmp_path / "nowhere"))
+    assert _train(tmp_path, *args, "--data", str(data), name="flag.json")["samples_processed"] == 96
+    capsys.readouterr()
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "nowhere") in err and "does not exist" in err
+
+
+# -- checkpoints and resume on the embedded cluster ------------------------------------
+
+def test_train_checkpoint_dir_then_resume_with_more_epochs(tmp_path, capsys):
+    """`train --checkpoint-dir` writes a checkpoint at each epoch's end; `train --resume`
+    with `--epochs` raised continues from the newest and ends where an uninterrupted
+    run of that length ends (a constant learning rate: the cosine schedule spans the
+    run, so a longer run has another)."""
+    ck = tmp_path / "ck"
+    args = [*SMALL, "--algorithm", "mixbp", "--sync-period", "2", "--outer-momentum", "0.5", "--lr-schedule",
+            "constant", "--checkpoint-dir", str(ck)]
+    first = _train(tmp_path, *args, "--epochs", "2", name="first.json")
+    assert first["sync_rounds"] == 8                  # 128 samples per unit, b = 16, H = 2: 4 rounds per epoch
+    assert [step for step, _ in list_checkpoints(str(ck), "lenet5-mixbp")] == [8, 4]
+    capsys.readouterr()
+    second = _train(tmp_path, *args, "--epochs", "3", "--resume", name="second.json")
+    assert "resumed from step 8" in capsys.readouterr().err
+    assert second["resumed_from_step"] == 8 and second["sync_rounds"] == 12
+    assert second["epoch_samples"] == {"1": 256, "2": 256, "3": 256} and second["each_sample_counted_once"] is True
+    (step, newest), *_ = list_checkpoints(str(ck), "lenet5-mixbp")
+    assert step == 12
+    reference = train_local(_config(*args, "--epochs", "3")).params
+    np.testing.assert_allclose(read_checkpoint(newest), reference, rtol=1e-5, atol=1e-6)
