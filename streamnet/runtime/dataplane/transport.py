@@ -1,16 +1,30 @@
 """Tuple streams between workers: one long-lived HTTP stream per (sender, receiver).
 
-A sender opens `GET /hello` for a one-time nonce, then `POST /stream` with
-HMAC-SHA256(secret, nonce|sender|receiver) in its headers, and keeps the request
-body open, writing frames (codec.py) as tuples come. Small tuples queued together
-go out as one frame. The receiver reads frame by frame and hands each message to
-the worker, whose bounded task queues make a slow bolt push back through TCP on
-its senders.
+Both ends prove they hold the cluster secret, and every frame is authenticated:
 
-Anything wrong - a bad MAC, a reused nonce, a malformed, oversized or
-undecodable frame - closes that one connection with a logged reason; the worker
-goes on serving every other peer. A sender whose stream breaks reconnects with
-exponential backoff; what was in flight is lost and replayed by the spouts.
+    sender                                   receiver
+    GET /hello?c=<client nonce>       ->
+                                      <-     {nonce, worker, proof = MAC("hello"|nonce|c|receiver)}
+    checks the proof: a receiver without the secret gets nothing
+    POST /stream  X-Streamnet-Auth = MAC("stream"|nonce|sender|receiver)
+                                             checks it (the nonce: issued here, fresh, unused)
+    frames:  codec frame | seq (u64) | tag   tag = HMAC-SHA256(key, seq | frame)[:16],
+                                             key = MAC("key"|nonce|sender|receiver)
+
+MAC is HMAC-SHA256 with the secret. The receiver checks each frame's sequence
+number and tag before decoding it, so a relay without the secret can neither alter,
+drop, reorder nor inject a frame (a forged ack). Small tuples queued together go out
+as one frame. The receiver hands each message to the worker, whose bounded task
+queues make a slow bolt push back through TCP on its senders.
+
+Challenges are stateless (time, random, and a MAC over both): /hello keeps no table
+that a client without the secret could grow; a nonce is remembered once a stream
+authenticated with it, until it expires, so none is used twice.
+
+Anything wrong - a bad MAC, a reused nonce, a malformed, oversized or undecodable
+frame - closes that one connection with a logged reason and counts it (`rejected`);
+the worker goes on serving every other peer. A sender whose stream breaks reconnects
+with exponential backoff; what was in flight is lost and replayed by the spouts.
 """
 from __future__ import annotations
 
@@ -19,6 +33,7 @@ import hashlib
 import hmac
 import logging
 import os
+import struct
 import time
 from typing import Awaitable, Callable
 
@@ -38,35 +53,77 @@ MAX_BATCH_ARRAY_BYTES = 1 << 20
 _CLOSE = object()
 
 
+TRAILER = struct.Struct(">Q16s")   # after each frame: sequence number, truncated HMAC-SHA256
+MAX_AUTH_FIELD = 256               # characters in a nonce, worker id or MAC header
+
+
+class PeerAuthError(ConnectionError):
+    """The peer did not prove that it holds the cluster secret."""
+
+
+def _clean(*values) -> bool:
+    return all(isinstance(v, str) and v.isascii() and len(v) <= MAX_AUTH_FIELD for v in values)
+
+
 class Auth:
+    """What the cluster secret is used for on the data plane (see the module docstring)."""
+
     def __init__(self, secret: bytes, worker_id: str):
         if not secret:
             raise ValueError("a cluster secret is required")
         self._secret, self.worker_id = secret, worker_id
-        self._nonces: dict[str, float] = {}
+        self._nonce_key = hmac.new(secret, b"streamnet challenge", hashlib.sha256).digest()
+        self._used: dict[str, float] = {}   # nonces streams authenticated with -> expiry
+
+    def _mac(self, *parts: str) -> str:
+        return hmac.new(self._secret, "|".join(parts).encode(), hashlib.sha256).hexdigest()
 
     def challenge(self) -> str:
-        now = time.monotonic()
-        if len(self._nonces) > 1024:  # forget expired challenges nobody answered
-            self._nonces = {n: t for n, t in self._nonces.items() if t > now}
-        nonce = os.urandom(16).hex()
-        self._nonces[nonce] = now + NONCE_TTL_S
-        return nonce
+        body = f"{time.monotonic_ns() // 1_000_000:x}.{os.urandom(12).hex()}"
+        return f"{body}.{hmac.new(self._nonce_key, body.encode(), hashlib.sha256).hexdigest()[:32]}"
+
+    def hello_proof(self, nonce: str, client_nonce: str, receiver: str) -> str:
+        return self._mac("hello", nonce, client_nonce, receiver)
+
+    def check_proof(self, proof, nonce: str, client_nonce: str, receiver: str) -> bool:
+        return _clean(proof, nonce) and hmac.compare_digest(
+            self.hello_proof(nonce, client_nonce, receiver).encode(), proof.encode())
 
     def sign(self, nonce: str, sender: str, receiver: str) -> str:
-        msg = f"stream|{nonce}|{sender}|{receiver}".encode()
-        return hmac.new(self._secret, msg, hashlib.sha256).hexdigest()
+        return self._mac("stream", nonce, sender, receiver)
+
+    def session_key(self, nonce: str, sender: str, receiver: str) -> bytes:
+        return hmac.new(self._secret, f"key|{nonce}|{sender}|{receiver}".encode(), hashlib.sha256).digest()
 
     def verify(self, nonce: str, sender: str, mac: str) -> str | None:
         """None if good, else the reason it is not."""
-        expiry = self._nonces.pop(nonce, None)
-        if expiry is None:
-            return "unknown or reused nonce"
-        if expiry < time.monotonic():
+        if not _clean(nonce, sender, mac):
+            return "malformed authentication headers"
+        body, _, tag = nonce.rpartition(".")
+        good = hmac.new(self._nonce_key, body.encode(), hashlib.sha256).hexdigest()[:32]
+        if not hmac.compare_digest(good.encode(), tag.encode()):
+            return "unknown nonce"
+        now = time.monotonic()
+        expiry = int(body.partition(".")[0], 16) / 1000 + NONCE_TTL_S
+        if expiry < now:
             return "expired nonce"
-        if not hmac.compare_digest(self.sign(nonce, sender, self.worker_id), mac):
+        for n, t in list(self._used.items()):      # in order of use: stop at the first still live
+            if t >= now:
+                break
+            del self._used[n]
+        if nonce in self._used:
+            return "reused nonce"
+        if not hmac.compare_digest(self.sign(nonce, sender, self.worker_id).encode(), mac.encode()):
             return "bad MAC (wrong cluster secret?)"
+        self._used[nonce] = expiry     # only streams that proved the secret add here
         return None
+
+
+def frame_tag(key: bytes, seq: int, buffers) -> bytes:
+    m = hmac.new(key, seq.to_bytes(8, "big"), hashlib.sha256)
+    for b in buffers:
+        m.update(b)
+    return m.digest()[:16]
 
 
 def _array_bytes(msg: Message) -> int:
@@ -89,7 +146,16 @@ class StreamServer:
         return [web.get(HELLO, self.hello), web.post(STREAM, self.stream)]
 
     async def hello(self, request: web.Request) -> web.Response:
-        return web.json_response({"nonce": self.auth.challenge(), "worker": self.auth.worker_id})
+        """A challenge, and with ?c=CLIENT_NONCE this worker's proof that it holds the
+        secret (the leader's liveness probe asks without one)."""
+        nonce = self.auth.challenge()
+        answer = {"nonce": nonce, "worker": self.auth.worker_id}
+        client_nonce = request.query.get("c")
+        if client_nonce is not None:
+            if not (_clean(client_nonce) and 16 <= len(client_nonce) <= 64):
+                return web.Response(status=400, text="client nonce: 16 to 64 ASCII characters")
+            answer["proof"] = self.auth.hello_proof(nonce, client_nonce, self.auth.worker_id)
+        return web.json_response(answer)
 
     def _reject(self, peer: str, reason: str, status: int = 400) -> web.Response:
         self.rejected += 1
@@ -101,10 +167,12 @@ class StreamServer:
     async def stream(self, request: web.Request) -> web.StreamResponse:
         sender = request.headers.get("X-Streamnet-From", "")
         peer = f"{sender or '?'}@{request.remote}"
-        reason = self.auth.verify(request.headers.get("X-Streamnet-Nonce", ""), sender,
-                                  request.headers.get("X-Streamnet-Auth", ""))
+        nonce = request.headers.get("X-Streamnet-Nonce", "")
+        reason = self.auth.verify(nonce, sender, request.headers.get("X-Streamnet-Auth", ""))
         if reason:
-            return self._reject(peer, reason, 403)
+            return self._reject(peer if _clean(sender) else f"?@{request.remote}", reason, 403)
+        key = self.auth.session_key(nonce, sender, self.auth.worker_id)
+        seq = 0
         content = request.content
         self.open_streams += 1
         try:
@@ -117,9 +185,15 @@ class StreamServer:
                     return web.Response(text="bye")
                 try:
                     hlen, plen = codec.parse_prefix(prefix, self.limits)
-                    body = await content.readexactly(hlen + plen)
+                    body = await content.readexactly(hlen + plen + TRAILER.size)
                     view = memoryview(body)
-                    msgs = codec.decode_body(view[:hlen], view[hlen:], self.limits)
+                    got_seq, tag = TRAILER.unpack(view[hlen + plen:])
+                    if got_seq != seq:
+                        return self._reject(peer, f"frame sequence number {got_seq}, expected {seq}")
+                    if not hmac.compare_digest(tag, frame_tag(key, seq, (prefix, view[:hlen + plen]))):
+                        return self._reject(peer, f"frame {seq}: bad MAC (altered or forged on the way)")
+                    seq += 1
+                    msgs = codec.decode_body(view[:hlen], view[hlen:hlen + plen], self.limits)
                     if not isinstance(msgs, list):
                         raise codec.CodecError("a frame must hold a list of messages")
                 except codec.CodecError as e:
@@ -215,21 +289,29 @@ class PeerLink:
             backoff = min(backoff * 2, 2.0)
 
     async def _stream_once(self) -> None:
-        async with self.session.get(self.url + HELLO) as r:
+        client_nonce = os.urandom(16).hex()
+        async with self.session.get(self.url + HELLO, params={"c": client_nonce}) as r:
             r.raise_for_status()
-            nonce = (await r.json())["nonce"]
+            hello = await r.json()
         if self.connect_failures >= CONNECT_FAILURES and self.on_unreachable:
             self.on_unreachable(self.peer, None)
         self.connect_failures = 0
+        nonce = hello.get("nonce") if isinstance(hello, dict) else None
+        if not (hello.get("worker") == self.peer and isinstance(nonce, str)
+                and self.auth.check_proof(hello.get("proof"), nonce, client_nonce, self.peer)):
+            raise PeerAuthError(f"{self.url} did not prove that it is worker {self.peer} of this cluster "
+                                "(wrong cluster secret, or not a streamnet worker); sending it nothing")
         headers = {"X-Streamnet-From": self.sender, "X-Streamnet-Nonce": nonce,
                    "X-Streamnet-Auth": self.auth.sign(nonce, self.sender, self.peer),
                    "Content-Type": "application/x-streamnet-frames"}
         self.connected = True
-        async with self.session.post(self.url + STREAM, data=self._body(), headers=headers) as resp:
+        key = self.auth.session_key(nonce, self.sender, self.peer)
+        async with self.session.post(self.url + STREAM, data=self._body(key), headers=headers) as resp:
             if resp.status != 200:
                 raise ConnectionError(f"peer refused the stream: {resp.status} {await resp.text()}")
 
-    async def _body(self):
+    async def _body(self, key: bytes):
+        seq = 0
         while True:
             first = await self.queue.get()
             if first is _CLOSE:
@@ -248,9 +330,13 @@ class PeerLink:
                 self.dropped += len(batch)
                 log.error("dropping %d message(s) to %s that cannot be encoded: %s", len(batch), self.peer, e)
                 continue
+            trailer = TRAILER.pack(seq, frame_tag(key, seq, buffers))
+            seq += 1
             for buf in buffers:
                 self.bytes_out += len(buf)
                 yield buf
+            self.bytes_out += len(trailer)
+            yield trailer
             self.frames_out += 1
             self.msgs_out += len(batch)
 
@@ -258,3 +344,136 @@ class PeerLink:
         return {"connected": self.connected, "queued": self.queue.qsize(), "frames_out": self.frames_out,
                 "messages_out": self.msgs_out, "bytes_out": self.bytes_out, "reconnects": self.reconnects,
                 "dropped": self.dropped, "last_error": self.last_error}
+
+
+# -- connections: bounded in number and time -----------------------------------------------
+HEADER_TIMEOUT_S = 10.0      # to send a request's headers, and longest idle keep-alive
+MAX_CONNECTIONS = 512        # at once, all addresses (a systemd unit's 1,024 descriptors hold them)
+MAX_PER_ADDRESS = 256
+
+
+class ConnectionGuard:
+    """Bounds the worker's HTTP connections: at most MAX_CONNECTIONS at once and
+    MAX_PER_ADDRESS from one address. A connection over a limit makes room by closing
+    the oldest one (of that address, for the per-address limit) that has not finished
+    sending its request headers, or else one idle between requests; if there is none
+    it is refused. So 1,100 half-sent requests cost at most the limits in descriptors
+    and each at most HEADER_TIMEOUT_S (aiohttp's keep-alive timer, which runs from
+    the connection's start), while a client that sends its request at once - the
+    monitoring, a peer - is served. Peers' streams are long requests, never idle."""
+
+    def __init__(self, max_connections: int = MAX_CONNECTIONS, max_per_address: int = MAX_PER_ADDRESS):
+        self.max_connections, self.max_per_address = max_connections, max_per_address
+        self.open: dict["_Guarded", None] = {}          # in order of arrival
+        self.by_address: dict[str, dict["_Guarded", None]] = {}
+        self.evicted = self.refused = 0
+
+    def wrap(self, server):
+        return _GuardedServer(server, self)
+
+    def admit(self, conn: "_Guarded") -> bool:
+        mine = self.by_address.setdefault(conn.address, {})
+        for pool, limit in ((mine, self.max_per_address), (self.open, self.max_connections)):
+            if len(pool) >= limit:
+                victim = next((c for c in pool if c.pending), None) or next((c for c in pool if c.idle()), None)
+                if victim is None:
+                    self.refused += 1
+                    log.warning("refusing a connection from %s: %d open (limit %d), none half-sent or idle",
+                                conn.address, len(pool), limit)
+                    if not mine:
+                        del self.by_address[conn.address]
+                    return False
+                self.evicted += 1
+                victim.close()
+        self.open[conn] = None
+        mine[conn] = None
+        return True
+
+    def forget(self, conn: "_Guarded") -> None:
+        self.open.pop(conn, None)
+        mine = self.by_address.get(conn.address)
+        if mine is not None:
+            mine.pop(conn, None)
+            if not mine:
+                del self.by_address[conn.address]
+
+    def status(self) -> dict:
+        return {"open": len(self.open), "evicted": self.evicted, "refused": self.refused,
+                "half_sent": sum(1 for c in self.open if c.pending)}
+
+
+class GuardedRunner(web.AppRunner):
+    """web.AppRunner whose connections pass the guard first."""
+
+    def __init__(self, app: web.Application, guard: ConnectionGuard, **kwargs):
+        super().__init__(app, **kwargs)
+        self.guard = guard
+
+    async def _make_server(self):
+        return self.guard.wrap(await super()._make_server())
+
+
+class _GuardedServer:
+    """aiohttp's Server (the protocol factory), each protocol behind the guard."""
+
+    def __init__(self, server, guard: ConnectionGuard):
+        self._server, self._guard = server, guard
+
+    def __call__(self):
+        return _Guarded(self._guard, self._server())
+
+    def __getattr__(self, name):
+        return getattr(self._server, name)
+
+
+class _Guarded(asyncio.Protocol):
+    """One connection: aiohttp's request handler, admitted by the guard, watched until
+    its first request's headers are complete (an empty line)."""
+
+    def __init__(self, guard: ConnectionGuard, inner):
+        self.guard, self.inner = guard, inner
+        self.pending, self.admitted = True, False
+        self.address, self.transport, self._tail = "?", None, b""
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.address = str(peer[0]) if peer else "?"
+        if not self.guard.admit(self):
+            transport.abort()
+            return
+        self.admitted = True
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.pending:
+            seen = self._tail + data[:65536]
+            if b"\r\n\r\n" in seen:
+                self.pending = False
+            self._tail = seen[-3:]
+        self.inner.data_received(data)
+
+    def eof_received(self):
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc) -> None:
+        if self.admitted:
+            self.guard.forget(self)
+            self.inner.connection_lost(exc)
+
+    def idle(self) -> bool:
+        # aiohttp's handler waits on _waiter between requests (its keep-alive check uses it)
+        waiter = getattr(self.inner, "_waiter", None)
+        return not self.pending and waiter is not None and not waiter.done()
+
+    def close(self) -> None:
+        """Evicted: out of the counts now (the transport reports its loss later)."""
+        self.pending = False
+        self.guard.forget(self)
+        self.transport.abort()
