@@ -1,10 +1,12 @@
 """Checkpoint and resume on the embedded cluster: a run stopped cleanly and resumed
 ends with the parameters of a run never stopped (fixed seed, no faults)."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
-from streamnet.training import AlgorithmConfig, DataConfig, ModelConfig, RunConfig
-from streamnet.training.checkpoint import CheckpointError, list_checkpoints
+from streamnet.training import AlgorithmConfig, DataConfig, ModelConfig, RunConfig, train_local
+from streamnet.training.checkpoint import CheckpointError, list_checkpoints, read_checkpoint
 from streamnet.training.cluster_run import train_on_local_cluster
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -52,10 +54,67 @@ def test_resume_refuses_a_corrupt_checkpoint_and_uses_the_previous(tmp_path, cap
     summary, _ = train_on_local_cluster(c, workers=2, checkpoint_dir=str(ckdir), name="run", resume=True)
     assert summary.extra["resumed_from_step"] == older_step < newest_step
     assert any("is corrupt" in r.getMessage() for r in caplog.records)
-    with pytest.raises(CheckpointError, match="different algorithm"):
-        train_on_local_cluster(cfg("cumulative"), workers=2, checkpoint_dir=str(ckdir), name="run", resume=True)
+    # a checkpoint of another run configuration is refused before any cluster starts
+    changed = {"algorithm": cfg("cumulative"),
+               "model": replace(c, model=ModelConfig(name="lenet5", options={"activation": "tanh"})),
+               "data": replace(c, data=replace(DATA, synthetic_train=1024)),
+               "units": replace(c, units=3, threads=3),
+               "seed": replace(c, seed=6)}
+    for field, other in changed.items():
+        with pytest.raises(CheckpointError, match=f"different {field}: "):
+            train_on_local_cluster(other, workers=2, checkpoint_dir=str(ckdir), name="run", resume=True)
 
 
 def replace_epochs(c, epochs):
-    from dataclasses import replace
     return replace(c, epochs=epochs)
+
+
+SMALL = DataConfig(dataset="synthetic", synthetic_train=256, synthetic_test=64)
+
+
+def test_resume_with_more_epochs_continues_the_run(tmp_path):
+    """`--epochs` may change on resume: a run of 2 epochs resumed with 3 ends where a run
+    of 3 never stopped ends (constant learning rate: the cosine schedule is over the
+    run's length, so a longer run has another schedule)."""
+    c = replace(cfg("mixbp", sync_period=2, outer_momentum=0.5, lr_schedule="constant"), data=SMALL, epochs=2)
+    ckdir = str(tmp_path / "ck")
+    first, _ = train_on_local_cluster(c, workers=2, checkpoint_dir=ckdir, name="run")
+    longer = replace(c, epochs=3)
+    resumed, results = train_on_local_cluster(longer, workers=2, checkpoint_dir=ckdir, name="run", resume=True)
+    assert resumed.extra["resumed_from_step"] == first.sync_rounds
+    assert resumed.sync_rounds == first.sync_rounds * 3 // 2
+    assert results["sync.0.stats"]["epoch_samples"] == {"1": 256, "2": 256, "3": 256}
+    np.testing.assert_allclose(results["sync.0.params"], train_local(longer).params, rtol=1e-5, atol=1e-6)
+
+
+def test_disk_full_at_the_checkpoint_bolt_keeps_the_previous_checkpoint_and_training_goes_on(
+        tmp_path, monkeypatch, caplog):
+    """The first checkpoint is written; every later one fails with ENOSPC (at its fsync,
+    as a full disk does): each failure is logged and counted, the first checkpoint stays
+    intact, no temporary file is left, and the run ends with the parameters it would
+    have had anyway."""
+    import errno
+    import os
+    ckdir = tmp_path / "ck"
+    real_fsync, written = os.fsync, []
+
+    def fsync(fd):
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if target.startswith(str(ckdir) + "/") and target.endswith(".tmp"):
+            if written:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            written.append(target)
+        return real_fsync(fd)
+    monkeypatch.setattr(os, "fsync", fsync)
+    c = replace(cfg("cumulative"), data=SMALL, epochs=3)
+    summary, results = train_on_local_cluster(c, workers=2, checkpoint_dir=str(ckdir), name="run")
+    monkeypatch.undo()
+    report = results["checkpoint.0.checkpoints"]
+    assert report["errors"] == 2 and report["last"]["step"] == summary.sync_rounds // 3
+    assert [p for _, p in list_checkpoints(str(ckdir), "run")] == [report["last"]["path"]]
+    assert sorted(f.name for f in ckdir.iterdir()) == [os.path.basename(report["last"]["path"])]
+    assert read_checkpoint(report["last"]["path"], report["last"]["sha256"]).size == summary.num_params
+    failures = [r.getMessage() for r in caplog.records if "checkpoint failed" in r.getMessage()]
+    assert len(failures) == 2 and all("No space left on device" in m for m in failures), failures
+    assert summary.extra["each_sample_counted_once"] is True
+    np.testing.assert_allclose(results["sync.0.params"], train_local(c).params, rtol=1e-5, atol=1e-6)
