@@ -10,7 +10,7 @@ from ..errors import ConfigError, StreamnetError
 from ..runtime.control import ClusterTimeout, TopologyGone, drain_topology, is_done, kill_topology, wait_done
 from ..runtime.topology import Topology, TopologyError, resolve
 from ..training.run_stats import CHECKPOINTS, STOPPED_AT
-from .common import add_cluster_options, allowed_modules, connect
+from .common import add_cluster_options, allowed_modules, connect, write_secret
 from .progress import ProgressLine, bar
 from .train_args import add_training_options, given_options, naming_the_flag
 
@@ -239,7 +239,18 @@ def cmd_rebalance(a) -> int:
         coord.close()
 
 
+def cmd_new_secret(a) -> int:
+    write_secret(a.file)
+    print(f"wrote a new cluster secret to {a.file} (mode 0600); give every worker and submitter a copy "
+          "with the same mode", file=sys.stderr)
+    return 0
+
+
 def add_commands(sub) -> None:
+    n = sub.add_parser("new-secret", help="write a new random cluster secret to FILE (mode 0600)")
+    n.add_argument("file", metavar="FILE")
+    n.set_defaults(func=cmd_new_secret)
+
     s = sub.add_parser("submit", help="submit a topology to a cluster")
     s.add_argument("topology", help="built-in name or module:function")
     s.add_argument("--name", help="topology name (default: the builder's)")

@@ -37,24 +37,49 @@ def allowed_modules(a: argparse.Namespace | None = None) -> tuple[str, ...]:
     return given or DEFAULT_ALLOWED_MODULES
 
 
+MIN_SECRET_BYTES = 32
+
+
 def read_secret(path: str | None) -> bytes:
+    """The cluster secret: a file of at least MIN_SECRET_BYTES, owned by this user,
+    that nobody else may read or write (mode 0600 or 0400)."""
     if not path:
         raise StreamnetError("a cluster secret is required: pass --secret-file FILE (make one with "
-                             "`head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE`)")
+                             "`streamnet-submit new-secret FILE`)")
     try:
         with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
             secret = f.read().strip()
-        mode = os.stat(path).st_mode
     except FileNotFoundError:
-        raise StreamnetError(f"secret file {path} does not exist") from None
+        raise StreamnetError(f"secret file {path} does not exist (make one with "
+                             f"`streamnet-submit new-secret {path}`)") from None
     except OSError as e:
         raise StreamnetError(f"cannot read secret file {path}: {e.strerror}") from None
-    if len(secret) < 16:
-        raise StreamnetError(f"secret file {path} holds {len(secret)} bytes; use at least 16")
-    if mode & (stat.S_IRGRP | stat.S_IROTH):
-        import logging
-        logging.getLogger("streamnet").warning("secret file %s is readable by others; chmod 600 it", path)
+    if st.st_mode & 0o077:
+        raise StreamnetError(f"secret file {path} has mode {stat.S_IMODE(st.st_mode):04o}: others may read or "
+                             f"change it; run: chmod 600 {path}")
+    if st.st_uid != os.getuid():
+        raise StreamnetError(f"secret file {path} belongs to uid {st.st_uid}, not to this user ({os.getuid()}); "
+                             f"run: chown {os.getuid()} {path}")
+    if len(secret) < MIN_SECRET_BYTES:
+        raise StreamnetError(f"secret file {path} holds {len(secret)} bytes; use at least {MIN_SECRET_BYTES} "
+                             f"(`streamnet-submit new-secret FILE` writes one)")
     return secret
+
+
+def write_secret(path: str) -> None:
+    """A new secret: 48 random bytes as base64 (64 characters), mode 0600; never
+    overwrites a file (that would lock the cluster's workers out)."""
+    import base64
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise StreamnetError(f"{path} exists; remove it first if you mean to replace the cluster secret") from None
+    except OSError as e:
+        raise StreamnetError(f"cannot create {path}: {e.strerror}") from None
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), 0o600)        # whatever the umask
+        f.write(base64.b64encode(os.urandom(48)) + b"\n")
 
 
 def connect(a: argparse.Namespace):
