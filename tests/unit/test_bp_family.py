@@ -30,12 +30,12 @@ def cosine(progress: float) -> float:
 def reference_sgd(c: RunConfig, ds):
     """Single-process SGD with momentum on the union of the units' batches, step by step.
     Which samples form a round's union is the schedule's business (tests/unit/test_schedule.py);
-    the learning rate follows the cosine formula above, step by step over the whole run."""
+    the learning rate follows the cosine formula above over the whole run, or stays put."""
     model = make_model(c, ds.num_classes)
     velocity = np.zeros_like(model.params)
     schedule = UnitSchedule(c, len(ds.train))
     a = c.algorithm
-    assert a.lr_schedule == "cosine"
+    rate = cosine if a.lr_schedule == "cosine" else (lambda progress: 1.0)
     done, total = 0, None
     for epoch in range(c.epochs):
         rounds_by_unit, rounds = schedule.epoch(epoch)
@@ -44,7 +44,7 @@ def reference_sgd(c: RunConfig, ds):
             idx = np.concatenate([rounds_by_unit[k][r][0] for k in range(c.units) if r < len(rounds_by_unit[k])])
             x, y = ds.batch(ds.train, idx)
             _, g = model.loss_and_grad(x, y)
-            K.sgd_step(model.params, g, velocity, a.lr * cosine(done / total), a.momentum, a.weight_decay, False)
+            K.sgd_step(model.params, g, velocity, a.lr * rate(done / total), a.momentum, a.weight_decay, False)
             done += 1
     return model.params
 
@@ -66,6 +66,14 @@ def test_cumulative_equals_single_process_sgd(units):
     ref = reference_sgd(c, ds)
     assert result.summary.sync_rounds == 2 * (256 // (8 * units))
     err = np.max(np.abs(result.params - ref)) / np.max(np.abs(ref))
+    assert err < 1e-5, f"relative difference {err:.2e}"
+
+
+def test_constant_schedule_equals_sgd_at_a_fixed_rate():
+    c = cfg(2, lr_schedule="constant")
+    ds = load_data(c.data, c.seed)
+    ref = reference_sgd(c, ds)
+    err = np.max(np.abs(train_local(c, ds).params - ref)) / np.max(np.abs(ref))
     assert err < 1e-5, f"relative difference {err:.2e}"
 
 
