@@ -1,11 +1,17 @@
-"""Scaling curves for NN-S on the embedded local cluster, against PyTorch DDP.
+"""Scaling curves for NN-S against PyTorch DDP, with workers as users run them.
 
 For 1 and 2 workers (more with --workers): samples/s and wall time to the target
 test accuracy (89 % by default) for cumulative BP, online BP and MixBP with
 H in {1, 4, 8, 16}; the same for PyTorch DDP over gloo (torchrun) on the same
-data, model, per-process batch and schedule; communication bytes per sample.
+data, model, per-process batch and schedule; communication bytes per sample; and,
+as the base an engine is judged by, the in-process trainer with one unit
+(`inproc/1`: the same BP arithmetic without the engine).
 
-    python perf/scaling.py [--quick] [--workers 1,2] [--modes ...] [--max-epochs 10]
+--engine processes (the default) runs each worker as its own `streamnet-worker`
+process on a real ZooKeeper, pinned to core i mod cores; --engine local runs them as
+threads of this process (LocalCluster: one interpreter lock, not how users run it).
+
+    python perf/scaling.py [--quick] [--engine processes|local] [--workers 1,2] [--modes ...]
 
 --quick trains on 12,000 samples for at most 3 epochs to 85 %: minutes, not an hour.
 Writes perf/results/scaling.json and perf/results/scaling.png.
@@ -34,12 +40,15 @@ MODES = {
 }
 
 
-def run_streamnet(mode: str, workers: int, a) -> dict:
+def _config(mode: str, workers: int, a):
     from streamnet.training import AlgorithmConfig, DataConfig, ModelConfig, RunConfig
-    from streamnet.training.cluster_run import train_on_local_cluster
-    cfg = RunConfig(model=ModelConfig(name="lenet5"), data=DataConfig(train_limit=a.train_limit),
-                    algorithm=AlgorithmConfig(**MODES[mode]), units=workers, threads=workers,
-                    epochs=a.max_epochs)
+    return RunConfig(model=ModelConfig(name="lenet5"), data=DataConfig(train_limit=a.train_limit),
+                     algorithm=AlgorithmConfig(**MODES[mode]), units=workers, threads=workers,
+                     epochs=a.max_epochs)
+
+
+def run_streamnet(mode: str, workers: int, a) -> dict:
+    cfg = _config(mode, workers, a)
     reached = {}
 
     def stop(p):
@@ -47,12 +56,40 @@ def run_streamnet(mode: str, workers: int, a) -> dict:
             reached["t"] = p["elapsed_s"]
         return "t" in reached or p["elapsed_s"] > a.budget_s
     t0 = time.time()
-    s, _ = train_on_local_cluster(cfg, workers=workers, threads=1, stop_when=stop)
+    if a.engine == "local":
+        from streamnet.training.cluster_run import train_on_local_cluster
+        s, _ = train_on_local_cluster(cfg, workers=workers, threads=1, stop_when=stop)
+    else:
+        s = _train_on_processes(cfg, workers, a, stop)
     hit = [t for t, acc in s.extra["accuracy_at_s"] if acc >= a.target]
     return {"samples_per_s": s.samples_per_s, "time_to_target_s": hit[0] if hit else None,
             "best_accuracy": max((h.test_accuracy for h in s.history), default=None),
             "epochs_run": len(s.history), "bytes_per_sample": s.extra["bytes_per_sample"],
             "sync_rounds": s.sync_rounds, "wall_s": time.time() - t0, "per_worker": s.extra["per_worker"]}
+
+
+def _train_on_processes(cfg, workers: int, a, stop):
+    """streamnet-worker processes (one compute thread each, pinned) on the script's ZooKeeper."""
+    from streamnet.testing import running_cluster
+    from streamnet.training.cluster_run import follow
+    from streamnet.training.nsmap import build_topology
+    from streamnet.training.summary_from_results import summarise
+    topo = build_topology(cfg, name=f"scaling-{int(time.time() * 1000) % 10**8}")
+    with running_cluster(a.zk_hosts, workers=workers, threads=1, session_timeout=10.0, pin_cores=True) as (c, state):
+        state.submit_topology(topo.name, topo.to_dict())
+        results, wall = follow(state, topo, cfg, stop_when=stop, poll_s=0.2)
+    return summarise(cfg, results, workers=workers, wall_s=wall)
+
+
+def run_in_process(a) -> dict:
+    """One unit, no engine: the base the engine's per-unit overhead is measured against."""
+    from streamnet.training import train_local
+    cfg = _config("mixbp-H8", 1, a)
+    s = train_local(cfg).summary
+    hit = [h for h in s.history if h.test_accuracy is not None and h.test_accuracy >= a.target]
+    return {"samples_per_s": s.samples_per_s, "time_to_target_s": None, "epochs_to_target": hit[0].epoch if hit else None,
+            "best_accuracy": max((h.test_accuracy for h in s.history if h.test_accuracy is not None), default=None),
+            "epochs_run": len(s.history), "bytes_per_sample": 0.0, "wall_s": s.wall_s}
 
 
 def run_ddp(workers: int, a) -> dict:
@@ -81,6 +118,8 @@ def main() -> int:
     p.add_argument("--target", type=float)
     p.add_argument("--train-limit", type=int)
     p.add_argument("--budget-s", type=float, default=900.0, help="give up on a run after this long")
+    p.add_argument("--engine", choices=("processes", "local"), default="processes",
+                   help="workers as streamnet-worker processes on ZooKeeper (as users run them), or as threads")
     a = p.parse_args()
     a.max_epochs = a.max_epochs or (3 if a.quick else 10)
     a.target = a.target or (0.85 if a.quick else 0.89)
@@ -90,8 +129,23 @@ def main() -> int:
     pin_blas_threads(1)
     logging.basicConfig(level=logging.WARNING)
     workers = [int(w) for w in a.workers.split(",")]
-    out = {"machine": machine(), "target_accuracy": a.target, "max_epochs": a.max_epochs,
+    out = {"machine": machine(), "engine": a.engine, "target_accuracy": a.target, "max_epochs": a.max_epochs,
            "train_limit": a.train_limit, "runs": {}}
+    zk = None
+    if a.engine == "processes":
+        from streamnet.testing import ZooKeeper
+        zk = ZooKeeper().start()
+        a.zk_hosts = zk.hosts
+    try:
+        return _measure(a, workers, out)
+    finally:
+        if zk is not None:
+            zk.stop()
+
+
+def _measure(a, workers, out) -> int:
+    r = out["runs"]["inproc/1"] = run_in_process(a)
+    print(f"{'inproc/1':<16s}  {r['samples_per_s']:8,.0f} samples/s (in-process trainer, 1 unit, no engine)")
     for mode in a.modes.split(","):
         for k in workers:
             key = f"{mode}/{k}"
@@ -111,6 +165,11 @@ def main() -> int:
         r1, r2 = out["runs"].get(f"{mode}/1"), out["runs"].get(f"{mode}/2")
         if r1 and r2 and "error" not in r1 and "error" not in r2:
             ratios[f"{mode} speed-up 2 vs 1 workers"] = r2["samples_per_s"] / r1["samples_per_s"]
+    base = out["runs"]["inproc/1"]["samples_per_s"]
+    for k in workers:
+        r = out["runs"].get(f"mixbp-H8/{k}")
+        if r and "error" not in r:
+            ratios[f"mixbp-H8 {k} worker(s) / in-process 1 unit (samples/s)"] = r["samples_per_s"] / base
     mix, ddp = out["runs"].get("mixbp-H8/2"), out["runs"].get("ddp/2")
     if mix and ddp and mix.get("time_to_target_s") and ddp.get("time_to_target_s"):
         ratios["mixbp-H8 time-to-target / ddp (2 workers)"] = mix["time_to_target_s"] / ddp["time_to_target_s"]

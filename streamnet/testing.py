@@ -119,7 +119,7 @@ class Cluster:
     """N streamnet-worker processes in a fresh cluster namespace."""
 
     def __init__(self, zk_hosts: str, workers: int = 3, threads: int = 1, secret: bytes | None = None,
-                 session_timeout: float = SESSION_TIMEOUT):
+                 session_timeout: float = SESSION_TIMEOUT, pin_cores: bool = False):
         self.zk_hosts = zk_hosts
         self.session_timeout = session_timeout
         self.name = "t" + uuid.uuid4().hex[:8]
@@ -131,6 +131,8 @@ class Cluster:
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, str] = {}
         self.threads = threads
+        #: pin worker i to core i mod cores with taskset (benchmarks: one core per worker)
+        self.pin_cores = pin_cores and shutil.which("taskset") is not None
         for i in range(workers):
             self.start_worker(f"w{i}")
 
@@ -141,7 +143,8 @@ class Cluster:
     def start_worker(self, name: str, extra: list[str] = ()) -> subprocess.Popen:
         log = os.path.join(self.tmp, f"{name}.log")
         self.logs[name] = log
-        p = subprocess.Popen([sys.executable, "-m", "streamnet.cli.worker", *self.args(), "--name", name,
+        pin = ["taskset", "-c", str(len(self.procs) % (os.cpu_count() or 1))] if self.pin_cores else []
+        p = subprocess.Popen([*pin, sys.executable, "-m", "streamnet.cli.worker", *self.args(), "--name", name,
                               "--port", "0", "--threads", str(self.threads), *extra],
                              stdout=open(log, "ab"), stderr=subprocess.STDOUT, cwd=ROOT)
         self.procs[name] = p
@@ -208,9 +211,10 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def running_cluster(zk_hosts: str, workers: int = 3, threads: int = 1, session_timeout: float = SESSION_TIMEOUT):
+def running_cluster(zk_hosts: str, workers: int = 3, threads: int = 1, session_timeout: float = SESSION_TIMEOUT,
+                    pin_cores: bool = False):
     """A registered cluster and a client ClusterState; worker logs are printed on failure."""
-    c = Cluster(zk_hosts, workers=workers, threads=threads, session_timeout=session_timeout)
+    c = Cluster(zk_hosts, workers=workers, threads=threads, session_timeout=session_timeout, pin_cores=pin_cores)
     state = None
     try:
         state = c.state()
