@@ -23,6 +23,8 @@ def cmd_train(a: argparse.Namespace) -> int:
         from ..training import train_local
         if a.checkpoint_dir or a.resume:
             raise StreamnetError("--checkpoint-dir and --resume need the engine; drop --in-process")
+        if a.ui is not None:
+            raise StreamnetError("--ui shows the engine's cluster; drop --in-process")
 
         def show(p):
             if p.test_accuracy is not None:
@@ -37,8 +39,13 @@ def cmd_train(a: argparse.Namespace) -> int:
         from ..training.cluster_run import train_on_local_cluster
         show = training_progress(line, cfg)
         signal.signal(signal.SIGTERM, signal.default_int_handler)   # SIGTERM stops cleanly, as Ctrl-C does
+        attach = None
+        if a.ui is not None:
+            from ..ui.server import for_local_cluster
+            attach = lambda cluster: for_local_cluster(cluster, a.ui_host, a.ui)  # noqa: E731
         summary, _ = train_on_local_cluster(cfg, workers=cfg.units, threads=max(1, cfg.threads // cfg.units),
-                                            progress=show, checkpoint_dir=a.checkpoint_dir, resume=a.resume or False)
+                                            progress=show, checkpoint_dir=a.checkpoint_dir, resume=a.resume or False,
+                                            attach=attach)
         for h in (h for h in summary.history if h.epoch > show.shown):  # ended between two progress polls
             line.line(f"epoch {h.epoch}/{cfg.epochs}  loss {h.train_loss:.4f}  test acc {h.test_accuracy:.2%}")
         if summary.extra["resumed_from_step"] is not None:
@@ -102,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--in-process", action="store_true",
                    help="run the units in this process without the engine (the reference trainer)")
     t.add_argument("--summary", metavar="FILE", help="write a JSON run summary")
+    t.add_argument("--ui", type=int, metavar="PORT",
+                   help="serve the web UI (cluster, topology graph, training curves) on this port while training")
+    t.add_argument("--ui-host", default="127.0.0.1", metavar="ADDRESS",
+                   help="address the --ui server listens on (default 127.0.0.1: this machine only)")
     t.set_defaults(func=cmd_train)
     e = sub.add_parser("run-example", help="run an example topology (wordcount, tensor_pipe) and check it")
     e.add_argument("name")

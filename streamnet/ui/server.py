@@ -1,0 +1,193 @@
+"""The UI's web server: a sampler that reads the cluster every `poll_s`, and an
+aiohttp app serving the static pages and the JSON they poll.
+
+Read-only: it reads the coordinator (ClusterState, as every client does) and the
+workers' /status; it writes nothing anywhere. One sampler per server, whatever
+the number of browsers: a page's poll reads the last snapshot, never the cluster.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from contextlib import contextmanager
+from importlib import resources
+
+import aiohttp
+from aiohttp import web
+
+from ..errors import StreamnetError
+from ..runtime.control.cluster_state import ClusterState
+from . import views
+
+log = logging.getLogger(__name__)
+
+STATIC = resources.files("streamnet.ui") / "static"
+
+
+class Sampler:
+    def __init__(self, state: ClusterState, poll_s: float = 1.0):
+        self.state, self.poll_s = state, poll_s
+        self.snapshot = views.Snapshot(taken=time.time(), workers={}, statuses={}, unreachable={}, topologies={})
+        self.updated = asyncio.Event()
+
+    def _read_coordinator(self) -> tuple[dict, dict]:
+        """Worker records and topologies (blocking: runs in a thread)."""
+        workers = self.state.workers()
+        topologies = {}
+        for name in self.state.topology_names():
+            try:
+                assignment, _ = self.state.assignment(name)
+                topologies[name] = {"spec": self.state.topology(name), "status": self.state.status(name),
+                                    "assignment": assignment.to_json() if assignment else None,
+                                    "results": self.state.results(name)}
+            except Exception as e:  # noqa: BLE001 - removed between the listing and the read
+                log.debug("topology %s: %s", name, e)
+        return workers, topologies
+
+    async def sample(self, session: aiohttp.ClientSession) -> None:
+        try:
+            workers, topologies = await asyncio.to_thread(self._read_coordinator)
+            error = None
+        except Exception as e:  # noqa: BLE001 - shown on the cluster page; the next pass tries again
+            workers, topologies, error = self.snapshot.workers, self.snapshot.topologies, f"{type(e).__name__}: {e}"
+
+        async def status(w, rec):
+            try:
+                async with session.get(f"http://{rec['host']}:{rec['port']}/status") as r:
+                    r.raise_for_status()
+                    return w, await r.json(), None
+            except Exception as e:  # noqa: BLE001 - an unreachable worker is shown, not fatal
+                return w, None, f"{type(e).__name__}: {e}"
+        answers = await asyncio.gather(*(status(w, rec) for w, rec in workers.items()))
+        snap = views.Snapshot(taken=time.time(), workers=workers,
+                              statuses={w: s for w, s, _ in answers if s is not None},
+                              unreachable={w: e for w, _, e in answers if e is not None},
+                              topologies=topologies, coordinator_error=error)
+        views.record_loss(snap, self.snapshot.loss_curves)
+        self.snapshot = snap
+        self.updated.set()
+
+    async def run(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=max(2.0, 2 * self.poll_s))
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                started = time.monotonic()
+                await self.sample(session)
+                await asyncio.sleep(max(0.05, self.poll_s - (time.monotonic() - started)))
+
+
+def make_app(sampler: Sampler) -> web.Application:
+    def snap() -> views.Snapshot:
+        return sampler.snapshot
+
+    async def index(_request):
+        return web.Response(text=(STATIC / "index.html").read_text(), content_type="text/html")
+
+    async def static(request):
+        name = request.match_info["name"]
+        kinds = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+        suffix = name[name.rfind("."):] if "." in name else ""
+        f = STATIC / name
+        if "/" in name or suffix not in kinds or not f.is_file():
+            raise web.HTTPNotFound()
+        return web.Response(text=f.read_text(), content_type=kinds[suffix])
+
+    async def cluster(_request):
+        return web.json_response(views.cluster_view(snap()))
+
+    async def topologies(_request):
+        s = snap()
+        return web.json_response({"topologies": [views.topology_view(s, n) for n in sorted(s.topologies)]})
+
+    async def training(_request):
+        s = snap()
+        names = [n for n, t in sorted(s.topologies.items()) if views.is_training(t)]
+        return web.json_response({"runs": [views.training_view(s, n) for n in names]})
+
+    app = web.Application()
+    app.add_routes([web.get("/", index), web.get("/static/{name}", static), web.get("/api/cluster", cluster),
+                    web.get("/api/topologies", topologies), web.get("/api/training", training)])
+
+    async def sampling(app):
+        task = asyncio.create_task(sampler.run(), name="ui-sampler")
+        yield
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+    app.cleanup_ctx.append(sampling)
+    return app
+
+
+async def serve(state: ClusterState, host: str, port: int, poll_s: float = 1.0) -> tuple[web.AppRunner, int]:
+    """Start the UI on host:port; returns the runner (await runner.cleanup() to stop) and the port."""
+    runner = web.AppRunner(make_app(Sampler(state, poll_s)), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise StreamnetError(f"cannot serve the UI on {host}:{port}: {e.strerror or e}") from None
+    return runner, site._server.sockets[0].getsockname()[1]
+
+
+class UiThread:
+    """The UI on its own thread and event loop, beside a program that blocks (train
+    --ui on an embedded cluster). A context manager: stopped and joined on exit."""
+
+    def __init__(self, state: ClusterState, host: str = "127.0.0.1", port: int = 0, poll_s: float = 1.0):
+        self.state, self.host, self.port, self.poll_s = state, host, port, poll_s
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, name="streamnet-ui", daemon=True)
+
+    def _main(self) -> None:
+        async def main():
+            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            try:
+                runner, self.port = await serve(self.state, self.host, self.port, self.poll_s)
+            except BaseException as e:  # noqa: BLE001 - reported to the starter
+                self._error = e
+                self._ready.set()
+                return
+            self._ready.set()
+            try:
+                await self._stop.wait()
+            finally:
+                await runner.cleanup()
+        asyncio.run(main())
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/"
+
+    def __enter__(self) -> "UiThread":
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error is not None:
+            self._thread.join(5)
+            raise self._error
+        log.warning("streamnet UI on %s", self.url)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+
+
+@contextmanager
+def for_local_cluster(cluster, host: str = "127.0.0.1", port: int = 0, poll_s: float = 1.0):
+    """The UI over an embedded LocalCluster, with a coordinator session of its own."""
+    coord = cluster.server.session()
+    try:
+        with UiThread(ClusterState(coord, cluster.cluster), host, port, poll_s) as ui:
+            yield ui
+    finally:
+        coord.close()

@@ -1,0 +1,143 @@
+"""Observability during a training run on the embedded cluster: /metrics parsed by
+prometheus_client, and the web UI in a real browser (Debian's headless chromium).
+
+Set STREAMNET_UI_SCREENSHOTS=docs to write the pages' screenshots (docs/ui-*.png)."""
+import os
+import shutil
+import tempfile
+import time
+import urllib.request
+from contextlib import contextmanager
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from streamnet.runtime import LocalCluster, wait_for
+from streamnet.training import DataConfig
+from streamnet.training.config import lenet5_mixbp
+from streamnet.training.nsmap import build_topology
+from streamnet.ui.server import for_local_cluster
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+TRAINING_FAMILIES = {"streamnet_training_loss", "streamnet_training_test_accuracy", "streamnet_training_epoch",
+                     "streamnet_training_samples", "streamnet_training_sync_rounds",
+                     "streamnet_training_replayed_samples", "streamnet_training_compute_seconds"}
+NSMAP_COMPONENTS = {"data", "compute", "sync", "eval", "checkpoint"}
+
+
+@contextmanager
+def training(epochs: int):
+    """NS-Map (LeNet-5, MixBP, 2 units) on synthetic data on 2 embedded workers; killed on exit
+    whether or not it ended."""
+    cfg = lenet5_mixbp(data=DataConfig(dataset="synthetic", synthetic_train=1024, synthetic_test=256),
+                       epochs=epochs, threads=2, seed=1)
+    topo = build_topology(cfg, name="ui-run")
+    with LocalCluster(workers=2, threads=1) as cluster:
+        cluster.submit(topo)
+        try:
+            yield cluster
+        finally:
+            cluster.kill(topo.name, timeout=60)
+
+
+def _families(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        assert r.headers["Content-Type"].startswith("text/plain")
+        return {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+
+
+def test_metrics_have_the_training_families_during_a_run():
+    with training(epochs=500) as cluster:
+        seen: dict = {}
+
+        def all_families():
+            for w in cluster.workers:
+                seen.update(_families(w.port))
+            return TRAINING_FAMILIES <= set(seen)
+        wait_for(all_families, 120, "every training family on the workers' /metrics", interval=0.2)
+        assert any(n.startswith("process_") for n in seen)
+        acc = seen["streamnet_training_test_accuracy"].samples[0]
+        assert acc.labels["component"] == "eval" and 0.0 <= acc.value <= 1.0
+        units = {s.labels["unit"] for s in seen["streamnet_training_compute_seconds"].samples}
+        assert units <= {"0", "1"} and seen["streamnet_training_compute_seconds"].type == "counter"
+
+
+# -- the browser ------------------------------------------------------------------------
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@contextmanager
+def chromium():
+    """Headless chromium through chromedriver, with a fresh profile; the flags keep it
+    off the network (without them it waits on lookups on a machine with none)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    profile = tempfile.mkdtemp(prefix="streamnet-chromium-")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-extensions", "--window-size=1400,1000", f"--user-data-dir={profile}"):
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = None
+    try:
+        driver = webdriver.Chrome(options=opts, service=Service(executable_path=CHROMEDRIVER))
+        driver.set_page_load_timeout(60)
+        yield driver
+    finally:
+        if driver is not None:
+            driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _js_errors(driver) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="needs Debian's chromium and chromium-driver "
+                                                            "(make test installs them)")
+def test_ui_in_a_browser_during_training():
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    shots = os.environ.get("STREAMNET_UI_SCREENSHOTS")
+
+    def until(driver, what: str, fn, timeout: float = 90):
+        return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: fn(d), message=what)
+
+    def shoot(driver, page: str):
+        if shots:
+            driver.save_screenshot(os.path.join(shots, f"ui-{page}.png"))
+
+    with training(epochs=2000) as cluster, for_local_cluster(cluster, poll_s=0.5) as ui, chromium() as driver:
+        driver.get(ui.url + "#cluster")
+        rows = until(driver, "the cluster page to list both workers",
+                     lambda d: {r.get_attribute("data-worker") for r in
+                                d.find_elements(By.CSS_SELECTOR, "#workers tbody tr")} == {"w0", "w1"} or None)
+        assert rows
+        until(driver, "a leader to be shown", lambda d: d.find_element(By.ID, "leader").text in ("w0", "w1"))
+        shoot(driver, "cluster")
+
+        driver.get(ui.url + "#topologies")
+        until(driver, "the graph to show every NS-Map component",
+              lambda d: {n.get_attribute("data-id") for n in
+                         d.find_elements(By.CSS_SELECTOR, "[data-topology='ui-run'] svg.graph g.node")}
+              == NSMAP_COMPONENTS)
+        labels = {t.text for t in driver.find_elements(By.CSS_SELECTOR, "svg.graph text.edge-label")}
+        assert {"direct", "all [params]", "global"} <= labels, labels
+        until(driver, "per-component figures", lambda d: d.find_element(
+            By.CSS_SELECTOR, "[data-component='compute'] td:nth-child(4)").text not in ("", "–", "0"))
+        shoot(driver, "topologies")
+
+        driver.get(ui.url + "#training")
+        chart = "[data-run='ui-run'] svg[data-chart='accuracy']"
+        points = lambda d: int(d.find_element(By.CSS_SELECTOR, chart).get_attribute("data-points"))  # noqa: E731
+        first = until(driver, "the accuracy curve's first point", lambda d: points(d) or None, timeout=120)
+        until(driver, "the accuracy curve to gain a point after another epoch", lambda d: points(d) > first,
+              timeout=120)
+        until(driver, "the loss curve and the per-unit bars", lambda d: int(d.find_element(
+            By.CSS_SELECTOR, "[data-run='ui-run'] svg[data-chart='loss']").get_attribute("data-points")) > 1
+            and len(d.find_elements(By.CSS_SELECTOR, "svg[data-chart='units'] rect")) >= 6)
+        shoot(driver, "training")
+        assert _js_errors(driver) == []
