@@ -34,7 +34,7 @@ demo: $(VENV)/.base
 ZK_DIR  := $(CURDIR)/.run/zookeeper-test
 ZK_PORT ?= 22181
 test: $(VENV)/.test
-	deploy/ensure-packages.sh dataset-fashion-mnist zookeeper
+	deploy/ensure-packages.sh dataset-fashion-mnist zookeeper chromium chromium-driver
 	deploy/zookeeper.sh stop --dir $(ZK_DIR) >/dev/null 2>&1 || true
 	rm -rf $(ZK_DIR)
 	deploy/zookeeper.sh start --dir $(ZK_DIR) --port $(ZK_PORT) >/dev/null

@@ -99,12 +99,17 @@ def _js_errors(driver) -> list[str]:
 @pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="needs Debian's chromium and chromium-driver "
                                                             "(make test installs them)")
 def test_ui_in_a_browser_during_training():
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
     shots = os.environ.get("STREAMNET_UI_SCREENSHOTS")
 
     def until(driver, what: str, fn, timeout: float = 90):
-        return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: fn(d), message=what)
+        """fn(driver) until truthy; the pages redraw every poll, so an element found may go
+        stale before it is read: that is a retry, not a failure."""
+        return WebDriverWait(driver, timeout, poll_frequency=0.2,
+                             ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)
+                             ).until(lambda d: fn(d), message=what)
 
     def shoot(driver, page: str):
         if shots:
@@ -124,8 +129,8 @@ def test_ui_in_a_browser_during_training():
               lambda d: {n.get_attribute("data-id") for n in
                          d.find_elements(By.CSS_SELECTOR, "[data-topology='ui-run'] svg.graph g.node")}
               == NSMAP_COMPONENTS)
-        labels = {t.text for t in driver.find_elements(By.CSS_SELECTOR, "svg.graph text.edge-label")}
-        assert {"direct", "all [params]", "global"} <= labels, labels
+        until(driver, "the groupings as edge labels", lambda d: {"direct", "all [params]", "global"} <= {
+            t.text for t in d.find_elements(By.CSS_SELECTOR, "svg.graph text.edge-label")})
         until(driver, "per-component figures", lambda d: d.find_element(
             By.CSS_SELECTOR, "[data-component='compute'] td:nth-child(4)").text not in ("", "–", "0"))
         shoot(driver, "topologies")

@@ -1,0 +1,64 @@
+"""The UI's views: a snapshot of plain data in, what the pages show out (no cluster)."""
+from streamnet.training import DataConfig
+from streamnet.training.config import lenet5_mixbp
+from streamnet.training.nsmap import build_topology
+from streamnet.ui import views
+
+
+def _spec() -> dict:
+    cfg = lenet5_mixbp(data=DataConfig(dataset="synthetic", synthetic_train=64, synthetic_test=16), epochs=1)
+    return build_topology(cfg, name="run", train_size=64).to_dict()
+
+
+def _fig(name, value, **labels):
+    return {"name": name, "value": value, "type": "counter" if name.endswith("_total") else "gauge",
+            "help": "", "labels": labels}
+
+
+def _snapshot(sync_figures) -> views.Snapshot:
+    compute = {"component": "compute", "executed": 4, "emitted": 2, "acked": 4, "failed": 0, "execute_s_total": 2.0,
+               "execute_ms_p99": 900.0,
+               "figures": [_fig("training_compute_seconds_total", 3.0, unit="0"),
+                           _fig("training_round_trip_seconds_total", 1.5, unit="0")]}
+    sync = {"component": "sync", "executed": 2, "emitted": 2, "acked": 2, "failed": 0, "execute_s_total": 0.2,
+            "execute_ms_p99": 150.0, "figures": sync_figures}
+    return views.Snapshot(
+        taken=110.0, workers={"w0": {"host": "h0", "port": 1, "started": 100.0}, "w1": {"host": "h1", "port": 2}},
+        statuses={"w0": {"threads": 2, "busy_fraction": 0.5, "leader": True,
+                         "topologies": {"run": {"tasks": {"1": compute, "3": sync}}}}},
+        unreachable={"w1": "ConnectionRefusedError"},
+        topologies={"run": {"spec": _spec(), "status": "active", "assignment": {"tasks": {"1": "w0", "3": "w0"}},
+                            "results": {"eval.0.history": [{"epoch": 2, "test_accuracy": 0.8},
+                                                           {"epoch": 1, "test_accuracy": 0.6}]}}})
+
+
+def test_the_nsmap_graph_has_every_component_in_layers_and_labelled_edges():
+    g = views.graph(_spec())
+    layers = {n["id"]: n["layer"] for n in g["nodes"]}
+    assert layers == {"data": 0, "compute": 1, "sync": 2, "eval": 3, "checkpoint": 3}
+    assert {n["id"]: n["parallelism"] for n in g["nodes"]}["compute"] == 2
+    edges = {(e["from"], e["to"], e["label"]) for e in g["edges"]}
+    assert {("data", "compute", "direct"), ("sync", "compute", "all [params]"), ("compute", "sync", "global"),
+            ("sync", "eval", "all [eval]")} <= edges
+
+
+def test_cluster_topology_and_training_views():
+    snap = _snapshot([_fig("training_loss", 0.5), _fig("training_sync_rounds_total", 7),
+                      _fig("training_barrier_wait_seconds_total", 0.5, unit="0")])
+    c = views.cluster_view(snap)
+    assert c["leader"] == "w0" and [w["id"] for w in c["workers"]] == ["w0", "w1"]
+    assert c["workers"][0]["uptime_s"] == 10.0 and c["workers"][0]["tasks"] == 2
+    assert c["workers"][1]["error"] == "ConnectionRefusedError" and c["workers"][1]["busy_ratio"] is None
+    t = views.topology_view(snap, "run")
+    assert t["components"]["compute"]["execute_avg_s"] == 0.5 and t["components"]["compute"]["execute_p99_s"] == 0.9
+    assert t["components"]["sync"]["workers"] == {"3": "w0"}
+    views.record_loss(snap, {"run": [[5, 0.9]]})
+    r = views.training_view(snap, "run")
+    assert r["accuracy"] == [[1, 0.6], [2, 0.8]] and r["loss"] == [[5, 0.9], [7, 0.5]] and r["sync_rounds"] == 7
+    assert r["per_unit"] == [{"unit": 0, "worker": "w0", "compute_s": 3.0, "communication_s": 1.0, "wait_s": 0.5}]
+
+
+def test_a_loss_curve_gains_a_point_only_for_a_new_round():
+    snap = _snapshot([_fig("training_loss", 0.5), _fig("training_sync_rounds_total", 7)])
+    views.record_loss(snap, {"run": [[7, 0.5]]})
+    assert snap.loss_curves["run"] == [[7, 0.5]]
