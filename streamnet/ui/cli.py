@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 
 from ..cli.common import add_cluster_options, connect
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     except StreamnetError as e:
         print(f"streamnet-ui: error: {e}", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, signal.default_int_handler)   # a service manager's stop: end as Ctrl-C does
     try:
         asyncio.run(_serve(state, a.host, a.port, a.poll))
     except StreamnetError as e:

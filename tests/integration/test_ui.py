@@ -2,8 +2,12 @@
 prometheus_client, and the web UI in a real browser (Debian's headless chromium).
 
 Set STREAMNET_UI_SCREENSHOTS=docs to write the pages' screenshots (docs/ui-*.png)."""
+import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -12,7 +16,9 @@ from contextlib import contextmanager
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from streamnet.examples import wordcount
 from streamnet.runtime import LocalCluster, wait_for
+from streamnet.testing import ROOT, free_port, running_cluster
 from streamnet.training import DataConfig
 from streamnet.training.config import lenet5_mixbp
 from streamnet.training.nsmap import build_topology
@@ -61,6 +67,39 @@ def test_metrics_have_the_training_families_during_a_run():
         assert acc.labels["component"] == "eval" and 0.0 <= acc.value <= 1.0
         units = {s.labels["unit"] for s in seen["streamnet_training_compute_seconds"].samples}
         assert units <= {"0", "1"} and seen["streamnet_training_compute_seconds"].type == "counter"
+
+
+def test_streamnet_ui_reads_a_zookeeper_cluster(zk):
+    """The daemon: the cluster's workers (their /status) and a topology's graph, read with the
+    cluster secret; Ctrl-C (or SIGTERM) ends it with 0."""
+    with running_cluster(zk, workers=2) as (c, state):
+        submitted = c.submit_cli("submit", "wordcount", "--set", "count=1000")
+        assert submitted.returncode == 0, submitted.stderr
+        port = free_port()
+        ui = subprocess.Popen([sys.executable, "-m", "streamnet.ui.cli", *c.args(), "--port", str(port),
+                               "--poll", "0.3"], stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            def get(path):
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                        return json.load(r)
+                except OSError:
+                    return None          # not listening yet
+            wait_for(lambda: (get("/api/cluster") or {}).get("workers") and
+                     {w["id"] for w in get("/api/cluster")["workers"] if w["busy_ratio"] is not None} ==
+                     set(state.workers()), 60, "streamnet-ui to show both workers' status", interval=0.2)
+            topo = wait_for(lambda: next(iter((get("/api/topologies") or {}).get("topologies", [])), None), 60,
+                            "streamnet-ui to show the topology", interval=0.2)
+            assert {n["id"] for n in topo["graph"]["nodes"]} == {"sentences", "split", "count"}
+        finally:
+            ui.send_signal(signal.SIGINT)
+            try:
+                out = ui.communicate(timeout=30)[1]
+            except subprocess.TimeoutExpired:
+                ui.kill()
+                out = ui.communicate()[1]
+        assert ui.returncode == 0, out
+        assert "Traceback" not in out, out
 
 
 # -- the browser ------------------------------------------------------------------------
