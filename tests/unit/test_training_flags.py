@@ -10,7 +10,7 @@ from streamnet.training.config import SETUPS, with_overrides
 FROZEN = ["--batch", "--checkpoint-dir", "--data", "--dataset", "--epochs", "--input-size", "--lr",
           "--lr-schedule", "--momentum", "--outer-momentum", "--resume", "--seed", "--sync-period",
           "--test-limit", "--threads", "--train-limit", "--workers"]
-TRAIN_ONLY = {"-h", "--help", "--model", "--algorithm", "--local", "--in-process", "--summary"}
+TRAIN_ONLY = {"-h", "--help", "--model", "--algorithm", "--local", "--in-process", "--summary", "--ui", "--ui-host"}
 SUBMIT_ONLY = {"-h", "--help", "--name", "--set", "--wait", "--summary", "--timeout", "--zk", "--cluster",
                "--secret-file", "--session-timeout"}
 
