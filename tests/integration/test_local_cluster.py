@@ -319,63 +319,51 @@ def test_the_spout_pauses_at_max_spout_pending():
 
 # -- GET /metrics --------------------------------------------------------------------
 
-def _parse_prometheus(text: str) -> tuple[dict, dict]:
-    """Prometheus text exposition -> ({name: type}, {(name, frozenset(labels)): value});
-    every sample must follow the TYPE line of its name."""
-    import re
-    types, samples = {}, {}
-    sample = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)\{((?:[a-zA-Z_]\w*="(?:[^"\\]|\\.)*",?)*)\} (\S+)$')
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            _, _, name, kind = line.split(" ")
-            assert kind in ("counter", "gauge") and name not in types, line
-            types[name] = kind
-            continue
-        m = sample.match(line)
-        assert m, f"not a sample line: {line!r}"
-        name, labels, value = m.groups()
-        assert name in types, f"sample before its TYPE line: {line!r}"
-        key = (name, frozenset(re.findall(r'([a-zA-Z_]\w*)="((?:[^"\\]|\\.)*)"', labels)))
-        assert key not in samples, f"duplicate sample {line!r}"
-        samples[key] = float(value)
-    return types, samples
-
-
-def test_metrics_are_the_status_in_prometheus_text():
+def test_metrics_are_the_running_workers_status_in_prometheus_text():
+    """GET /metrics on a live worker, read by prometheus_client's own parser: each
+    family the README lists carries the value /status shows (the run is done, so the
+    numbers stand still between the two requests)."""
+    import json
     import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
     with LocalCluster(workers=2) as c:
         topo = wordcount.topology(count=500, fail_every=7)
         c.submit(topo)
-        c.wait_done(topo.name, 60)      # then the counters stand still
+        c.wait_done(topo.name, 60)
         w = c.workers[0]
-        get = lambda path: urllib.request.urlopen(f"http://127.0.0.1:{w.port}{path}", timeout=5)
-        with get("/metrics") as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{w.port}/metrics", timeout=5) as r:
             content_type, text = r.headers["Content-Type"], r.read().decode()
-        with get("/status") as r:
-            import json
+        with urllib.request.urlopen(f"http://127.0.0.1:{w.port}/status", timeout=5) as r:
             status = json.load(r)
         c.kill(topo.name)
     assert content_type.startswith("text/plain")
-    types, samples = _parse_prometheus(text)
+    got = {(s.name, frozenset(s.labels.items())): s.value
+           for f in text_string_to_metric_families(text) for s in f.samples}
     worker = ("worker", status["worker"])
-    expected = {("streamnet_compute_threads", frozenset([worker])): status["threads"],
-                ("streamnet_rejected_connections_total", frozenset([worker])): status["transport"]["rejected"],
-                ("streamnet_frames_received_total", frozenset([worker])): status["transport"]["frames_in"],
-                ("streamnet_bytes_received_total", frozenset([worker])): status["transport"]["bytes_in"]}
-    tasks = status["topologies"][topo.name]["tasks"]
-    assert tasks, status
-    for task, m in tasks.items():
-        labels = frozenset([worker, ("topology", topo.name), ("component", m["component"]), ("task", task)])
-        for c_ in ("executed", "emitted", "acked", "failed", "timed_out", "errors"):
-            expected[(f"streamnet_task_{c_}_total", labels)] = m[c_]
-        for g in ("queue", "pending", "execute_ms_avg"):
-            if g in m:
-                expected[(f"streamnet_task_{g}", labels)] = m[g]
+    tr = status["transport"]
+    expected = {"streamnet_compute_threads": status["threads"], "streamnet_leader": int(status["leader"]),
+                "streamnet_rejected_connections_total": tr["rejected"],
+                "streamnet_frames_received_total": tr["frames_in"],
+                "streamnet_received_bytes_total": tr["bytes_in"], "streamnet_dropped_tuples_total": tr["dropped"],
+                "streamnet_open_streams": tr["open_streams"]}
+    expected = {(name, frozenset([worker])): v for name, v in expected.items()}
     for peer, link in status["links"].items():
-        expected[("streamnet_link_bytes_sent_total", frozenset([worker, ("peer", peer)]))] = link["bytes_out"]
-    busy = ("streamnet_compute_busy_fraction", frozenset([worker]))
-    assert 0 <= samples.pop(busy) <= 1          # a gauge that moves between the two requests
-    assert samples == {k: float(v) for k, v in expected.items()}
-    assert any(v > 0 for (name, _), v in samples.items() if name == "streamnet_task_executed_total")
-    assert all(kind == "counter" for name, kind in types.items() if name.endswith("_total"))
-    assert all(kind == "gauge" for name, kind in types.items() if not name.endswith("_total"))
+        expected[("streamnet_link_sent_bytes_total", frozenset([worker, ("peer", peer)]))] = link["bytes_out"]
+    tasks = status["topologies"][topo.name]["tasks"]
+    assert tasks and any(m["executed"] for m in tasks.values()), status
+    for task, m in tasks.items():
+        labels = {worker, ("topology", topo.name), ("component", m["component"]), ("task", task)}
+        for key in ("executed", "emitted", "acked", "failed", "timed_out", "errors"):
+            expected[(f"streamnet_task_{key}_total", frozenset(labels))] = m[key]
+        for key in ("queue", "pending"):
+            if key in m:
+                expected[(f"streamnet_task_{key}", frozenset(labels))] = m[key]
+                expected[(f"streamnet_task_{key}_fill_ratio", frozenset(labels))] = m[key] / m[f"{key}_max"]
+        expected[("streamnet_task_execute_seconds_count", frozenset(labels))] = m["executed"]
+        expected[("streamnet_task_execute_seconds_sum", frozenset(labels))] = m["execute_s_total"]
+        expected[("streamnet_task_execute_seconds", frozenset(labels | {("quantile", "0.99")}))] = \
+            m["execute_ms_p99"] / 1e3
+    assert {k: got.get(k) for k in expected} == {k: pytest.approx(v, rel=1e-12) for k, v in expected.items()}
+    busy = got[("streamnet_compute_busy_ratio", frozenset([worker]))]    # moves between the two requests
+    assert 0 <= busy <= 1
