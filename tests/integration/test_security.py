@@ -225,7 +225,7 @@ def test_half_open_connections_and_a_hello_flood_do_not_take_a_worker_offline(mo
                 if i % 100 == 99:
                     assert _status(target.port)["worker"] == target.id
             conns = target.guard.status()
-            assert conns["open"] <= target.guard.max_per_address and conns["evicted"] >= 1100 - 256
+            assert conns["open"] <= target.guard.max_per_address and conns["evicted"] > 0
             # a half-sent request is closed when its header time is up
             s = _half_open(target.port)
             socks.append(s)
