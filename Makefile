@@ -1,4 +1,5 @@
-# The two commands of the quick start: `make demo` and `make test`. Both do their own set-up.
+# The two commands of the quick start: `make demo` and `make test` (`make fast`, `make unit`: parts of it).
+# All do their own set-up.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -9,7 +10,7 @@ export OPENBLAS_NUM_THREADS ?= 1
 
 DEMO_ARGS ?= --model lenet5 --algorithm mixbp --workers 2 --local
 
-.PHONY: demo test unit venv perf clean
+.PHONY: demo test fast unit venv perf clean
 
 $(BIN)/python:
 	deploy/ensure-packages.sh python3-venv
@@ -43,6 +44,11 @@ test: $(VENV)/.test
 
 unit: $(VENV)/.test
 	$(BIN)/python -m pytest -ra tests/unit $(PYTEST_ARGS)
+
+# `make test` without the tests marked slow (training on the real dataset for minutes):
+# the part a developer runs between commits; CI runs `make test`
+fast: PYTEST_ARGS += -m "not slow"
+fast: test
 
 perf: $(VENV)/.test
 	$(BIN)/python perf/kernels.py

@@ -23,6 +23,7 @@ def test_lenet5_reaches_89_percent_in_one_process():
 
 
 @needs_fashion
+@pytest.mark.slow      # 81 s on two shared cores; the fast part keeps AlexNet's smoke tests on synthetic data
 def test_alexnet64_loss_falls_on_resized_fashion_mnist():
     cfg = RunConfig(model=ModelConfig(name="alexnet", options={"input_size": 64}),
                     data=DataConfig(train_limit=1024, test_limit=256),
