@@ -69,6 +69,14 @@ def test_metrics_have_the_training_families_during_a_run():
         assert units <= {"0", "1"} and seen["streamnet_training_compute_seconds"].type == "counter"
 
 
+def _get_json(port: int, path: str):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return json.load(r)
+    except OSError:
+        return None          # not listening (yet, or any more)
+
+
 def test_streamnet_ui_reads_a_zookeeper_cluster(zk):
     """The daemon: the cluster's workers (their /status) and a topology's graph, read with the
     cluster secret; Ctrl-C (or SIGTERM) ends it with 0."""
@@ -80,11 +88,7 @@ def test_streamnet_ui_reads_a_zookeeper_cluster(zk):
                                "--poll", "0.3"], stderr=subprocess.PIPE, text=True, cwd=ROOT)
         try:
             def get(path):
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-                        return json.load(r)
-                except OSError:
-                    return None          # not listening yet
+                return _get_json(port, path)
             wait_for(lambda: (get("/api/cluster") or {}).get("workers") and
                      {w["id"] for w in get("/api/cluster")["workers"] if w["busy_ratio"] is not None} ==
                      set(state.workers()), 60, "streamnet-ui to show both workers' status", interval=0.2)
@@ -100,6 +104,31 @@ def test_streamnet_ui_reads_a_zookeeper_cluster(zk):
                 out = ui.communicate()[1]
         assert ui.returncode == 0, out
         assert "Traceback" not in out, out
+
+
+def test_train_ui_serves_the_embedded_cluster_while_it_trains():
+    """`streamnet-submit train --ui PORT`: the UI is up while the run goes (its training
+    page has accuracy points), and gone with it; Ctrl-C stops the run cleanly."""
+    port = free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    p = subprocess.Popen([sys.executable, "-m", "streamnet.cli.submit", "train", "--dataset", "synthetic",
+                          "--epochs", "5000", "--workers", "2", "--ui", str(port)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    try:
+        run = wait_for(lambda: next((r for r in (_get_json(port, "/api/training") or {}).get("runs", [])
+                                     if r["accuracy"]), None), 120, "train --ui to show an evaluated epoch",
+                       interval=0.2)
+        assert run["name"] == "lenet5-mixbp" and len(run["per_unit"]) == 2
+        assert {w["id"] for w in _get_json(port, "/api/cluster")["workers"]} == {"w0", "w1"}
+    finally:
+        p.send_signal(signal.SIGINT)
+        try:
+            out, err = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+    assert "Traceback" not in err, err
+    assert _get_json(port, "/api/cluster") is None      # the UI went with the run
 
 
 # -- the browser ------------------------------------------------------------------------
