@@ -3,19 +3,18 @@ may decode to and refuses a payload larger than its arrays; the training bolts
 refuse a vector of the wrong shape or dtype before any kernel sees it."""
 import asyncio
 import logging
-import struct
-from types import SimpleNamespace
 
 import msgpack
 import numpy as np
 import pytest
 
 from streamnet.runtime import codec
-from streamnet.runtime.component import Tuple
-from streamnet.training.bp import Aggregator, Plan, SGD
+from streamnet.runtime.component import BoltCollector, Context, Tuple
+from streamnet.training import AlgorithmConfig, DataConfig, ModelConfig, RunConfig
 from streamnet.training.compute_bolt import ComputeBolt
+from streamnet.training.config import run_config_to_dict
+from streamnet.training.streams import CONTRIBUTION, OK, PARAMS, REPLICA, row
 from streamnet.training.sync_bolt import SyncBolt
-from streamnet.training.sync_recovery import Adoption
 
 
 # -- codec -------------------------------------------------------------------------------
@@ -50,12 +49,23 @@ def test_a_payload_larger_than_its_arrays_is_refused():
 
 
 # -- sync bolt ---------------------------------------------------------------------------
-class Collector:
+# The bolts as the engine builds them: Component(**config), prepare(ctx, collector).
+CFG = RunConfig(model=ModelConfig(name="lenet5"), data=DataConfig(dataset="synthetic", synthetic_train=64,
+                                                                   synthetic_test=16),
+                algorithm=AlgorithmConfig(name="cumulative", batch=4, sync_period=1), units=2, epochs=1, seed=3)
+P = 61706         # LeNet-5's parameters (tests/unit/test_models.py)
+TASKS = {"compute": range(1, 3), "sync": range(3, 4)}
+
+
+class Recorder:
+    """Stands where a bolt's executor stands behind the real BoltCollector."""
+
     def __init__(self):
         self.emitted, self.acked, self.failed = [], [], []
 
-    def emit(self, values, stream="default", **kw):
+    def emit(self, values, stream, anchors, direct_task):
         self.emitted.append((stream, values))
+        return []
 
     def ack(self, tup):
         self.acked.append(tup)
@@ -64,41 +74,41 @@ class Collector:
         self.failed.append(tup)
 
 
-def _sync(size=16, units=2):
-    from streamnet.training.sync_state import SyncState
-    bolt = SyncBolt.__new__(SyncBolt)           # no dataset or model: the receiving half only
-    bolt.agg = Aggregator(np.zeros(size, np.float32), Plan(inner=None, outer=SGD(0.1, 0.0, 0.0), scale_outer=True))
-    bolt.compute_tasks = list(range(1, units + 1))
-    bolt.counts = SyncState(units=units)
-    bolt.pending, bolt.arrived = {}, {}
-    bolt.bytes_in = 0
-    bolt.collector = Collector()
-    bolt.prepare_recovery()
-    combined = []
-
-    async def maybe_combine(key):
-        combined.append(key)
-    bolt._maybe_combine = maybe_combine
-    return bolt, combined
+async def _compute(fn, *args):
+    return fn(*args)
 
 
-def _contribution(unit, vector, status="ok"):
-    return {"unit": unit, "epoch": 0, "round": 0, "step": 0, "status": status, "vector": vector}
+def _prepared(cls, component: str, task_index: int):
+    bolt = cls(run=run_config_to_dict(CFG))
+    out = Recorder()
+    ctx = Context(topology="t", component=component, task=TASKS[component][task_index], task_index=task_index,
+                  parallelism=len(TASKS[component]), worker="w0", config={}, component_config=bolt.config,
+                  component_tasks=TASKS.__getitem__, compute=_compute, publish=lambda k, v: None,
+                  save_state=lambda v: None)
+    bolt.prepare(ctx, BoltCollector(out))
+    return bolt, out
+
+
+def _contribution(unit, vector, step=0, status=OK) -> Tuple:
+    values = row(CONTRIBUTION, unit=unit, epoch=0, round=step, step=step, lr_scale=1.0, samples=4, steps=1,
+                 loss_sum=1.0, vector=vector, status=status, checkpoint=False, unit_state=None)
+    return Tuple(values, list(CONTRIBUTION), "default", "compute", 1, {})
 
 
 @pytest.mark.parametrize("vector, why", [
-    (np.zeros(4 << 20, np.float32), r"shape \(4194304,\), not \(16,\)"),     # the SIGSEGV of the review
-    (np.zeros(16, np.float64), "dtype float64, not float32"),
-    (np.zeros((4, 4), np.float32), r"shape \(4, 4\), not \(16,\)"),
+    (np.zeros(4 << 20, np.float32), rf"shape \(4194304,\), not \({P},\)"),     # the SIGSEGV of the review
+    (np.zeros(P, np.float64), "dtype float64, not float32"),
+    (np.zeros((4, 4), np.float32), rf"shape \(4, 4\), not \({P},\)"),
     ([0.0] * 16, "a list, not an array"),
 ])
 def test_a_contribution_of_the_wrong_shape_or_dtype_is_refused_naming_its_unit(caplog, vector, why):
-    bolt, combined = _sync()
+    bolt, out = _prepared(SyncBolt, "sync", 0)
+    assert bolt.agg.params.size == P
     tup = _contribution(1, vector)
     with caplog.at_level(logging.WARNING, "streamnet.training.sync_bolt"):
-        asyncio.run(bolt._contribution(tup))
-    assert bolt.collector.failed == [tup]              # replayed by the spout: nothing lost
-    assert bolt.pending == {} and combined == []       # never reaches the aggregator's kernels
+        asyncio.run(bolt.execute(tup))
+    assert out.failed == [tup]                         # replayed by the spout: nothing lost
+    assert bolt.pending == {}                          # never reaches the aggregator's kernels
     assert bolt.agg.refused and bolt.agg.refused[0][0] == 1
     assert any("refuses the contribution of unit 1 to step 0" in r.getMessage() for r in caplog.records)
     import re
@@ -106,34 +116,35 @@ def test_a_contribution_of_the_wrong_shape_or_dtype_is_refused_naming_its_unit(c
 
 
 def test_a_contribution_for_an_unknown_unit_is_refused_and_a_good_one_goes_on():
-    bolt, combined = _sync()
-    asyncio.run(bolt._contribution(_contribution(7, np.zeros(16, np.float32))))
-    assert len(bolt.collector.failed) == 1 and combined == []
-    good = _contribution(1, np.ones(16, np.float32))
-    asyncio.run(bolt._contribution(good))
-    assert bolt.pending == {(0, 0): {1: good}} and combined == [(0, 0)] and len(bolt.collector.failed) == 1
+    bolt, out = _prepared(SyncBolt, "sync", 0)
+    asyncio.run(bolt.execute(_contribution(7, np.zeros(P, np.float32))))
+    assert len(out.failed) == 1 and bolt.pending == {}
+    good = _contribution(1, np.ones(P, np.float32))
+    asyncio.run(bolt.execute(good))
+    assert bolt.pending == {(0, 0): {1: good}} and len(out.failed) == 1   # waiting for unit 0's
 
 
 def test_a_replica_of_the_wrong_shape_is_not_adopted(caplog):
-    bolt, _ = _sync()
-    bolt.adoption = Adoption(since=0.0)
+    bolt, out = _prepared(SyncBolt, "sync", 0)
+    # work past step 0 reaching a sync task with no state: it replaced one that died, and asks the replicas
+    asyncio.run(bolt.execute(_contribution(0, np.zeros(P, np.float32), step=3)))
+    assert bolt.adoption is not None and out.emitted[-1][0] == "state_request"
     with caplog.at_level(logging.WARNING):
-        asyncio.run(bolt._replica({"task": 1, "step": 3, "params": np.zeros(99, np.float32)}))
-        asyncio.run(bolt._replica({"task": 2, "step": 3, "params": np.full(16, np.inf, np.float32)}))
+        for task, params in ((1, np.zeros(99, np.float32)), (2, np.full(P, np.inf, np.float32))):
+            replica = Tuple(row(REPLICA, task=task, step=3, params=params), list(REPLICA), "replica", "compute",
+                            task, {})
+            asyncio.run(bolt.execute(replica))
     assert bolt.adoption.replies == {}
     assert "replica of task 1" in caplog.text and "non-finite values" in caplog.text
 
 
 # -- compute bolt ------------------------------------------------------------------------
 def test_parameters_of_the_wrong_shape_are_refused_by_a_compute_unit(caplog):
-    received = []
-    bolt = ComputeBolt.__new__(ComputeBolt)
-    bolt.ctx = SimpleNamespace(task=7, task_index=1)
-    bolt.collector = Collector()
-    bolt.unit = SimpleNamespace(model=SimpleNamespace(num_params=16), receive=received.append)
-    bolt.params_step, bolt.stash, bolt._sent_at = 0, [], None
-    tup = Tuple([1, np.zeros(1 << 20, np.float32)], ["step", "params"], "params", "sync", 0, {})
+    bolt, out = _prepared(ComputeBolt, "compute", 1)
+    before = bolt.unit.model.params.copy()
+    tup = Tuple(row(PARAMS, step=1, params=np.zeros(1 << 20, np.float32)), list(PARAMS), "params", "sync", 3, {})
     with caplog.at_level(logging.WARNING):
         asyncio.run(bolt.execute(tup))
-    assert received == [] and bolt.params_step == 0 and bolt.collector.failed == [tup]
+    np.testing.assert_array_equal(bolt.unit.model.params, before)
+    assert bolt.params_step == 0 and out.failed == [tup]
     assert "unit 1 refuses parameters for step 1 from sync" in caplog.text
