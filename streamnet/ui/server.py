@@ -103,7 +103,7 @@ def make_app(sampler: Sampler) -> web.Application:
 
     async def training(_request):
         s = snap()
-        names = [n for n, t in sorted(s.topologies.items()) if views.is_training(t)]
+        names = [n for n in sorted(s.topologies) if views.is_training(s, n)]
         return web.json_response({"runs": [views.training_view(s, n) for n in names]})
 
     app = web.Application()

@@ -104,8 +104,11 @@ def topology_view(snap: Snapshot, name: str) -> dict:
             "workers": sorted(snap.workers)}
 
 
-def is_training(t: dict) -> bool:
-    return PROGRESS in t.get("results", {}) or any(c["id"] == "sync" for c in t["spec"].get("components", []))
+def is_training(snap: Snapshot, name: str) -> bool:
+    """A topology whose tasks report training figures, or that published training progress."""
+    results = snap.topologies[name].get("results", {})
+    return PROGRESS in results or EVAL_HISTORY in results or any(
+        key[0].startswith("training_") for _w, _t, m in _tasks(snap, name) for key in figures(m))
 
 
 def training_view(snap: Snapshot, name: str) -> dict:

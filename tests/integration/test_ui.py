@@ -95,6 +95,7 @@ def test_streamnet_ui_reads_a_zookeeper_cluster(zk):
             topo = wait_for(lambda: next(iter((get("/api/topologies") or {}).get("topologies", [])), None), 60,
                             "streamnet-ui to show the topology", interval=0.2)
             assert {n["id"] for n in topo["graph"]["nodes"]} == {"sentences", "split", "count"}
+            assert get("/api/training") == {"runs": []}          # word count is no training run
         finally:
             ui.send_signal(signal.SIGINT)
             try:

@@ -52,6 +52,7 @@ def test_cluster_topology_and_training_views():
     t = views.topology_view(snap, "run")
     assert t["components"]["compute"]["execute_avg_s"] == 0.5 and t["components"]["compute"]["execute_p99_s"] == 0.9
     assert t["components"]["sync"]["workers"] == {"3": "w0"}
+    assert views.is_training(snap, "run")
     views.record_loss(snap, {"run": [[5, 0.9]]})
     r = views.training_view(snap, "run")
     assert r["accuracy"] == [[1, 0.6], [2, 0.8]] and r["loss"] == [[5, 0.9], [7, 0.5]] and r["sync_rounds"] == 7
