@@ -66,6 +66,8 @@ class Sampler:
                               unreachable={w: e for w, _, e in answers if e is not None},
                               topologies=topologies, coordinator_error=error)
         views.record_loss(snap, self.snapshot.loss_curves)
+        self.snapshot.before = None          # keep one pass back, not a chain
+        snap.before = self.snapshot
         self.snapshot = snap
         self.updated.set()
 

@@ -22,6 +22,7 @@ class Snapshot:
     topologies: dict[str, dict]                    # name -> {"spec", "status", "assignment", "results"}
     coordinator_error: str | None = None
     loss_curves: dict[str, list] = field(default_factory=dict)   # name -> [[round, loss], ...]
+    before: "Snapshot | None" = None               # the pass before, for rates (capacity)
 
 
 def _tasks(snap: Snapshot, name: str):
@@ -81,13 +82,27 @@ def graph(spec: dict) -> dict:
     return {"nodes": nodes, "edges": edges}
 
 
+def _capacity(snap: Snapshot, name: str) -> dict[int, float]:
+    """Storm's capacity per task: the fraction of the last interval it spent executing
+    (the rate of streamnet_task_execute_seconds_sum). Absent for a task new since then."""
+    b = snap.before
+    if b is None or snap.taken <= b.taken:
+        return {}
+    then = {(w, task): m.get("execute_s_total", 0.0) for w, task, m in _tasks(b, name)}
+    return {task: max(0.0, m.get("execute_s_total", 0.0) - then[(w, task)]) / (snap.taken - b.taken)
+            for w, task, m in _tasks(snap, name) if (w, task) in then}
+
+
 def topology_view(snap: Snapshot, name: str) -> dict:
     t = snap.topologies[name]
     spec, assignment = t["spec"], t.get("assignment") or {}
     per = defaultdict(lambda: {"tasks": 0, "executed": 0, "emitted": 0, "acked": 0, "failed": 0,
-                               "execute_s": 0.0, "execute_p99_s": 0.0, "workers": {}})
+                               "execute_s": 0.0, "execute_p99_s": 0.0, "workers": {}, "capacity": None})
+    capacity = _capacity(snap, name)
     for w, task, m in _tasks(snap, name):
         c = per[m["component"]]
+        if task in capacity:         # a component is as busy as its busiest task
+            c["capacity"] = max(c["capacity"] or 0.0, capacity[task])
         c["tasks"] += 1
         for k in ("executed", "emitted", "acked", "failed"):
             c[k] += m.get(k, 0)
@@ -97,7 +112,7 @@ def topology_view(snap: Snapshot, name: str) -> dict:
     components = {}
     for cid, c in per.items():
         components[cid] = {**{k: c[k] for k in ("tasks", "executed", "emitted", "acked", "failed", "execute_p99_s",
-                                                "workers")},
+                                                "workers", "capacity")},
                            "execute_avg_s": c["execute_s"] / c["executed"] if c["executed"] else 0.0}
     return {"name": name, "status": t.get("status"), "graph": graph(spec), "components": components,
             "task_workers": {str(k): v for k, v in assignment.get("tasks", {}).items()},

@@ -49,7 +49,13 @@ def test_cluster_topology_and_training_views():
     assert c["leader"] == "w0" and [w["id"] for w in c["workers"]] == ["w0", "w1"]
     assert c["workers"][0]["uptime_s"] == 10.0 and c["workers"][0]["tasks"] == 2
     assert c["workers"][1]["error"] == "ConnectionRefusedError" and c["workers"][1]["busy_ratio"] is None
+    before = _snapshot([])
+    before.taken = 108.0
+    before.statuses["w0"]["topologies"]["run"]["tasks"]["1"]["execute_s_total"] = 1.0
+    snap.before = before
     t = views.topology_view(snap, "run")
+    assert t["components"]["compute"]["capacity"] == 0.5          # 1 s of execute in 2 s
+
     assert t["components"]["compute"]["execute_avg_s"] == 0.5 and t["components"]["compute"]["execute_p99_s"] == 0.9
     assert t["components"]["sync"]["workers"] == {"3": "w0"}
     assert views.is_training(snap, "run")

@@ -87,14 +87,14 @@ function renderTopologies(d) {
       const c = t.components[n.id] || {};
       return `<tr data-component="${esc(n.id)}"><td>${esc(n.id)}</td><td>${esc(n.kind)}</td>
         <td>${num(n.parallelism)}</td><td>${num(c.executed)}</td><td>${num(c.emitted)}</td><td>${num(c.acked)}</td>
-        <td>${num(c.failed)}</td><td>${secs(c.execute_avg_s)}</td><td>${secs(c.execute_p99_s)}</td>
+        <td>${num(c.failed)}</td><td>${secs(c.execute_avg_s)}</td><td>${secs(c.execute_p99_s)}</td><td>${pct(c.capacity)}</td>
         <td>${esc(Object.entries(c.workers || {}).map(([task, w]) => `${task}@${w}`).join(" "))}</td></tr>`;
     }).join("");
     return `<div class="card" data-topology="${esc(t.name)}">
       <h2>${esc(t.name)} <span class="badge">${esc(t.status)}</span></h2>
       ${graphSvg(t)}
       <table><thead><tr><th>component</th><th>kind</th><th>parallelism</th><th>executed</th><th>emitted</th>
-        <th>acked</th><th>failed</th><th>execute (avg)</th><th>execute (p99)</th><th>tasks@worker</th></tr></thead>
+        <th>acked</th><th>failed</th><th>execute (avg)</th><th>execute (p99)</th><th title="fraction of the last poll interval its busiest task spent executing (Storm's capacity)">capacity</th><th>tasks@worker</th></tr></thead>
         <tbody>${rows}</tbody></table></div>`;
   }).join("");
 }
