@@ -1,5 +1,6 @@
-"""Observability during a training run on the embedded cluster: /metrics parsed by
-prometheus_client, and the web UI in a real browser (Debian's headless chromium).
+"""Observability: /metrics parsed by prometheus_client during a training run; the web UI
+as a daemon on ZooKeeper, embedded in `train --ui`, and in a real browser (Debian's
+headless chromium) during a training run on the embedded cluster.
 
 Set STREAMNET_UI_SCREENSHOTS=docs to write the pages' screenshots (docs/ui-*.png)."""
 import json
@@ -9,14 +10,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from contextlib import contextmanager
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from streamnet.examples import wordcount
 from streamnet.runtime import LocalCluster, wait_for
 from streamnet.testing import ROOT, free_port, running_cluster
 from streamnet.training import DataConfig
