@@ -9,6 +9,7 @@ import sys
 
 from ..cli.common import add_cluster_options, connect
 from ..errors import StreamnetError
+from ..runtime.control.coordinator import ConnectionLostError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         coord, state, _secret = connect(a)
+    except ConnectionLostError as e:     # the ensemble is away or has no quorum: not a usage error
+        print(f"streamnet-ui: error: {e}", file=sys.stderr)
+        return 1
     except StreamnetError as e:
         print(f"streamnet-ui: error: {e}", file=sys.stderr)
         return 2
