@@ -14,6 +14,8 @@ import re
 from typing import Any, Awaitable, Callable, NamedTuple
 
 _FIGURE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+#: labels /metrics puts on every task's family itself
+_TASK_LABELS = frozenset({"worker", "topology", "component", "task", "quantile"})
 
 
 class Figure(NamedTuple):
@@ -168,6 +170,8 @@ class Context:
         number changes; the last value is what is read."""
         if not _FIGURE_NAME.fullmatch(name) or counter != name.endswith("_total"):
             raise ValueError(f"figure name {name!r}: use [a-z_][a-z0-9_]*, ending in _total exactly for a counter")
+        if _TASK_LABELS & set(labels):
+            raise ValueError(f"figure {name!r}: labels {sorted(_TASK_LABELS & set(labels))} are set by the engine")
         key = (name, tuple(sorted(labels.items())))
         self.figures[key] = Figure(name, float(value), "counter" if counter else "gauge", help, dict(labels))
 

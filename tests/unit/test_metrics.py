@@ -59,3 +59,9 @@ def test_a_figure_keeps_its_last_value_per_labels_and_names_are_checked():
         except ValueError:
             continue
         raise AssertionError(f"{bad!r} accepted")
+    try:
+        ctx.figure("training_loss", 1, help="x", task="7")
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a label the engine sets was accepted")
