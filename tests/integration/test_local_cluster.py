@@ -172,12 +172,12 @@ def test_bad_input_closes_one_connection_with_a_logged_reason_and_the_worker_kee
 def test_a_fenced_bolt_restarted_in_place_replays_what_it_held_at_once(caplog):
     """Another instance of count.0 writes its state (as a stale twin would): this one is
     fenced at its next save; the assignment still places the task here, so it starts
-    again. The words it held unacked are failed and replayed at once - the run ends
-    well inside the message timeout - and the counts stay exact."""
+    again. The words it held unacked are failed and replayed at once - no tree waits
+    for the message timeout - and the counts stay exact."""
     caplog.set_level("INFO")
     n = 3000
     with LocalCluster(workers=2) as c:
-        topo = wordcount.topology(count=n, delay_s=0.001, message_timeout_s=120)
+        topo = wordcount.topology(count=n, delay_s=0.001, message_timeout_s=60)
         c.submit(topo)
         key = "count.0"
         path = c.state.path("topologies", topo.name, "state", key)
@@ -185,8 +185,11 @@ def test_a_fenced_bolt_restarted_in_place_replays_what_it_held_at_once(caplog):
                  interval=0.01)
         data, version = c.state.coord.get(path)
         c.state.coord.set(path, data, version)
-        c.wait_done(topo.name, 60)   # half the message timeout: no tree may wait for it
+        # long enough for a timed-out tree to be replayed too, so that the counter below decides
+        c.wait_done(topo.name, 180)
+        spout = _task(c.worker_status(), topo.name, "sentences")
         results = c.kill(topo.name)
+    assert spout["failed"] > 0 and spout["timed_out"] == 0, spout    # failed back at once, none timed out
     assert "count.0 of wordcount was taken over by another instance" in caplog.text
     assert "was fenced but the assignment places it here; starting it again" in caplog.text
     assert wordcount.merge_counts(results) == wordcount.expected_counts(n, 0)
