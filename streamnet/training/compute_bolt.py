@@ -17,6 +17,18 @@ from .sync_recovery import vector_problem
 log = logging.getLogger(__name__)
 
 
+def batches_problem(batches, train_size: int) -> str | None:
+    """Why a work tuple's batches are not lists of sample indices of the training set, or None."""
+    if not isinstance(batches, list):
+        return f"batches are a {type(batches).__name__}, not a list"
+    for i, b in enumerate(batches):
+        if not (isinstance(b, np.ndarray) and b.ndim == 1 and b.dtype.kind in "iu"):
+            return f"batch {i} is not a 1-D integer array"
+        if b.size and (int(b.min()) < 0 or int(b.max()) >= train_size):
+            return f"batch {i} indexes outside the {train_size} training samples"
+    return None
+
+
 class ComputeBolt(Bolt):
     """One model replica: runs a unit's round on the worker's compute threads.
 
@@ -64,6 +76,11 @@ class ComputeBolt(Bolt):
             self.collector.emit(row(CONTRIBUTION, **work, samples=0, steps=0, loss_sum=0.0,
                                     vector=np.zeros(0, np.float32), status=APPLIED, unit_state=None), anchors=tup)
         else:
+            problem = batches_problem(tup["batches"], len(self.ds.train))
+            if problem:
+                log.warning("unit %d refuses its work for step %s: %s", self.ctx.task_index, step, problem)
+                self.collector.fail(tup)
+                return
             c, seconds = await self.ctx.compute(self._round, tup["batches"], tup["lr_scale"])
             self.compute_s += seconds
             self.samples += c.samples

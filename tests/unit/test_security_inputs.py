@@ -148,3 +148,22 @@ def test_parameters_of_the_wrong_shape_are_refused_by_a_compute_unit(caplog):
     np.testing.assert_array_equal(bolt.unit.model.params, before)
     assert bolt.params_step == 0 and out.failed == [tup]
     assert "unit 1 refuses parameters for step 1 from sync" in caplog.text
+
+
+@pytest.mark.parametrize("batches, why", [
+    ([np.array([0, 5, 64])], "batch 0 indexes outside the 64 training samples"),
+    ([np.array([1, 2]), np.array([-1])], "batch 1 indexes outside"),
+    ([np.array([1.0, 2.0])], "batch 0 is not a 1-D integer array"),
+    ("0,1,2", "batches are a str, not a list"),
+])
+def test_work_with_batches_outside_the_training_set_is_refused(caplog, batches, why):
+    from streamnet.training.streams import WORK
+    bolt, out = _prepared(ComputeBolt, "compute", 1)
+    before = bolt.unit.model.params.copy()
+    work = Tuple(row(WORK, unit=1, epoch=0, round=0, step=0, lr_scale=1.0, batches=batches, checkpoint=False),
+                 list(WORK), "default", "data", 0, {})
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(bolt.execute(work))
+    np.testing.assert_array_equal(bolt.unit.model.params, before)       # no step was taken
+    assert out.failed == [work] and out.emitted == []
+    assert "unit 1 refuses its work for step 0: " + why in caplog.text
