@@ -27,7 +27,8 @@ def _netns_usable() -> bool:
     return probe.returncode == 0
 
 
-pytestmark = [pytest.mark.skipif(not zookeeper_installed(), reason="needs Debian's zookeeper package"),
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not zookeeper_installed(), reason="needs Debian's zookeeper package"),
               pytest.mark.skipif(not os.path.isdir(FASHION), reason="needs dataset-fashion-mnist"),
               pytest.mark.skipif(not _netns_usable(), reason="needs root and network namespaces")]
 

@@ -13,7 +13,9 @@ from streamnet.training.summary_from_results import summarise
 from streamnet.testing import ZooKeeper, cluster_in_mode, finish, placement, running_cluster, zookeeper_installed
 
 FASHION = "/usr/share/datasets/fashion-mnist"
-pytestmark = [pytest.mark.skipif(not zookeeper_installed(), reason="needs Debian's zookeeper package"),
+# each trains LeNet-5 on 12,000 samples x 3 epochs through a fault: minutes in all
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not zookeeper_installed(), reason="needs Debian's zookeeper package"),
               pytest.mark.skipif(not os.path.isdir(FASHION), reason="needs dataset-fashion-mnist")]
 
 

@@ -179,6 +179,7 @@ def test_zookeeper_restart_mid_run():
         server.stop()
 
 
+@pytest.mark.slow
 def test_cluster_trains_lenet5_to_completion(cluster, tmp_path):
     c, _ = cluster
     summary = tmp_path / "train.json"

@@ -12,6 +12,14 @@ rng = np.random.default_rng(1234)
 EPS = 1e-6
 
 
+@pytest.fixture(autouse=True)
+def _fresh_rng():
+    """Every test (and the helpers it calls) draws from a generator seeded afresh, so
+    its data do not depend on which tests ran before it."""
+    global rng
+    rng = np.random.default_rng(1234)
+
+
 def directional_fd(f, x, v):
     return (f(x + EPS * v) - f(x - EPS * v)) / (2 * EPS)
 
