@@ -10,34 +10,25 @@ from ..errors import ConfigError, StreamnetError
 from ..runtime.control import ClusterTimeout, TopologyGone, drain_topology, is_done, kill_topology, wait_done
 from ..runtime.topology import Topology, TopologyError, resolve
 from ..training.run_stats import CHECKPOINTS, STOPPED_AT
-from .common import add_cluster_options, allowed_modules, connect, write_secret
+from .common import add_cluster_options, allowed_modules, check_writable, connect, parse_set, write_secret
 from .progress import ProgressLine, bar
-from .train_args import add_training_options, given_options, naming_the_flag
-
-
-def _options(items: list[str]) -> dict:
-    out = {}
-    for kv in items:
-        if "=" not in kv:
-            raise StreamnetError(f"--set takes KEY=VALUE; got {kv!r}")
-        k, v = kv.split("=", 1)
-        try:
-            out[k] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k] = v
-    return out
+from .train_args import add_training_options, check_paths, given_options, naming_the_flag
 
 
 def build_topology(what: str, options: dict):
     """A topology by built-in name or "module:function"; returns (topology, checker or None)."""
     from ..examples.registry import EXAMPLES
-    if what in EXAMPLES:
-        return EXAMPLES[what](**options)
     from ..training.nsmap import BUILDERS as builders
+    if what in EXAMPLES:
+        _check_options(what, options)
+        return EXAMPLES[what](**options)
     if what in builders:
         return builders[what](**options)
     if ":" in what:
-        topo = resolve(what)(**options)
+        try:
+            topo = resolve(what)(**options)
+        except TypeError as e:
+            raise StreamnetError(f"{what}: {e}") from None
         if not isinstance(topo, Topology):
             raise StreamnetError(f"{what} returned {type(topo).__name__}, not a Topology")
         return topo, None
@@ -45,16 +36,43 @@ def build_topology(what: str, options: dict):
                          "or give module:function")
 
 
+def _check_options(example: str, options: dict) -> None:
+    """An example's --set options against its builder's signature: a name it does not
+    take, or a value of the wrong type, is one line listing what it does take."""
+    import importlib
+    import inspect
+
+    from ..runtime.topology import DEFAULT_CONFIG
+    params = {k: p.default for k, p in
+              inspect.signature(importlib.import_module(f"streamnet.examples.{example}").topology).parameters.items()
+              if p.kind is p.POSITIONAL_OR_KEYWORD}
+    known = sorted(params) + sorted(DEFAULT_CONFIG)
+    for k, v in options.items():
+        want = params.get(k, DEFAULT_CONFIG.get(k))
+        if k not in params and k not in DEFAULT_CONFIG:
+            raise StreamnetError(f"{example} has no option {k!r} (--set {k}=...); options: {', '.join(known)}")
+        if isinstance(want, bool) and not isinstance(v, bool):
+            raise StreamnetError(f"--set {k} takes true or false; got {v!r}")
+        if isinstance(want, int) and not isinstance(want, bool) and (isinstance(v, bool) or not isinstance(v, int)):
+            raise StreamnetError(f"--set {k} takes an integer; got {v!r}")
+        if isinstance(want, float) and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise StreamnetError(f"--set {k} takes a number; got {v!r}")
+
+
 def cmd_submit(a) -> int:
-    opts = _options(a.set)
+    check_writable(a.summary, "--summary")
+    opts = parse_set(a.set)
     if a.name:
         opts["name"] = a.name
     given = given_options(a)
+    check_paths(given)
     opts.update(given)
     try:
         topo, check = build_topology(a.topology, opts)
     except ConfigError as e:
         raise naming_the_flag(e, given) from None
+    except TopologyError as e:
+        raise StreamnetError(str(e)) from None
     try:   # what the workers will check: refuse here, before anything is written
         topo.validate(check_classes=True, allow=allowed_modules(a))
     except TopologyError as e:
@@ -170,6 +188,10 @@ def _get_status(url: str) -> dict | None:
 def cmd_status(a) -> int:
     coord, state, _ = connect(a)
     try:
+        names = state.topology_names()
+        if a.topology and a.topology not in names:
+            raise StreamnetError(f"no topology {a.topology!r} in cluster {a.cluster!r}; "
+                                 f"running: {', '.join(names) or 'none'}")
         workers = state.workers()
         if not workers:
             print(f"cluster {a.cluster}: no workers")
@@ -181,7 +203,7 @@ def cmd_status(a) -> int:
             lead = " leader" if st and st.get("leader") else ""
             busy = f"busy {st['busy_fraction']:.0%}" if st else "unreachable"
             print(f"  {w:<16s} {info['host']}:{info['port']:<6d} threads {info.get('threads')}  {busy}{lead}")
-        for n in state.topology_names():
+        for n in names:
             if a.topology and n != a.topology:
                 continue
             asg, version = state.assignment(n)
@@ -208,13 +230,14 @@ def cmd_describe(a) -> int:
                 return 0
         finally:
             coord.close()
-    topo, _ = build_topology(a.topology, _options(a.set))
+    topo, _ = build_topology(a.topology, parse_set(a.set))
     print(topo.describe())
     return 0
 
 
 def cmd_rebalance(a) -> int:
-    request = {"parallelism": _options(a.parallelism), "threads": _options(a.threads)}
+    request = {"parallelism": parse_set(a.parallelism, "--parallelism", "COMPONENT=N"),
+               "threads": parse_set(a.threads, "--threads", "WORKER=N")}
     if not request["parallelism"] and not request["threads"]:
         raise StreamnetError("say what to change: --parallelism COMPONENT=N and/or --threads WORKER=N")
     coord, state, _ = connect(a)

@@ -2,20 +2,124 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import stat
 
 from ..errors import StreamnetError
 
 
+ENVIRONMENT = """environment: STREAMNET_ZK, STREAMNET_CLUSTER and STREAMNET_SECRET_FILE are the defaults of
+--zk, --cluster and --secret-file; a flag given wins."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line ("PROG: error: ...; see PROG --help"), exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as v
+    try:
+        return v("streamnet")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def add_common_options(p: argparse.ArgumentParser, log_level: str) -> None:
+    """--version and --log-level, the same on every command."""
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=log_level,
+                   help=f"one of {', '.join(LOG_LEVELS)} (any case; default {log_level})")
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def zk_hosts(text: str) -> str:
+    """--zk: HOST:PORT[,HOST:PORT...] with numeric ports, checked before connecting."""
+    for part in text.split(","):
+        host, colon, port = part.strip().rpartition(":")
+        if not colon:
+            host, port = part.strip(), "2181"
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not HOST:PORT with a port from 1 to 65535")
+    return text
+
+
+def port_number(text: str) -> int:
+    n = _int(text)
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 65535 (0: any free port); got {n}")
+    return n
+
+
+def positive_int(text: str) -> int:
+    n = _int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {n}")
+    return n
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def positive_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0; got {text}")
+    return x
+
+
+def parse_set(items: list[str], flag: str = "--set", what: str = "KEY=VALUE") -> dict:
+    """KEY=VALUE options, the one parser for --set, --parallelism and --threads; a value
+    that is JSON (5000, 0.5, true, "x") is read as JSON, anything else is a string."""
+    out = {}
+    for kv in items:
+        k, eq, v = kv.partition("=")
+        if not eq or not k.strip():
+            raise StreamnetError(f"{flag} takes {what}; got {kv!r}")
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v
+    return out
+
+
+def check_writable(path: str | None, flag: str) -> None:
+    """Refuse an output path before a run starts, not after it."""
+    if not path:
+        return
+    d = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise StreamnetError(f"{flag} {path} is a directory; give a file name")
+    if not os.path.isdir(d):
+        raise StreamnetError(f"{flag} {path}: directory {d} does not exist")
+    if not os.access(d, os.W_OK):
+        raise StreamnetError(f"{flag} {path}: directory {d} is not writable")
+
+
 def add_cluster_options(p: argparse.ArgumentParser, zk_required: bool = True) -> None:
-    p.add_argument("--zk", required=zk_required, metavar="HOST:PORT[,HOST:PORT...]",
-                   default=os.environ.get("STREAMNET_ZK"), help="ZooKeeper ensemble (or $STREAMNET_ZK)")
+    # not argparse-required: $STREAMNET_ZK may supply it, and connect() says what is missing
+    p.add_argument("--zk", type=zk_hosts, metavar="HOST:PORT[,HOST:PORT...]",
+                   default=os.environ.get("STREAMNET_ZK") or None,
+                   help="ZooKeeper ensemble (default: $STREAMNET_ZK)" + ("; required" if zk_required else ""))
     p.add_argument("--cluster", default=os.environ.get("STREAMNET_CLUSTER", "default"),
-                   help="cluster name: several clusters share one ensemble (default: default)")
-    p.add_argument("--secret-file", default=os.environ.get("STREAMNET_SECRET_FILE"),
-                   help="file holding the cluster secret (or $STREAMNET_SECRET_FILE)")
-    p.add_argument("--session-timeout", type=float, default=10.0,
+                   help="cluster name: several clusters share one ensemble (default: $STREAMNET_CLUSTER, else "
+                        "default)")
+    p.add_argument("--secret-file", default=os.environ.get("STREAMNET_SECRET_FILE") or None,
+                   help="file holding the cluster secret (default: $STREAMNET_SECRET_FILE)")
+    p.add_argument("--session-timeout", type=positive_float, default=10.0,
                    help="ZooKeeper session timeout in seconds: how long until a dead worker is declared dead")
 
 

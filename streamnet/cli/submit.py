@@ -7,12 +7,14 @@ import sys
 
 from ..errors import StreamnetError
 from ..runtime.control.coordinator import ConnectionLostError
+from .common import ENVIRONMENT, Parser, add_common_options, check_writable, parse_set, positive_float, positive_int
 from .progress import ProgressLine, bar
 from .train_args import add_training_options, config_from_args
 
 
 def cmd_train(a: argparse.Namespace) -> int:
     cfg = config_from_args(a)
+    check_writable(a.summary, "--summary")
     alg = cfg.algorithm
     where = "in this process" if a.in_process else f"on an embedded local cluster of {cfg.units} workers"
     print(f"training {cfg.model.name} on {cfg.data.dataset} with {alg.name} {where} "
@@ -83,11 +85,10 @@ def cmd_run_example(a: argparse.Namespace) -> int:
 
     from ..examples.registry import EXAMPLES
     from ..runtime import LocalCluster
+    from .cluster_commands import build_topology
     if a.name not in EXAMPLES:
-        print(f"streamnet-submit: error: unknown example {a.name!r}; known: {', '.join(EXAMPLES)}", file=sys.stderr)
-        return 2
-    options = dict(kv.split("=", 1) for kv in a.set)
-    topo, check = EXAMPLES[a.name](**{k: int(v) if v.lstrip("-").isdigit() else v for k, v in options.items()})
+        raise StreamnetError(f"unknown example {a.name!r}; known: {', '.join(EXAMPLES)}")
+    topo, check = build_topology(a.name, parse_set(a.set))
     print(topo.describe(), file=sys.stderr)
     with LocalCluster(workers=a.workers, threads=a.threads) as cluster:
         t0 = time.perf_counter()
@@ -97,9 +98,9 @@ def cmd_run_example(a: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="streamnet-submit", description=__doc__)
-    p.add_argument("--log-level", default="WARNING")
+def build_parser() -> Parser:
+    p = Parser(prog="streamnet-submit", description=__doc__, epilog=ENVIRONMENT)
+    add_common_options(p, "WARNING")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train a network (--local: in this machine)")
     add_training_options(t, setup=True)
@@ -117,9 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("run-example", help="run an example topology (wordcount, tensor_pipe) and check it")
     e.add_argument("name")
     e.add_argument("--local", action="store_true", default=True, help="on an embedded local cluster (default)")
-    e.add_argument("--workers", type=int, default=2)
-    e.add_argument("--threads", type=int, default=2, help="compute threads per worker")
-    e.add_argument("--timeout", type=float, default=300.0, help="seconds before giving up")
+    e.add_argument("--workers", type=positive_int, default=2, help="local workers (default 2)")
+    e.add_argument("--threads", type=positive_int, default=2, help="compute threads per worker")
+    e.add_argument("--timeout", type=positive_float, default=300.0, help="seconds before giving up")
     e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="example option, e.g. count=5000 or fail_every=7")
     e.set_defaults(func=cmd_run_example)
@@ -130,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
+    logging.basicConfig(level=a.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     try:

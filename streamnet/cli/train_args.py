@@ -8,6 +8,7 @@ configuration refuses is an error that names the flag it came from.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 
 from ..errors import ConfigError
@@ -87,6 +88,13 @@ def naming_the_flag(err: ConfigError, given: dict) -> ConfigError:
     return err
 
 
+def check_paths(given: dict) -> None:
+    """--data must be a directory: say so when it is a file (the loader would say "does not exist")."""
+    d = given.get("data_dir")
+    if d and os.path.exists(d) and not os.path.isdir(d):
+        raise ConfigError(f"--data {d} is a file; give the directory that holds the dataset's IDX files")
+
+
 def setup_of(model: str, algorithm: str) -> RunConfig:
     name = f"{model}-{algorithm}"
     if name in SETUPS:
@@ -99,6 +107,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     """train's configuration: the setup of --model/--algorithm with the flags given."""
     base = setup_of(a.model, a.algorithm)
     given = given_options(a)
+    check_paths(given)
     o = {k: v for k, v in given.items() if k not in RUN_ONLY}
     o.setdefault("threads", o.get("units", base.units))    # one compute thread per unit unless told
     try:

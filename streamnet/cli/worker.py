@@ -14,7 +14,6 @@ hands its tasks back (the leader moves them; the topologies go on elsewhere).
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import errno
 import logging
@@ -24,27 +23,28 @@ import socket
 import sys
 
 from ..errors import StreamnetError
-from .common import add_allow_option, add_cluster_options, allowed_modules, connect
+from .common import (ENVIRONMENT, Parser, add_allow_option, add_cluster_options, add_common_options, allowed_modules,
+                     connect, port_number, positive_float, positive_int)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="streamnet-worker", description=__doc__.split("\n\n")[0])
+def build_parser() -> Parser:
+    p = Parser(prog="streamnet-worker", description=__doc__.split("\n\n")[0], epilog=ENVIRONMENT)
+    add_common_options(p, "INFO")
     add_cluster_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--advertise-host", help="address peers use to reach this worker (default: --host)")
-    p.add_argument("--port", type=int, default=7700, help="port to listen on (0: any free port)")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="compute threads")
+    p.add_argument("--port", type=port_number, default=7700, help="port to listen on (0: any free port)")
+    p.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1, help="compute threads")
     p.add_argument("--name", help="worker id (default: HOSTNAME-PORT)")
     p.add_argument("--on-signal", choices=("checkpoint", "leave"), default="checkpoint",
                    help="on SIGTERM/SIGINT: stop the topologies cleanly with a checkpoint (default), or just "
                         "leave and let the others carry on")
-    p.add_argument("--stop-grace", type=float, default=120.0, help="seconds to wait for a clean stop")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--stop-grace", type=positive_float, default=120.0, help="seconds to wait for a clean stop")
     add_allow_option(p)
     return p
 
 
-async def serve(a: argparse.Namespace) -> int:
+async def serve(a) -> int:
     from ..runtime.worker import Worker
     coord, state, secret = await asyncio.to_thread(connect, a)
     name = a.name or f"{socket.gethostname()}-{a.port}"
@@ -84,9 +84,9 @@ async def serve(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
+    logging.basicConfig(level=a.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kazoo.client").setLevel(logging.WARNING if a.log_level.upper() != "DEBUG" else logging.DEBUG)
+    logging.getLogger("kazoo.client").setLevel(logging.WARNING if a.log_level != "DEBUG" else logging.DEBUG)
     try:
         return asyncio.run(serve(a))
     except StreamnetError as e:

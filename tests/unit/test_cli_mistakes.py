@@ -1,0 +1,140 @@
+"""Each user mistake of issue 14 part 4: one line on stderr naming the program, exit 2,
+no traceback; none of these needs ZooKeeper (they are refused before connecting)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from streamnet.cli import submit, worker
+
+UNREACHABLE_ZK = "127.0.0.1:1"      # never contacted: each mistake is caught before connecting
+
+
+def one_line_error(capsys, prog: str) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"{prog}") and ": error: " in lines[0], err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def run_main(main, argv):
+    """main(argv), whether it returns the code or argparse exits with it."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+@pytest.mark.parametrize("main,prog,argv", [
+    (submit.main, "streamnet-submit", ["--log-level", "verbose", "list", "--zk", UNREACHABLE_ZK]),
+    (worker.main, "streamnet-worker", ["--log-level", "verbose", "--zk", UNREACHABLE_ZK]),
+])
+def test_log_level_lists_the_choices(main, prog, argv, capsys):
+    assert run_main(main, argv) == 2
+    line = one_line_error(capsys, prog)
+    assert "--log-level" in line and "DEBUG" in line and "WARNING" in line
+
+
+def test_log_level_any_case_is_accepted(capsys):
+    assert submit.build_parser().parse_args(["--log-level", "debug", "list"]).log_level == "DEBUG"
+
+
+def test_zk_port_not_a_number(capsys):
+    assert run_main(submit.main, ["list", "--zk", "host:abc"]) == 2
+    assert "argument --zk: 'host:abc' is not HOST:PORT" in one_line_error(capsys, "streamnet-submit")
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--port", "-5"], "argument --port: must be from 0 to 65535"),
+    (["--threads", "0"], "argument --threads: must be an integer >= 1; got 0"),
+    (["--zk", "zk1:2181,zk2:x"], "argument --zk: 'zk2:x' is not HOST:PORT"),
+])
+def test_worker_numbers_checked_before_connecting(argv, says, capsys):
+    # no --secret-file either: the flag is refused before the secret or ZooKeeper is looked at
+    assert run_main(worker.main, ["--zk", UNREACHABLE_ZK] + argv) == 2
+    assert says in one_line_error(capsys, "streamnet-worker")
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["run-example", "wordcount", "--set", "count"], "--set takes KEY=VALUE; got 'count'"),
+    (["run-example", "wordcount", "--set", "count=abc"], "--set count takes an integer; got 'abc'"),
+    (["describe", "wordcount", "--set", "count=abc"], "--set count takes an integer; got 'abc'"),
+    (["rebalance", "t", "--parallelism", "compute", "--zk", UNREACHABLE_ZK],
+     "--parallelism takes COMPONENT=N; got 'compute'"),
+    (["rebalance", "t", "--threads", "w1", "--zk", UNREACHABLE_ZK], "--threads takes WORKER=N; got 'w1'"),
+])
+def test_set_options_one_parser(argv, says, capsys):
+    assert run_main(submit.main, argv) == 2
+    assert says in one_line_error(capsys, "streamnet-submit")
+
+
+def test_unknown_set_option_lists_the_builders_options_too(capsys):
+    assert run_main(submit.main, ["run-example", "wordcount", "--set", "bogus=1"]) == 2
+    line = one_line_error(capsys, "streamnet-submit")
+    assert "no option 'bogus'" in line
+    for option in ("count", "fail_every", "max_spout_pending"):
+        assert option in line
+
+
+def test_environment_supplies_zk(monkeypatch, capsys):
+    monkeypatch.setenv("STREAMNET_ZK", UNREACHABLE_ZK)
+    monkeypatch.setenv("STREAMNET_CLUSTER", "prod")
+    monkeypatch.delenv("STREAMNET_SECRET_FILE", raising=False)
+    a = submit.build_parser().parse_args(["list"])
+    assert (a.zk, a.cluster) == (UNREACHABLE_ZK, "prod")
+    assert run_main(submit.main, ["list"]) == 2
+    line = one_line_error(capsys, "streamnet-submit")
+    assert "--zk" not in line and "secret" in line       # got past --zk: the secret is what is missing
+
+
+def test_environment_secret_file_is_read(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("STREAMNET_ZK", UNREACHABLE_ZK)
+    monkeypatch.setenv("STREAMNET_SECRET_FILE", str(tmp_path / "absent"))
+    assert run_main(submit.main, ["list"]) == 2
+    assert f"secret file {tmp_path / 'absent'} does not exist" in one_line_error(capsys, "streamnet-submit")
+
+
+def test_help_documents_the_environment(capsys):
+    for main in (submit.main, worker.main):
+        assert run_main(main, ["--help"]) == 0
+        out = capsys.readouterr().out
+        for var in ("STREAMNET_ZK", "STREAMNET_CLUSTER", "STREAMNET_SECRET_FILE"):
+            assert var in out
+
+
+def test_data_that_is_a_file(tmp_path, capsys):
+    f = tmp_path / "train-images-idx3-ubyte"
+    f.write_bytes(b"x")
+    assert run_main(submit.main, ["train", "--dataset", "mnist", "--data", str(f)]) == 2
+    assert f"--data {f} is a file; give the directory" in one_line_error(capsys, "streamnet-submit")
+
+
+@pytest.mark.parametrize("command", [["train", "--dataset", "synthetic"],
+                                     ["submit", "wordcount", "--wait", "--zk", UNREACHABLE_ZK]])
+def test_summary_path_checked_before_the_run(command, capsys):
+    assert run_main(submit.main, command + ["--summary", "/no/such/dir/x.json"]) == 2
+    assert "--summary /no/such/dir/x.json: directory /no/such/dir does not exist" in \
+        one_line_error(capsys, "streamnet-submit")
+
+
+def test_validation_error_names_the_flag(capsys):
+    assert run_main(submit.main, ["train", "--dataset", "synthetic", "--workers", "0"]) == 2
+    assert "(from --workers 0)" in one_line_error(capsys, "streamnet-submit")
+
+
+@pytest.mark.parametrize("prog,module", [("streamnet-submit", "streamnet.cli.submit"),
+                                         ("streamnet-worker", "streamnet.cli.worker")])
+def test_version(prog, module):
+    r = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "STREAMNET_ZK": ""})
+    assert r.returncode == 0 and r.stdout.startswith(f"{prog} ")
+
+
+def test_usage_error_is_one_line_in_a_real_process():
+    r = subprocess.run([sys.executable, "-m", "streamnet.cli.submit", "train", "--epochs", "x"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("streamnet-submit train: error: argument --epochs")
