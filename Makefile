@@ -10,7 +10,7 @@ export OPENBLAS_NUM_THREADS ?= 1
 
 DEMO_ARGS ?= --model lenet5 --algorithm mixbp --workers 2 --local
 
-.PHONY: demo test fast unit venv perf clean
+.PHONY: demo test fast unit venv perf report clean
 
 $(BIN)/python:
 	deploy/ensure-packages.sh python3-venv
@@ -49,6 +49,11 @@ unit: $(VENV)/.test
 # the part a developer runs between commits; CI runs `make test`
 fast: PYTEST_ARGS += -m "not slow"
 fast: test
+
+# the system's claims measured on this machine (about 10 minutes): docs/report/
+report: $(VENV)/.test
+	deploy/ensure-packages.sh dataset-fashion-mnist zookeeper
+	$(BIN)/python perf/report.py $(REPORT_ARGS)
 
 perf: $(VENV)/.test
 	$(BIN)/python perf/kernels.py

@@ -1,0 +1,343 @@
+"""`make report`: the system's four published claims, measured on this machine.
+
+NN-S claims that (1) it significantly speeds up training of LeNet-5 and AlexNet (the
+companion paper: 913 s -> 248 s to 95 %, 3.68x, on a Storm cluster); (2) it recovers
+quickly when a node fails or is loaded; (3) MixBP accelerates more than online and
+cumulative BP on LeNet-5; (4) thread allocation matters, and re-allocating threads by
+node load speeds training up. This script runs an experiment for each, on the machine
+at hand, and writes docs/report/README.md (claim, figure, numbers, machine, verdict),
+one PNG per section and report.json with every number.
+
+    python perf/report.py                  # --profile quick: about 10 minutes on 2 cores
+    python perf/report.py --profile full   # the whole training set, more workers and trials
+    python perf/report.py --profile tiny --out DIR   # seconds: the machinery only (tests)
+
+Workers run as `streamnet-worker` processes on a real ZooKeeper (quick, full), or as
+threads of this process (tiny), which is said in the report.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from dataclasses import replace
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import pin_blas_threads  # noqa: E402
+
+ROOT = os.path.dirname(HERE)
+PUBLISHED_SPEEDUP = 3.68
+
+PROFILES = {
+    "tiny": dict(engine="local", train_limit=600, test_limit=300, epochs=1, target=0.30, workers=[1, 2],
+                 modes=["cumulative", "mixbp-H8"], bp_modes=["cumulative", "mixbp-H8"], online_limit=100,
+                 trials=1, repeats=1),
+    "quick": dict(engine="processes", train_limit=12000, test_limit=2000, epochs=3, target=0.85, workers=None,
+                  modes=["mixbp-H8", "cumulative"], bp_modes=["online", "cumulative", "mixbp-H1", "mixbp-H4",
+                                                            "mixbp-H8", "mixbp-H16", "mixbp-H8-om"],
+                  online_limit=1500, trials=2, repeats=1),
+    "full": dict(engine="processes", train_limit=None, test_limit=None, epochs=10, target=0.89, workers=None,
+                 modes=["mixbp-H8", "cumulative"], bp_modes=["online", "cumulative", "mixbp-H1", "mixbp-H4",
+                                                           "mixbp-H8", "mixbp-H16", "mixbp-H8-om"],
+                 online_limit=6000, trials=5, repeats=2),
+}
+
+ALGORITHMS = {
+    "online": dict(name="online", batch=1, sync_period=1, lr=0.01, momentum=0.0),
+    "cumulative": dict(name="cumulative", batch=32, sync_period=1, lr=0.05),
+    "mixbp-H1": dict(name="mixbp", batch=32, sync_period=1, lr=0.05),
+    "mixbp-H4": dict(name="mixbp", batch=32, sync_period=4, lr=0.05),
+    "mixbp-H8": dict(name="mixbp", batch=32, sync_period=8, lr=0.05),
+    "mixbp-H16": dict(name="mixbp", batch=32, sync_period=16, lr=0.05),
+    "mixbp-H8-om": dict(name="mixbp", batch=32, sync_period=8, lr=0.05, outer_momentum=0.5),
+}
+
+
+def config(p: dict, mode: str, units: int, *, train_limit=None, threads=None):
+    from streamnet.training import AlgorithmConfig, DataConfig, ModelConfig, RunConfig
+    limit = p["train_limit"] if train_limit is None else (train_limit or None)   # 0: the whole set
+    return RunConfig(model=ModelConfig(name="lenet5"), algorithm=AlgorithmConfig(**ALGORITHMS[mode]),
+                     data=DataConfig(dataset=p["dataset"], train_limit=limit, test_limit=p["test_limit"]),
+                     units=units, threads=threads or units, epochs=p["epochs"], seed=0)
+
+
+class Runner:
+    """Runs one training on the profile's engine and returns its summary."""
+
+    def __init__(self, p: dict, zk_hosts: str | None):
+        self.p, self.zk_hosts = p, zk_hosts
+
+    def train(self, cfg, workers: int):
+        from streamnet.training.cluster_run import follow, train_on_local_cluster
+        from streamnet.training.nsmap import build_topology
+        from streamnet.training.summary_from_results import summarise
+        if self.p["engine"] == "local":
+            return train_on_local_cluster(cfg, workers=workers, threads=1)[0]
+        from streamnet.testing import running_cluster
+        topo = build_topology(cfg, name=f"report-{time.time_ns() % 10**9}")
+        with running_cluster(self.zk_hosts, workers=workers, threads=1, session_timeout=10.0,
+                             pin_cores=True) as (_, state):
+            state.submit_topology(topo.name, topo.to_dict())
+            results, wall = follow(state, topo, cfg, poll_s=0.2)
+        return summarise(cfg, results, workers=workers, wall_s=wall)
+
+
+def time_to(summary, target: float):
+    """Seconds of training until the first evaluation at or above target (None: never)."""
+    for t, acc in summary.extra.get("accuracy_at_s") or []:
+        if acc >= target:
+            return round(t, 2)
+    return None
+
+
+# -- the four sections ---------------------------------------------------------------------
+def speedup(p, run: Runner) -> dict:
+    out = {"runs": {}}
+    run.train(config(p, p["modes"][0], 1), 1)    # warm-up, not recorded: kernel cache loads, page cache
+    for mode in p["modes"]:
+        for k in p["workers"]:
+            s = run.train(config(p, mode, k), k)
+            out["runs"][f"{mode}/{k}"] = {"samples_per_s": round(s.samples_per_s, 1), "test_accuracy": s.test_accuracy,
+                                          "time_to_target_s": time_to(s, p["target"]),
+                                          "bytes_per_sample": round(s.extra.get("bytes_per_sample", 0.0), 1)}
+            print(f"  speed-up {mode}/{k}: {s.samples_per_s:,.0f} samples/s, accuracy {s.test_accuracy:.2%}", flush=True)
+    n = max(p["workers"])
+    for mode in p["modes"]:
+        base, top = out["runs"][f"{mode}/1"]["samples_per_s"], out["runs"][f"{mode}/{n}"]["samples_per_s"]
+        out[f"{mode} speed-up at {n} workers"] = round(top / base, 2) if base else None
+    best = max(out[f"{m} speed-up at {n} workers"] or 0 for m in p["modes"])
+    out["verdict"] = ("holds" if best >= 0.75 * n else "holds partly" if best >= 1.1 else "does not hold here") + \
+        f": best speed-up {best:.2f}x on {n} workers ({best / n:.0%} efficiency; published {PUBLISHED_SPEEDUP}x " \
+        "on a Storm cluster of more nodes)"
+    return out
+
+
+def recovery(p, run: Runner) -> dict:
+    """A worker SIGKILLed (the leader excluded) mid-run, against the same run fault-free."""
+    from streamnet.runtime import wait_for
+    from streamnet.runtime.control import is_done
+    from streamnet.testing import cluster_in_mode, finish, placement
+    from streamnet.training.nsmap import build_topology
+    from streamnet.training.summary_from_results import summarise
+    # long enough to kill a third of the way in and see the rest (tiny: the whole synthetic set)
+    local = p["engine"] == "local"
+    cfg = replace(config(p, "mixbp-H8", 2, train_limit=0 if local else None),
+                  epochs=8 if local else max(p["epochs"], 3))
+    base = run.train(cfg, 3)
+    kill_at = base.train_s / 3          # seconds after the first round: a third of the way in
+    out = {"fault_free_accuracy": base.test_accuracy, "trials": []}
+    mode = "local" if p["engine"] == "local" else "zk"
+    for i in range(p["trials"]):
+        topo = build_topology(cfg, name=f"recovery-{i}-{time.time_ns() % 10**6}")
+        with cluster_in_mode(mode, run.zk_hosts, workers=3) as (c, state):
+            state.submit_topology(topo.name, topo.to_dict())
+            tasks = wait_for(lambda: placement(state, topo.name), 60, "the placement")
+            wait_for(lambda: is_done(state, topo.name) or state.results(topo.name).get("sync.0.progress"),
+                     600, "the first round", interval=0.02)
+            deadline = time.monotonic() + kill_at
+            wait_for(lambda: time.monotonic() >= deadline, kill_at + 5, "the kill time", interval=0.02)
+            if is_done(state, topo.name):
+                raise RuntimeError(f"the run ended within {kill_at:.1f} s: the trial would test nothing")
+            leader = c.leader(state)
+            victim = next(w for w in sorted(set(tasks.values())) if w != leader)
+            t0 = time.monotonic()
+            c.kill9(victim)
+            wait_for(lambda: victim not in placement(state, topo.name).values(), 120, "the victim's tasks to move",
+                     interval=0.05)
+            detected = time.monotonic() - t0
+            results = finish(state, topo.name, timeout=1800)
+        s = summarise(cfg, results, workers=3)
+        out["trials"].append({"victim": victim, "detection_s": round(detected, 2), "test_accuracy": s.test_accuracy,
+                              "each_sample_counted_once": s.extra["each_sample_counted_once"],
+                              "samples_replayed": s.extra["samples_replayed"]})
+        print(f"  recovery trial {i + 1}: killed {victim}, tasks moved after {detected:.2f} s, accuracy "
+              f"{s.test_accuracy:.2%}, each sample once: {s.extra['each_sample_counted_once']}", flush=True)
+    ok = all(t["each_sample_counted_once"] for t in out["trials"])
+    gap = max((abs(t["test_accuracy"] - base.test_accuracy) * 100 for t in out["trials"]), default=0.0)
+    slow = max((t["detection_s"] for t in out["trials"]), default=0.0)
+    out["accuracy_gap_pp_max"], out["detection_s_max"] = round(gap, 2), round(slow, 2)
+    out["co_tenant"] = "not measured: load-aware allocation (issue 13) is not built yet"
+    # the claim covers a failed node and abnormal resource scheduling (load): the second is
+    # not measured until load-aware allocation exists, so the claim can hold at most partly
+    failure_ok = ok and slow <= 2.0 and gap <= 1.0
+    out["verdict"] = ("holds partly" if failure_ok else "does not hold here") + \
+        f": a node failure: every run finished with each sample counted once: {ok}, tasks moved within " \
+        f"{slow:.2f} s, accuracy within {gap:.2f} pp of the fault-free run; a loaded node: not measured " \
+        "(no load-aware allocation yet)"
+    return out
+
+
+def bp_family(p, run: Runner) -> dict:
+    out = {"runs": {}}
+    for mode in p["bp_modes"]:
+        limit = p["online_limit"] if mode == "online" else None
+        s = run.train(config(p, mode, 2, train_limit=limit), 2)
+        hist = [(h.epoch, h.seconds, h.samples, h.test_accuracy) for h in s.history]
+        out["runs"][mode] = {"samples_per_s": round(s.samples_per_s, 1), "test_accuracy": s.test_accuracy,
+                             "time_to_target_s": time_to(s, p["target"]), "accuracy_at_s": s.extra.get("accuracy_at_s"),
+                             "bytes_per_sample": round(s.extra.get("bytes_per_sample", 0.0), 1), "history": hist,
+                             "train_limit": limit or p["train_limit"]}
+        print(f"  BP {mode}: {s.samples_per_s:,.0f} samples/s, accuracy {s.test_accuracy:.2%}, to "
+              f"{p['target']:.0%}: {time_to(s, p['target'])}", flush=True)
+    reached = {m: r["time_to_target_s"] for m, r in out["runs"].items() if r["time_to_target_s"] is not None}
+    first = min(reached, key=reached.get) if reached else None
+    fastest = max(out["runs"], key=lambda m: out["runs"][m]["samples_per_s"])
+    out["first_to_target"], out["fastest"] = first, fastest
+    out["verdict"] = ("not decided here" if first is None else "holds" if first.startswith("mixbp") else
+                      "does not hold here") + \
+        (f": {first} reached {p['target']:.0%} first ({reached[first]:.1f} s)" if first else
+         f": none reached {p['target']:.0%}; {fastest} had the most samples/s") + \
+        "; samples/s: " + ", ".join(f"{m} {r['samples_per_s']:,.0f}" for m, r in out["runs"].items())
+    return out
+
+
+def threads(p, run: Runner) -> dict:
+    """One unit's step on 1 and 2 threads (in-process), and 1 or 2 units sharing a worker."""
+    from streamnet.training import train_local
+    out = {}
+    train_local(config(p, "mixbp-H8", 1, threads=1))      # warm-up, not recorded
+    for label, units, t in (("1 unit on 1 thread", 1, 1), ("1 unit, its step on 2 threads", 1, 2),
+                            ("2 units on 2 threads, one each", 2, 2)):
+        rates = [train_local(config(p, "mixbp-H8", units, threads=t)).summary.samples_per_s
+                 for _ in range(p["repeats"])]
+        out[label] = round(sorted(rates)[len(rates) // 2], 1)
+    print(f"  threads: {out}", flush=True)
+    vals = list(out.values())
+    spread = max(vals) / min(vals) if min(vals) else None
+    out["spread"] = round(spread, 2) if spread else None
+    out["verdict"] = ("holds partly" if spread and spread >= 1.1 else "does not hold here") + \
+        f": allocations differ by {spread:.2f}x in samples/s; re-allocation by node load is not built " \
+        "(issue 13), so its claimed speed-up is not measured"
+    return out
+
+
+# -- output ----------------------------------------------------------------------------------
+def figures(report: dict, out_dir: str) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    made = []
+
+    def save(fig, name):
+        path = os.path.join(out_dir, name)
+        fig.tight_layout()
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        made.append(name)
+
+    sp = report["speedup"]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ws = report["profile"]["workers"]
+    for mode in report["profile"]["modes"]:
+        base = sp["runs"][f"{mode}/1"]["samples_per_s"]
+        ax.plot(ws, [sp["runs"][f"{mode}/{k}"]["samples_per_s"] / base for k in ws], "o-", label=mode)
+    ax.plot(ws, ws, "k:", label="linear")
+    ax.axhline(PUBLISHED_SPEEDUP, color="r", ls="--", label=f"published {PUBLISHED_SPEEDUP}x")
+    ax.set_xlabel("worker processes"); ax.set_ylabel("speed-up (samples/s)"); ax.legend(fontsize=7)
+    save(fig, "speedup.png")
+
+    rc = report["recovery"]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    xs = list(range(1, len(rc["trials"]) + 1))
+    ax.bar(xs, [t["detection_s"] for t in rc["trials"]])
+    ax.set_xlabel("trial"); ax.set_ylabel("seconds from SIGKILL to tasks moved")
+    save(fig, "recovery.png")
+
+    bp = report["bp_family"]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for mode, r in bp["runs"].items():
+        pts = r["accuracy_at_s"] or []
+        if pts:
+            ax.plot([t for t, _ in pts], [a for _, a in pts], "o-", label=mode)
+    ax.axhline(report["profile"]["target"], color="k", ls=":")
+    ax.set_xlabel("seconds of training"); ax.set_ylabel("test accuracy"); ax.legend(fontsize=7)
+    save(fig, "bp_family.png")
+
+    th = {k: v for k, v in report["threads"].items() if isinstance(v, (int, float)) and k != "spread"}
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.barh(list(th), list(th.values()))
+    ax.set_xlabel("samples/s (in-process trainer)")
+    save(fig, "threads.png")
+    return made
+
+
+CLAIMS = {
+    "speedup": ("1. Speed-up with workers", "NN-S \"significantly improves the speed of neural network training\" "
+                "(LeNet-5, AlexNet; the companion paper: 913 s -> 248 s to 95 %, 3.68x)."),
+    "recovery": ("2. Recovery", "NN-S \"recovers quickly when node failure and network resource scheduling are "
+                 "abnormal\"."),
+    "bp_family": ("3. The BP family", "MixBP \"has better acceleration effect than online update BP and cumulative "
+                  "update BP\" on LeNet-5."),
+    "threads": ("4. Threads and load", "Thread allocation matters, and re-allocating threads by compute-node load "
+                "\"significantly improves the speed\"."),
+}
+
+
+def markdown(report: dict) -> str:
+    p, m = report["profile"], report["machine"]
+    lines = [f"# streamnet against its claims - {report['date']}", "",
+             f"Machine: {m['cores']} cores ({m['cpu']}), {m['platform']}, Python {m['python']}; load average "
+             f"at the start {m['load_start']}, at the end {m['load_end']}. Profile `{report['profile_name']}`: "
+             f"LeNet-5 on {'Fashion-MNIST' if p['dataset'] == 'fashion-mnist' else p['dataset']}"
+             f"{', first %d training samples' % p['train_limit'] if p['train_limit'] else ''}, {p['epochs']} "
+             f"epoch(s), target accuracy {p['target']:.0%}; workers as "
+             f"{'streamnet-worker processes on a real ZooKeeper, pinned to cores' if p['engine'] == 'processes' else 'threads of one process (LocalCluster)'}"
+             f"; {p['repeats']} repetition(s) per figure (spread not shown when 1). Regenerate with "
+             f"`make report` (or `python perf/report.py --profile full`); every number is in `report.json`.", ""]
+    for key, (title, claim) in CLAIMS.items():
+        sec = report[key]
+        lines += [f"## {title}", "", f"**Claim.** {claim}", "", f"![{key}]({key}.png)", "", "**Measured.**", "",
+                  "```", json.dumps({k: v for k, v in sec.items() if k != "verdict"}, indent=1, default=str)[:3000],
+                  "```", "", f"**Verdict: {sec['verdict']}.**", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", choices=PROFILES, default="quick")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "report"))
+    ap.add_argument("--dataset", default="fashion-mnist", help="synthetic for a run without the dataset")
+    a = ap.parse_args(argv)
+    pin_blas_threads(1)
+    logging.basicConfig(level=logging.ERROR)
+    p = dict(PROFILES[a.profile], dataset=a.dataset)
+    p["workers"] = p["workers"] or list(range(1, min(os.cpu_count() or 1, 8) + 1))
+    if len(p["workers"]) < 2:
+        p["workers"] = [1, 2]
+    os.makedirs(a.out, exist_ok=True)
+    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "profile_name": a.profile, "profile": p,
+              "machine": {"cores": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
+                          "platform": platform.platform(), "python": platform.python_version(),
+                          "load_start": round(os.getloadavg()[0], 2)}}
+    zk = None
+    if p["engine"] == "processes":
+        from streamnet.testing import ZooKeeper
+        zk = ZooKeeper().start()
+    try:
+        run = Runner(p, zk.hosts if zk else None)
+        t0 = time.monotonic()
+        for key, fn in (("speedup", speedup), ("recovery", recovery), ("bp_family", bp_family), ("threads", threads)):
+            print(f"{CLAIMS[key][0]} ...", flush=True)
+            report[key] = fn(p, run)
+            print(f"  verdict: {report[key]['verdict']}", flush=True)
+        report["seconds"] = round(time.monotonic() - t0, 1)
+    finally:
+        if zk is not None:
+            zk.stop()
+    report["machine"]["load_end"] = round(os.getloadavg()[0], 2)
+    report["figures"] = figures(report, a.out)
+    with open(os.path.join(a.out, "report.json"), "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    with open(os.path.join(a.out, "README.md"), "w") as f:
+        f.write(markdown(report))
+    print(f"wrote {a.out}/README.md, report.json and {', '.join(report['figures'])} in {report['seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
