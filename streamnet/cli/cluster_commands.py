@@ -101,8 +101,15 @@ def _follow(state, topo: Topology, check, a) -> int:
     def report(done: int, total: int):
         line.update(f"{topo.name} {bar(done / total)} spouts done {done}/{total}  {time.monotonic() - t0:.0f} s")
 
+    import signal
+    signal.signal(signal.SIGTERM, signal.default_int_handler)    # SIGTERM leaves as Ctrl-C does
     try:
         wait_done(state, topo.name, a.timeout, interval=0.2, on_poll=report)
+    except KeyboardInterrupt:   # only this client stops: the topology is the cluster's now
+        where = f"--zk {a.zk} --cluster {a.cluster}" + (f" --secret-file {a.secret_file}" if a.secret_file else "")
+        print(f"\nstreamnet-submit: interrupted; {topo.name} keeps running on cluster {a.cluster}; stop it with: "
+              f"streamnet-submit kill {topo.name} {where} (add --checkpoint to keep a checkpoint)", file=sys.stderr)
+        return 130
     except ClusterTimeout:
         print(f"\nstreamnet-submit: error: {topo.name} did not finish within {a.timeout:.0f} s", file=sys.stderr)
         return 1
@@ -111,6 +118,12 @@ def _follow(state, topo: Topology, check, a) -> int:
         return 1
     wall = time.monotonic() - t0
     results = kill_topology(state, topo.name, a.timeout)
+    if STOPPED_AT in results:     # its workers were stopped (SIGTERM) before it finished
+        ck = (results.get(CHECKPOINTS) or {}).get("last")
+        print(f"\nstreamnet-submit: error: {topo.name} was stopped before finishing (its workers got a signal) at "
+              f"step {results[STOPPED_AT]['step']}" + (f"; checkpoint {ck['path']}; continue with submit --resume"
+                                                       if ck else ""), file=sys.stderr)
+        return 1
     line.line(f"{topo.name} finished in {wall:.1f} s")
     ok, text, *extra = check(results, wall) if check else (True, f"{len(results)} results")
     print(f"{topo.name}: {'OK' if ok else 'WRONG'}: {text}")

@@ -54,7 +54,8 @@ def cmd_train(a: argparse.Namespace) -> int:
             print(f"resumed from step {summary.extra['resumed_from_step']}", file=sys.stderr)
         if summary.extra["stopped_at"]:
             ck = summary.extra["last_checkpoint"]
-            print(f"stopped at step {summary.extra['stopped_at']['step']}"
+            print(f"streamnet-submit: stopped by a signal at step {summary.extra['stopped_at']['step']} before "
+                  "the last epoch"
                   + (f"; checkpoint {ck['path']}; continue with the same command and --resume" if ck else
                      " (no --checkpoint-dir: nothing to resume from)"), file=sys.stderr)
     print(f"final test accuracy {summary.test_accuracy:.2%}  {summary.samples_per_s:,.0f} samples/s  "
@@ -62,7 +63,7 @@ def cmd_train(a: argparse.Namespace) -> int:
     if a.summary:
         summary.write(a.summary)
         print(f"summary written to {a.summary}", file=sys.stderr)
-    return 0
+    return 1 if summary.extra.get("stopped_at") else 0    # a run cut short did not succeed
 
 
 def training_progress(line: ProgressLine, cfg):

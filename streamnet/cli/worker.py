@@ -23,6 +23,7 @@ import socket
 import sys
 
 from ..errors import StreamnetError
+from ..runtime.control.coordinator import NodeExistsError
 from .common import (ENVIRONMENT, Parser, add_allow_option, add_cluster_options, add_common_options, allowed_modules,
                      connect, port_number, positive_float, positive_int)
 
@@ -48,11 +49,22 @@ async def serve(a) -> int:
     from ..runtime.worker import Worker
     coord, state, secret = await asyncio.to_thread(connect, a)
     name = a.name or f"{socket.gethostname()}-{a.port}"
+    duplicate = StreamnetError(f"a worker named {name} is already registered in cluster {a.cluster}; "
+                               "stop it or pick another --name")
+    try:
+        if name in await asyncio.to_thread(state.workers):
+            raise duplicate
+    except BaseException:
+        await asyncio.to_thread(coord.close)
+        raise
     worker = Worker(worker_id=name, state=state, secret=secret, host=a.host, port=a.port, threads=a.threads,
                     advertise_host=a.advertise_host, allow_modules=allowed_modules(a))
     try:
         try:
             await worker.start()
+        except NodeExistsError:     # registered between the check above and now
+            await worker.stop(drain_s=0)
+            raise duplicate from None
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
                 raise StreamnetError(f"port {a.port} on {a.host} is in use; pick another with --port") from None

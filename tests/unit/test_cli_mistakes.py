@@ -138,3 +138,108 @@ def test_usage_error_is_one_line_in_a_real_process():
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith("streamnet-submit train: error: argument --epochs")
+
+
+# --- submit --wait: Ctrl-C leaves the topology running; a run stopped by SIGTERM is a failure
+
+@pytest.fixture
+def follow(monkeypatch):
+    """cluster_commands._follow with the cluster calls replaced; SIGTERM's handler restored."""
+    import argparse
+    import signal
+    from types import SimpleNamespace
+
+    from streamnet.cli import cluster_commands
+    before = signal.getsignal(signal.SIGTERM)
+    a = argparse.Namespace(zk="zk1:2181", cluster="prod", secret_file="/etc/s", timeout=5.0, summary=None)
+
+    def run(wait_done=lambda *args, **kw: None, results=None):
+        monkeypatch.setattr(cluster_commands, "wait_done", wait_done)
+        monkeypatch.setattr(cluster_commands, "kill_topology", lambda *args: results or {})
+        return cluster_commands._follow(None, SimpleNamespace(name="t1"), None, a)
+    yield run
+    signal.signal(signal.SIGTERM, before)
+
+
+def test_ctrl_c_on_wait_says_the_topology_keeps_running(follow, capsys):
+    def interrupted(*args, **kw):
+        raise KeyboardInterrupt
+    assert follow(wait_done=interrupted) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == ("streamnet-submit: interrupted; t1 keeps running on cluster prod; stop it with: streamnet-submit "
+                   "kill t1 --zk zk1:2181 --cluster prod --secret-file /etc/s (add --checkpoint to keep a checkpoint)")
+
+
+def test_a_wait_cut_short_by_sigterm_exits_1_and_says_so(follow, capsys):
+    from streamnet.training.run_stats import STOPPED_AT
+    assert follow(results={STOPPED_AT: {"step": 7}}) == 1
+    line = one_line_error(capsys, "streamnet-submit")
+    assert "t1 was stopped before finishing" in line and "step 7" in line
+
+
+def test_train_stopped_by_sigterm_exits_1(tmp_path):
+    """SIGTERM to `train` on the embedded cluster: a clean stop, then exit 1 with the reason."""
+    import signal
+    import time
+    p = subprocess.Popen([sys.executable, "-m", "streamnet.cli.submit", "train", "--dataset", "synthetic",
+                          "--epochs", "200", "--workers", "2", "--batch", "8"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        line = ""
+        while "training" not in line and time.monotonic() < deadline:    # the start line, then the run
+            line = p.stderr.readline()
+        time.sleep(3)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 1, err
+    assert "stopped by a signal at step" in err and "Traceback" not in err
+
+
+# --- with ZooKeeper
+
+@pytest.fixture
+def secret(tmp_path):
+    path = str(tmp_path / "secret")
+    assert submit.main(["new-secret", path]) == 0
+    return path
+
+
+def test_status_of_an_unknown_topology(zk, secret, capsys):
+    argv = ["status", "nosuch", "--zk", zk, "--cluster", "cli-unknown", "--secret-file", secret]
+    assert submit.main(argv) == 2
+    assert "no topology 'nosuch' in cluster 'cli-unknown'" in one_line_error(capsys, "streamnet-submit")
+
+
+def test_duplicate_worker_name(zk, secret, capsys):
+    import threading
+    import time
+
+    from streamnet.cli.common import connect
+    cmd = ["--zk", zk, "--cluster", "cli-dup", "--secret-file", secret, "--port", "0", "--threads", "1",
+           "--name", "w1"]
+    first = subprocess.Popen([sys.executable, "-m", "streamnet.cli.worker", *cmd],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import argparse
+        coord, state, _ = connect(argparse.Namespace(zk=zk, cluster="cli-dup", secret_file=secret,
+                                                     session_timeout=10.0))
+        try:
+            deadline = time.monotonic() + 60
+            while "w1" not in state.workers():
+                assert time.monotonic() < deadline, "the first worker did not register within 60 s"
+                time.sleep(0.1)
+        finally:
+            coord.close()
+        threads = {t.ident for t in threading.enumerate()}
+        assert worker.main(cmd) == 2
+        assert "a worker named w1 is already registered in cluster cli-dup" in \
+            one_line_error(capsys, "streamnet-worker")
+        time.sleep(0.5)
+        left = [t.name for t in threading.enumerate() if t.ident not in threads and t.is_alive()]
+        assert not left, f"the refused worker left threads running (its ZooKeeper client?): {left}"
+    finally:
+        first.terminate()
+        first.wait(30)
