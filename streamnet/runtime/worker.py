@@ -27,7 +27,8 @@ from .control.publisher import ResultPublisher
 from .control.scheduler import SchedulerService
 from .dataplane.topology_runtime import TopologyRuntime
 from .topology import DEFAULT_ALLOWED_MODULES, TopologyError
-from .dataplane.transport import HEADER_TIMEOUT_S, Auth, ConnectionGuard, GuardedRunner, StreamServer
+from .dataplane.guard import HEADER_TIMEOUT_S, ConnectionGuard, GuardedRunner
+from .dataplane.transport import Auth, StreamServer
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from streamnet.cli.worker import build_parser
-from streamnet.runtime.dataplane.transport import MAX_CONNECTIONS
+from streamnet.runtime.dataplane.guard import MAX_CONNECTIONS
 
 UNIT = Path(__file__).resolve().parents[2] / "deploy" / "systemd" / "streamnet-worker.service"
 

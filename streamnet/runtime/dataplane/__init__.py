@@ -1,6 +1,7 @@
 """The data plane: moves tuples between tasks and never blocks on the coordinator.
 
-transport.py        authenticated long-lived streams between workers
+transport.py        mutually authenticated long-lived streams between workers, a MAC on every frame
+guard.py            connections from anyone bounded in number and time
 grouping.py         Storm's groupings: which task(s) of a bolt get a tuple
 compute.py          the worker's resizable pool of compute threads
 executor.py         the loop around one spout or bolt instance
