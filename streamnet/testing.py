@@ -90,17 +90,27 @@ class ZooKeeper:
                 print(f"ZooKeeper did not start ({e.stderr.strip()}); trying new ports")
                 self._pick_ports()
 
-    def serving(self, server: int) -> bool:
-        """The server answers `srvr` with its mode (it serves clients, in a quorum)."""
+    def _ask(self, server: int, word: bytes) -> str:
+        """A four-letter word's answer ("" if the server does not answer)."""
         try:
             with socket.create_connection(("127.0.0.1", self.client_ports[server]), timeout=1) as s:
-                s.sendall(b"srvr")
+                s.sendall(word)
                 out = b""
                 while chunk := s.recv(4096):
                     out += chunk
-            return b"Mode:" in out
+            return out.decode(errors="replace")
         except OSError:
-            return False
+            return ""
+
+    def serving(self, server: int) -> bool:
+        """The server answers `srvr` with its mode (it serves clients, in a quorum)."""
+        return "Mode:" in self._ask(server, b"srvr")
+
+    def clients(self, server: int) -> int:
+        """Client sessions connected to `server` now (`stat`; not counting the asking
+        connection itself, listed with no interest ops, [0])."""
+        return sum(1 for line in self._ask(server, b"stat").splitlines()
+                   if line.startswith(" /") and "[0]" not in line)
 
     def kill(self, server: int = 0):
         self._run("kill", "--server", str(server))

@@ -51,7 +51,7 @@ def test_training_survives_sigkill(mode, zk_hosts, victim):
     with cluster_in_mode(mode, zk_hosts, workers=3) as (c, state):
         host = _training_with_victim(state, topo, "compute" if victim == "leader" else victim)
         if victim == "leader":
-            host = c.leader(state)
+            host = wait_for(lambda: c.leader(state), 30, "the leader")   # None while an election is open
         c.kill9(host)
         t_kill = time.monotonic()
         wait_for(lambda: host not in placement(state, topo.name).values(), 15,
@@ -60,6 +60,8 @@ def test_training_survives_sigkill(mode, zk_hosts, victim):
         results = finish(state, topo.name, timeout=600)
     s = _finished_exactly(cfg, results, f"killed {victim} host {host}, its tasks moved after {moved_after:.1f} s")
     assert len(s.history) == 3
+    if victim == "sync":   # the new sync bolt rebuilt the parameters from the replicas
+        assert s.extra["sync_recoveries"] >= 1
 
 
 def _progressed(state, name, rounds):
@@ -175,7 +177,9 @@ def test_training_survives_a_zookeeper_restart(outage_s):
 
 def test_training_survives_losing_an_ensemble_member():
     """A 3-server ZooKeeper ensemble loses one server mid-run (SIGKILL): the quorum
-    stands, clients connected to it move to another server, training finishes exactly."""
+    stands, clients connected to it move to another server, training finishes exactly.
+    The server killed is the one with the most client sessions (kazoo picks a server at
+    random per client: killing server 0 left, in about a third of runs, no client to move)."""
     cfg = _config()
     topo = build_topology(cfg, name="zk-ensemble")
     server = ZooKeeper(servers=3).start()
@@ -183,8 +187,14 @@ def test_training_survives_losing_an_ensemble_member():
         with running_cluster(server.hosts, workers=2) as (c, state):
             state.submit_topology(topo.name, topo.to_dict())
             wait_for(_progressed(state, topo.name, 20), 120, "training to get going", interval=0.2)
-            server.kill(0)
+            sessions = [server.clients(i) for i in range(3)]
+            victim = max(range(3), key=lambda i: sessions[i])
+            assert sessions[victim] >= 1, sessions
+            server.kill(victim)
+            # the 3 sessions (2 workers, this client) all end up on the 2 servers left
+            wait_for(lambda: sum(server.clients(i) for i in range(3) if i != victim) >= 3, 60,
+                     "every client to reconnect to a live server", interval=0.2)
             results = finish(state, topo.name, timeout=600)
     finally:
         server.stop()
-    _finished_exactly(cfg, results, "ensemble lost server 0 mid-run")
+    _finished_exactly(cfg, results, f"ensemble lost server {victim} ({sessions[victim]} of the sessions) mid-run")
