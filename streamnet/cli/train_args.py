@@ -95,6 +95,22 @@ def check_paths(given: dict) -> None:
         raise ConfigError(f"--data {d} is a file; give the directory that holds the dataset's IDX files")
 
 
+_NUMBER_TYPES = {"units": int, "threads": int, "epochs": int, "seed": int, "batch": int, "sync_period": int,
+                 "train_limit": int, "test_limit": int, "input_size": int, "lr": float, "momentum": float,
+                 "outer_momentum": float, "outer_lr": float, "weight_decay": float}
+
+
+def check_set_types(options: dict) -> None:
+    """--set KEY=VALUE for a training setup: a number where the configuration wants one
+    (the dataclass checks compare numbers, and a string would be a TypeError there)."""
+    for k, v in options.items():
+        want = _NUMBER_TYPES.get(k)
+        if want is int and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ConfigError(f"--set {k} takes an integer; got {v!r}")
+        if want is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ConfigError(f"--set {k} takes a number; got {v!r}")
+
+
 def setup_of(model: str, algorithm: str) -> RunConfig:
     name = f"{model}-{algorithm}"
     if name in SETUPS:

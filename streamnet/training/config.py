@@ -155,7 +155,8 @@ def with_overrides(cfg: RunConfig, o: dict) -> RunConfig:
     MODEL_KEYS) replaced; an unknown key or a bad value is a ConfigError."""
     unknown = set(o) - set(ALG_KEYS) - set(DATA_KEYS) - set(RUN_KEYS) - set(MODEL_KEYS)
     if unknown:
-        raise ConfigError(f"unknown training option(s) {sorted(unknown)}")
+        raise ConfigError(f"unknown training option(s) {sorted(unknown)}; known: "
+                          f"{', '.join(sorted(ALG_KEYS + DATA_KEYS + RUN_KEYS + MODEL_KEYS))}")
     model = cfg.model
     if "input_size" in o:
         model = replace(model, options={**model.options, "input_size": o["input_size"]})

@@ -207,10 +207,17 @@ def secret(tmp_path):
     return path
 
 
+def cluster_name(stem: str) -> str:
+    """A cluster of its own per run: a cluster's nodes keep the secret of the run that made them."""
+    import uuid
+    return f"{stem}-{uuid.uuid4().hex[:8]}"
+
+
 def test_status_of_an_unknown_topology(zk, secret, capsys):
-    argv = ["status", "nosuch", "--zk", zk, "--cluster", "cli-unknown", "--secret-file", secret]
+    cluster = cluster_name("cli-unknown")
+    argv = ["status", "nosuch", "--zk", zk, "--cluster", cluster, "--secret-file", secret]
     assert submit.main(argv) == 2
-    assert "no topology 'nosuch' in cluster 'cli-unknown'" in one_line_error(capsys, "streamnet-submit")
+    assert f"no topology 'nosuch' in cluster '{cluster}'" in one_line_error(capsys, "streamnet-submit")
 
 
 def test_duplicate_worker_name(zk, secret, capsys):
@@ -218,13 +225,14 @@ def test_duplicate_worker_name(zk, secret, capsys):
     import time
 
     from streamnet.cli.common import connect
-    cmd = ["--zk", zk, "--cluster", "cli-dup", "--secret-file", secret, "--port", "0", "--threads", "1",
+    cluster = cluster_name("cli-dup")
+    cmd = ["--zk", zk, "--cluster", cluster, "--secret-file", secret, "--port", "0", "--threads", "1",
            "--name", "w1"]
     first = subprocess.Popen([sys.executable, "-m", "streamnet.cli.worker", *cmd],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         import argparse
-        coord, state, _ = connect(argparse.Namespace(zk=zk, cluster="cli-dup", secret_file=secret,
+        coord, state, _ = connect(argparse.Namespace(zk=zk, cluster=cluster, secret_file=secret,
                                                      session_timeout=10.0))
         try:
             deadline = time.monotonic() + 60
@@ -235,7 +243,7 @@ def test_duplicate_worker_name(zk, secret, capsys):
             coord.close()
         threads = {t.ident for t in threading.enumerate()}
         assert worker.main(cmd) == 2
-        assert "a worker named w1 is already registered in cluster cli-dup" in \
+        assert f"a worker named w1 is already registered in cluster {cluster}" in \
             one_line_error(capsys, "streamnet-worker")
         time.sleep(0.5)
         left = [t.name for t in threading.enumerate() if t.ident not in threads and t.is_alive()]
@@ -243,3 +251,14 @@ def test_duplicate_worker_name(zk, secret, capsys):
     finally:
         first.terminate()
         first.wait(30)
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["describe", "lenet5-mixbp", "--set", "epochs=abc"], "--set epochs takes an integer; got 'abc'"),
+    (["describe", "lenet5-mixbp", "--set", "lr=x"], "--set lr takes a number; got 'x'"),
+    (["submit", "lenet5-mixbp", "--set", "epochs=abc", "--zk", UNREACHABLE_ZK], "--set epochs takes an integer"),
+    (["describe", "lenet5-mixbp", "--set", "foo=1"], "unknown training option(s) ['foo']; known: batch,"),
+])
+def test_set_on_a_training_setup(argv, says, capsys):
+    assert run_main(submit.main, argv) == 2
+    assert says in one_line_error(capsys, "streamnet-submit")
