@@ -21,6 +21,8 @@ def cmd_train(a: argparse.Namespace) -> int:
           f"(units={cfg.units}, b={alg.batch}, H={alg.sync_period}, lr={alg.lr}, epochs={cfg.epochs})",
           file=sys.stderr)
     line = ProgressLine()
+    import signal
+    signal.signal(signal.SIGTERM, signal.default_int_handler)   # SIGTERM stops as Ctrl-C does, and says so
     if a.in_process:
         from ..training import train_local
         if a.checkpoint_dir or a.resume:
@@ -37,10 +39,8 @@ def cmd_train(a: argparse.Namespace) -> int:
                             f"loss {p.loss:.4f}  {p.samples_per_s:,.0f} samples/s")
         summary = train_local(cfg, progress=show).summary
     else:
-        import signal
         from ..training.cluster_run import train_on_local_cluster
         show = training_progress(line, cfg)
-        signal.signal(signal.SIGTERM, signal.default_int_handler)   # SIGTERM stops cleanly, as Ctrl-C does
         attach = None
         if a.ui is not None:
             from ..ui.server import for_local_cluster
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamnet-submit: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("streamnet-submit: interrupted", file=sys.stderr)
+        print("\nstreamnet-submit: interrupted (Ctrl-C or SIGTERM)", file=sys.stderr)
         return 130
 
 

@@ -262,3 +262,29 @@ def test_duplicate_worker_name(zk, secret, capsys):
 def test_set_on_a_training_setup(argv, says, capsys):
     assert run_main(submit.main, argv) == 2
     assert says in one_line_error(capsys, "streamnet-submit")
+
+
+def test_train_in_process_stopped_by_sigterm_says_so():
+    import signal
+    import time
+    p = subprocess.Popen([sys.executable, "-m", "streamnet.cli.submit", "train", "--in-process", "--dataset",
+                          "synthetic", "--epochs", "200", "--workers", "2", "--batch", "8"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        line = ""
+        while "training" not in line and time.monotonic() < deadline:
+            line = p.stderr.readline()
+        time.sleep(2)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err
+    assert "interrupted (Ctrl-C or SIGTERM)" in err and "Traceback" not in err
+
+
+def test_alexnet_input_size_is_refused_before_the_run(capsys):
+    assert run_main(submit.main, ["train", "--model", "alexnet", "--input-size", "100"]) == 2
+    assert "input_size: must be 64 or 224 for alexnet; got 100 (from --input-size 100)" in \
+        one_line_error(capsys, "streamnet-submit")
