@@ -82,6 +82,13 @@ class Contribution:
         return self.loss_sum / max(self.samples, 1)
 
 
+#: a step is split across threads only when each thread gets at least this much work
+#: (samples x parameters): measured, LeNet-5 (62k parameters) batch 32 on 2 threads ran
+#: at 0.81x of one thread (perf/report.py, loaded machine) and batch 64 at 1.27-1.57x;
+#: AlexNet-64 (7.7M) batch 64 at 1.55-1.87x. 1.5M: LeNet-5 splits from batch 50 (2 threads) up.
+MIN_SPLIT_WORK = 1_500_000
+
+
 class ComputeUnit:
     """One model replica with its inner optimiser state."""
 
@@ -119,7 +126,8 @@ class ComputeUnit:
         for x, y in batches:
             if inner is None and steps:
                 raise ValueError("a unit without an inner optimiser takes one batch per round")
-            loss, grad = self._step.loss_and_grad(x, y) if self._step is not None else self.model.loss_and_grad(x, y)
+            split = self._step is not None and len(y) * self.model.num_params >= MIN_SPLIT_WORK * self._step.threads
+            loss, grad = self._step.loss_and_grad(x, y) if split else self.model.loss_and_grad(x, y)
             if inner is not None:
                 inner.step(self.model.params, grad, self.velocity, 1.0 if self.plan.scale_outer else lr_scale)
             samples += len(y)

@@ -9,18 +9,37 @@ from streamnet.examples import wordcount
 from streamnet.runtime.dataplane.topology_runtime import TopologyRuntime
 from streamnet.training import DataConfig, lenet5_mixbp, train_local
 from streamnet.training.bp import ComputeUnit, plan_for
-from streamnet.nn import lenet5
+from streamnet.nn import ParallelStep, lenet5
 
 
 def _cfg(threads):
-    return replace(lenet5_mixbp(units=1, epochs=1, data=DataConfig(dataset="synthetic", train_limit=256,
-                                                                    test_limit=64)), threads=threads, seed=4)
+    cfg = lenet5_mixbp(units=1, epochs=1, data=DataConfig(dataset="synthetic", train_limit=512, test_limit=64))
+    # batch 64: big enough that the step is split (bp.MIN_SPLIT_WORK)
+    return replace(cfg, threads=threads, seed=4, algorithm=replace(cfg.algorithm, batch=64))
 
 
-def test_in_process_with_two_threads_for_one_unit_equals_one_thread():
+def test_in_process_with_two_threads_for_one_unit_equals_one_thread(monkeypatch):
+    calls = []
+    real = ParallelStep.loss_and_grad
+    monkeypatch.setattr(ParallelStep, "loss_and_grad", lambda self, x, y: calls.append(len(y)) or real(self, x, y))
     one = train_local(_cfg(1))
+    assert not calls
     two = train_local(_cfg(2))
+    assert calls and set(calls) == {64}           # the 2-thread run did split its steps
     np.testing.assert_allclose(two.params, one.params, rtol=1e-4, atol=1e-6)
+
+
+def test_a_small_step_stays_on_one_thread():
+    unit = ComputeUnit(0, lenet5(), plan_for(_cfg(1).algorithm), threads=2)
+    try:
+        calls = []
+        unit._step.loss_and_grad = lambda x, y: calls.append(len(y))
+        rng = np.random.default_rng(0)
+        x, y = rng.standard_normal((8, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 8)
+        unit.run_round([(x, y)])
+        assert calls == []                           # 8 x 62k parameters: not worth a second thread
+    finally:
+        unit.close()
 
 
 def test_compute_unit_changes_its_step_threads_live():
