@@ -285,7 +285,7 @@ def cmd_new_secret(a) -> int:
 
 def add_commands(sub) -> None:
     n = sub.add_parser("new-secret", help="write a new random cluster secret to FILE (mode 0600)")
-    n.add_argument("file", metavar="FILE")
+    n.add_argument("file", metavar="FILE", help="where to write it (refused if it exists)")
     n.set_defaults(func=cmd_new_secret)
 
     s = sub.add_parser("submit", help="submit a topology to a cluster")
@@ -294,14 +294,14 @@ def add_commands(sub) -> None:
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="builder option")
     s.add_argument("--wait", action="store_true", help="follow it to completion, then collect its results")
     s.add_argument("--summary", metavar="FILE", help="with --wait: write a JSON summary")
-    s.add_argument("--timeout", type=float, default=24 * 3600.0)
+    s.add_argument("--timeout", type=float, default=24 * 3600.0, help="with --wait: seconds before giving up (default 1 day)")
     add_training_options(s.add_argument_group(
         "training topologies (lenet5-mixbp, alexnet-mixbp, lenet5-cumulative, lenet5-online)"))
     add_cluster_options(s)
     s.set_defaults(func=cmd_submit)
 
     k = sub.add_parser("kill", help="stop a topology everywhere and collect its results")
-    k.add_argument("topology")
+    k.add_argument("topology", help="topology name (see list)")
     k.add_argument("--checkpoint", action="store_true",
                    help="stop cleanly: finish the round in flight and a checkpoint round, then stop "
                         "(resume with submit --resume)")
@@ -314,19 +314,21 @@ def add_commands(sub) -> None:
     ls.set_defaults(func=cmd_list)
 
     st = sub.add_parser("status", help="workers, assignments, per-task rates")
-    st.add_argument("topology", nargs="?")
+    st.add_argument("topology", nargs="?", help="only this topology (default: all)")
     add_cluster_options(st)
     st.set_defaults(func=cmd_status)
 
     d = sub.add_parser("describe", help="print a topology (submitted, or built from its name)")
-    d.add_argument("topology")
-    d.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    d.add_argument("topology", help="submitted name, built-in name or module:function")
+    d.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="builder option")
     add_cluster_options(d, zk_required=False)
     d.set_defaults(func=cmd_describe)
 
     r = sub.add_parser("rebalance", help="change parallelism or compute threads, live")
-    r.add_argument("topology")
-    r.add_argument("--parallelism", action="append", default=[], metavar="COMPONENT=N")
-    r.add_argument("--threads", action="append", default=[], metavar="WORKER=N")
+    r.add_argument("topology", help="topology name (see list)")
+    r.add_argument("--parallelism", action="append", default=[], metavar="COMPONENT=N",
+                   help="new parallelism of a component (repeatable)")
+    r.add_argument("--threads", action="append", default=[], metavar="WORKER=N",
+                   help="new compute threads of a worker (repeatable)")
     add_cluster_options(r)
     r.set_defaults(func=cmd_rebalance)

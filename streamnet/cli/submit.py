@@ -117,7 +117,7 @@ def build_parser() -> Parser:
                    help="address the --ui server listens on (default 127.0.0.1: this machine only)")
     t.set_defaults(func=cmd_train)
     e = sub.add_parser("run-example", help="run an example topology (wordcount, tensor_pipe) and check it")
-    e.add_argument("name")
+    e.add_argument("name", help="example: wordcount or tensor_pipe")
     e.add_argument("--local", action="store_true", default=True, help="on an embedded local cluster (default)")
     e.add_argument("--workers", type=positive_int, default=2, help="local workers (default 2)")
     e.add_argument("--threads", type=positive_int, default=2, help="compute threads per worker")

@@ -39,16 +39,16 @@ class Flag:
 
 
 TRAINING_FLAGS: tuple[Flag, ...] = (
-    Flag("--epochs", "epochs", int),
+    Flag("--epochs", "epochs", int, "passes over the training set"),
     Flag("--workers", "units", int, "compute units (model replicas: the compute bolt's parallelism)"),
     Flag("--threads", "threads", int, "compute threads in all (train; default one per unit); on a "
          "cluster each worker's own --threads decides"),
     Flag("--batch", "batch", int, "local batch b per unit"),
     Flag("--sync-period", "sync_period", int, "H: local steps between synchronisations (mixbp)"),
-    Flag("--lr", "lr", float),
-    Flag("--momentum", "momentum", float),
+    Flag("--lr", "lr", float, "learning rate"),
+    Flag("--momentum", "momentum", float, "momentum of the local steps"),
     Flag("--outer-momentum", "outer_momentum", float, "Nesterov momentum on the averaged change (mixbp)"),
-    Flag("--lr-schedule", "lr_schedule", choices=("constant", "cosine")),
+    Flag("--lr-schedule", "lr_schedule", choices=("constant", "cosine"), help="learning-rate schedule"),
     Flag("--input-size", "input_size", int, "AlexNet input size: 64 or 224"),
     Flag("--dataset", "dataset", choices=DATASETS, help="default: fashion-mnist"),
     Flag("--data", "data_dir", metavar="DIR",
@@ -69,8 +69,8 @@ _FLAG_OF = {f.key: f.flag for f in TRAINING_FLAGS}
 def add_training_options(p, setup: bool = False) -> None:
     """The training flags; with `setup`, also --model and --algorithm (train's choice of setup)."""
     if setup:
-        p.add_argument("--model", choices=MODELS, default="lenet5")
-        p.add_argument("--algorithm", choices=ALGORITHMS, default="mixbp")
+        p.add_argument("--model", choices=MODELS, default="lenet5", help="network (default lenet5)")
+        p.add_argument("--algorithm", choices=ALGORITHMS, default="mixbp", help="BP mode (default mixbp)")
     for f in TRAINING_FLAGS:
         f.add_to(p)
 

@@ -288,3 +288,18 @@ def test_alexnet_input_size_is_refused_before_the_run(capsys):
     assert run_main(submit.main, ["train", "--model", "alexnet", "--input-size", "100"]) == 2
     assert "input_size: must be 64 or 224 for alexnet; got 100 (from --input-size 100)" in \
         one_line_error(capsys, "streamnet-submit")
+
+
+def test_every_flag_has_help():
+    import argparse
+
+    def undocumented(p, path):
+        for act in p._actions:
+            if isinstance(act, argparse._SubParsersAction):
+                for name, sub in act.choices.items():
+                    yield from undocumented(sub, path + [name])
+            elif not act.help:
+                yield " ".join(path + [act.option_strings[0] if act.option_strings else act.dest])
+    missing = list(undocumented(submit.build_parser(), ["streamnet-submit"]))
+    missing += undocumented(worker.build_parser(), ["streamnet-worker"])
+    assert not missing
