@@ -201,10 +201,14 @@ def threads(p, run: Runner) -> dict:
     from streamnet.training import train_local
     out = {}
     train_local(config(p, "mixbp-H8", 1, threads=1))      # warm-up, not recorded
-    for label, units, t in (("1 unit on 1 thread", 1, 1), ("1 unit, its step on 2 threads", 1, 2),
-                            ("2 units on 2 threads, one each", 2, 2)):
-        rates = [train_local(config(p, "mixbp-H8", units, threads=t)).summary.samples_per_s
-                 for _ in range(p["repeats"])]
+    # batch 64 for the split step: LeNet-5's batch 32 is too small to split (bp.MIN_SPLIT_WORK)
+    for label, units, t, batch in (("1 unit, batch 64, 1 thread", 1, 1, 64),
+                                   ("1 unit, batch 64, its step on 2 threads", 1, 2, 64),
+                                   ("1 unit, batch 32, 1 thread", 1, 1, 32),
+                                   ("2 units, batch 32, 2 threads, one each", 2, 2, 32)):
+        cfg = config(p, "mixbp-H8", units, threads=t)
+        cfg = replace(cfg, algorithm=replace(cfg.algorithm, batch=batch))
+        rates = [train_local(cfg).summary.samples_per_s for _ in range(p["repeats"])]
         out[label] = round(sorted(rates)[len(rates) // 2], 1)
     print(f"  threads: {out}", flush=True)
     vals = list(out.values())
