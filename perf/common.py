@@ -37,3 +37,17 @@ def write_json(name: str, data: dict) -> str:
 def png_path(name: str) -> str:
     os.makedirs(RESULTS, exist_ok=True)
     return os.path.join(RESULTS, name)
+
+
+def train_on_worker_processes(cfg, workers: int, zk_hosts: str, stop_when=None):
+    """Train `cfg` on `workers` streamnet-worker processes (one compute thread each, worker i
+    pinned to core i mod cores) on the ZooKeeper at zk_hosts, as users run them; the summary."""
+    from streamnet.testing import running_cluster
+    from streamnet.training.cluster_run import follow
+    from streamnet.training.nsmap import build_topology
+    from streamnet.training.summary_from_results import summarise
+    topo = build_topology(cfg, name=f"perf-{time.time_ns() % 10**9}")
+    with running_cluster(zk_hosts, workers=workers, threads=1, session_timeout=10.0, pin_cores=True) as (_, state):
+        state.submit_topology(topo.name, topo.to_dict())
+        results, wall = follow(state, topo, cfg, stop_when=stop_when, poll_s=0.2)
+    return summarise(cfg, results, workers=workers, wall_s=wall)

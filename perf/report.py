@@ -28,7 +28,7 @@ from dataclasses import replace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import pin_blas_threads  # noqa: E402
+from common import pin_blas_threads, train_on_worker_processes  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 PUBLISHED_SPEEDUP = 3.68
@@ -73,18 +73,10 @@ class Runner:
         self.p, self.zk_hosts = p, zk_hosts
 
     def train(self, cfg, workers: int):
-        from streamnet.training.cluster_run import follow, train_on_local_cluster
-        from streamnet.training.nsmap import build_topology
-        from streamnet.training.summary_from_results import summarise
         if self.p["engine"] == "local":
+            from streamnet.training.cluster_run import train_on_local_cluster
             return train_on_local_cluster(cfg, workers=workers, threads=1)[0]
-        from streamnet.testing import running_cluster
-        topo = build_topology(cfg, name=f"report-{time.time_ns() % 10**9}")
-        with running_cluster(self.zk_hosts, workers=workers, threads=1, session_timeout=10.0,
-                             pin_cores=True) as (_, state):
-            state.submit_topology(topo.name, topo.to_dict())
-            results, wall = follow(state, topo, cfg, poll_s=0.2)
-        return summarise(cfg, results, workers=workers, wall_s=wall)
+        return train_on_worker_processes(cfg, workers, self.zk_hosts)
 
 
 def time_to(summary, target: float):

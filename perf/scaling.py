@@ -28,7 +28,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine, pin_blas_threads, png_path, write_json  # noqa: E402
+from common import machine, pin_blas_threads, png_path, train_on_worker_processes, write_json  # noqa: E402
 
 MODES = {
     "cumulative": dict(name="cumulative", batch=32, sync_period=1, lr=0.05),
@@ -60,25 +60,12 @@ def run_streamnet(mode: str, workers: int, a) -> dict:
         from streamnet.training.cluster_run import train_on_local_cluster
         s, _ = train_on_local_cluster(cfg, workers=workers, threads=1, stop_when=stop)
     else:
-        s = _train_on_processes(cfg, workers, a, stop)
+        s = train_on_worker_processes(cfg, workers, a.zk_hosts, stop)
     hit = [t for t, acc in s.extra["accuracy_at_s"] if acc >= a.target]
     return {"samples_per_s": s.samples_per_s, "time_to_target_s": hit[0] if hit else None,
             "best_accuracy": max((h.test_accuracy for h in s.history), default=None),
             "epochs_run": len(s.history), "bytes_per_sample": s.extra["bytes_per_sample"],
             "sync_rounds": s.sync_rounds, "wall_s": time.time() - t0, "per_worker": s.extra["per_worker"]}
-
-
-def _train_on_processes(cfg, workers: int, a, stop):
-    """streamnet-worker processes (one compute thread each, pinned) on the script's ZooKeeper."""
-    from streamnet.testing import running_cluster
-    from streamnet.training.cluster_run import follow
-    from streamnet.training.nsmap import build_topology
-    from streamnet.training.summary_from_results import summarise
-    topo = build_topology(cfg, name=f"scaling-{int(time.time() * 1000) % 10**8}")
-    with running_cluster(a.zk_hosts, workers=workers, threads=1, session_timeout=10.0, pin_cores=True) as (c, state):
-        state.submit_topology(topo.name, topo.to_dict())
-        results, wall = follow(state, topo, cfg, stop_when=stop, poll_s=0.2)
-    return summarise(cfg, results, workers=workers, wall_s=wall)
 
 
 def run_in_process(a) -> dict:
