@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 import stat
+import sys
 
 from ..errors import StreamnetError
 
@@ -200,3 +201,11 @@ def connect(a: argparse.Namespace):
     except BaseException:
         coord.close()
         raise
+
+
+def error_exit(prog: str, e: StreamnetError) -> int:
+    """One line on stderr for an error streamnet raised on purpose, and its exit code:
+    1 when the coordinator is away or has no quorum (not a usage error), else 2."""
+    from ..runtime.control.coordinator import ConnectionLostError
+    print(f"{prog}: error: {e}", file=sys.stderr)
+    return 1 if isinstance(e, ConnectionLostError) else 2

@@ -6,8 +6,8 @@ import logging
 import sys
 
 from ..errors import StreamnetError
-from ..runtime.control.coordinator import ConnectionLostError
-from .common import ENVIRONMENT, Parser, add_common_options, check_writable, parse_set, positive_float, positive_int
+from .common import (ENVIRONMENT, Parser, add_common_options, check_writable, error_exit, parse_set, positive_float,
+                     positive_int)
 from .progress import ProgressLine, bar
 from .train_args import add_training_options, config_from_args
 
@@ -137,12 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     try:
         return a.func(a)
-    except ConnectionLostError as e:    # the ensemble is away or has no quorum: not a usage error
-        print(f"streamnet-submit: error: {e}", file=sys.stderr)
-        return 1
     except StreamnetError as e:
-        print(f"streamnet-submit: error: {e}", file=sys.stderr)
-        return 2
+        return error_exit("streamnet-submit", e)
     except KeyboardInterrupt:
         print("\nstreamnet-submit: interrupted (Ctrl-C or SIGTERM)", file=sys.stderr)
         return 130

@@ -7,9 +7,8 @@ import logging
 import signal
 import sys
 
-from ..cli.common import add_cluster_options, connect
+from ..cli.common import add_cluster_options, connect, error_exit
 from ..errors import StreamnetError
-from ..runtime.control.coordinator import ConnectionLostError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,12 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         coord, state, _secret = connect(a)
-    except ConnectionLostError as e:     # the ensemble is away or has no quorum: not a usage error
-        print(f"streamnet-ui: error: {e}", file=sys.stderr)
-        return 1
     except StreamnetError as e:
-        print(f"streamnet-ui: error: {e}", file=sys.stderr)
-        return 2
+        return error_exit("streamnet-ui", e)
     signal.signal(signal.SIGTERM, signal.default_int_handler)   # a service manager's stop: end as Ctrl-C does
     try:
         asyncio.run(_serve(state, a.host, a.port, a.poll))
