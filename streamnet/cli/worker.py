@@ -14,6 +14,7 @@ hands its tasks back (the leader moves them; the topologies go on elsewhere).
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import errno
 import logging
@@ -28,6 +29,15 @@ from .common import (ENVIRONMENT, Parser, add_allow_option, add_cluster_options,
                      connect, port_number, positive_float, positive_int)
 
 
+def threads_option(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e}, or 'auto'") from None
+
+
 def build_parser() -> Parser:
     p = Parser(prog="streamnet-worker", description=__doc__.split("\n\n")[0], epilog=ENVIRONMENT)
     add_common_options(p, "INFO")
@@ -35,7 +45,10 @@ def build_parser() -> Parser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--advertise-host", help="address peers use to reach this worker (default: --host)")
     p.add_argument("--port", type=port_number, default=7700, help="port to listen on (0: any free port)")
-    p.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1, help="compute threads")
+    p.add_argument("--threads", type=threads_option, default=len(os.sched_getaffinity(0)),
+                   help="compute threads (default: one per core it may run on), or 'auto': start with one per "
+                        "core and let the leader's load balancing set them to the cores other processes leave "
+                        "free (topologies with --balance load)")
     p.add_argument("--name", help="worker id (default: HOSTNAME-PORT)")
     p.add_argument("--on-signal", choices=("checkpoint", "leave"), default="checkpoint",
                    help="on SIGTERM/SIGINT: stop the topologies cleanly with a checkpoint (default), or just "
@@ -57,7 +70,9 @@ async def serve(a) -> int:
     except BaseException:
         await asyncio.to_thread(coord.close)
         raise
-    worker = Worker(worker_id=name, state=state, secret=secret, host=a.host, port=a.port, threads=a.threads,
+    auto = a.threads == "auto"
+    worker = Worker(worker_id=name, state=state, secret=secret, host=a.host, port=a.port,
+                    threads=len(os.sched_getaffinity(0)) if auto else a.threads, threads_auto=auto,
                     advertise_host=a.advertise_host, allow_modules=allowed_modules(a))
     try:
         try:

@@ -6,7 +6,8 @@ Stored as JSON in the coordinator (readable with zkCli), task ids as strings the
 because JSON keys are strings; in memory they are ints, everywhere:
 
     {"tasks": {"<task>": "<worker>"}, "workers": {"<worker>": "http://host:port"},
-     "threads": {"<worker>": n}, "spec_version": v}
+     "threads": {"<worker>": n}, "spec_version": v,
+     "shares": {"<task>": w}}                 work shares set by load balancing, if any
     + "phase": "draining", "draining_since": <unix time>   during a parallelism change
 
 A parallelism change is two-phase: a *draining* assignment with no tasks (every
@@ -37,10 +38,16 @@ class Assignment:
     spec_version: int = 0                                        # the topology spec it places
     phase: str = RUNNING
     draining_since: float = 0.0
+    #: task -> relative share of its component's work (mean 1.0); set by the load
+    #: balancer (control/balance.py) for tasks that report their speed; absent: equal
+    shares: Mapping[int, float] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.phase not in (RUNNING, DRAINING):
             raise AssignmentError(f"assignment phase must be {RUNNING!r} or {DRAINING!r}; got {self.phase!r}")
+        bad = {t: w for t, w in self.shares.items() if not (0 < w < float("inf"))}
+        if bad:
+            raise AssignmentError(f"work shares must be positive and finite; got {bad}")
 
     @property
     def draining(self) -> bool:
@@ -51,13 +58,16 @@ class Assignment:
 
     def placement(self) -> tuple:
         """What workers act on, for 'did anything change?' (not the drain's clock)."""
-        return (dict(self.tasks), dict(self.workers), dict(self.threads), self.spec_version, self.phase)
+        return (dict(self.tasks), dict(self.workers), dict(self.threads), self.spec_version, self.phase,
+                dict(self.shares))
 
     def to_json(self) -> dict:
         out = {"tasks": {str(t): w for t, w in sorted(self.tasks.items())}, "workers": dict(self.workers),
                "threads": dict(self.threads), "spec_version": self.spec_version}
         if self.draining:
             out.update(phase=self.phase, draining_since=self.draining_since)
+        if self.shares:
+            out["shares"] = {str(t): w for t, w in sorted(self.shares.items())}
         return out
 
     @classmethod
@@ -67,7 +77,8 @@ class Assignment:
                        workers={str(w): str(u) for w, u in d.get("workers", {}).items()},
                        threads={str(w): int(n) for w, n in d.get("threads", {}).items()},
                        spec_version=int(d.get("spec_version", 0)), phase=d.get("phase", RUNNING),
-                       draining_since=float(d.get("draining_since", 0.0)))
+                       draining_since=float(d.get("draining_since", 0.0)),
+                       shares={int(t): float(w) for t, w in d.get("shares", {}).items()})
         except (AttributeError, TypeError, ValueError) as e:
             raise AssignmentError(f"malformed assignment {str(d)[:120]}: {e}") from None
 

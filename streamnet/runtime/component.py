@@ -125,7 +125,9 @@ class Context:
                  worker: str, config: dict, component_config: dict, component_tasks: Callable[[str], range],
                  compute: Callable[..., Awaitable], publish: Callable[[str, Any], None],
                  save_state: Callable[[Any], None], put_checkpoint: Callable[[dict], None] = None,
-                 compute_share: Callable[[], int] = lambda: 1):
+                 compute_share: Callable[[], int] = lambda: 1,
+                 report_work: Callable[[float, float], None] = lambda items, seconds: None,
+                 work_shares: Callable[[str], list[float] | None] = lambda component: None):
         self.topology, self.component, self.task = topology, component, task
         self.task_index, self.parallelism, self.worker = task_index, parallelism, worker
         self.config, self.component_config = config, component_config
@@ -133,6 +135,7 @@ class Context:
         self._save_state = save_state
         self._put_checkpoint = put_checkpoint
         self._compute_share = compute_share
+        self._report_work, self._work_shares = report_work, work_shares
         #: (name, labels) -> Figure: the named numbers this task reports (see `figure`)
         self.figures: dict[tuple, Figure] = {}
         self.log = logging.getLogger(f"streamnet.task.{component}.{task_index}")
@@ -151,6 +154,20 @@ class Context:
         whose one step can use several threads (training's compute units) asks before
         each step: a rebalance of threads, or a task moving in or out, changes it."""
         return self._compute_share()
+
+    def report_work(self, items: float, seconds: float) -> None:
+        """This task processed `items` work items in `seconds` of compute (a training
+        unit: samples, and the seconds its round took). The worker keeps a moving
+        window of these and publishes the speed; with the topology setting
+        `balance="load"` the leader sets each task's work share from it."""
+        self._report_work(items, seconds)
+
+    def work_shares(self, component: str) -> list[float] | None:
+        """The load balancer's current shares of `component`'s work, by task index
+        (mean 1.0: a task at 1.5 should get half again its equal part), or None while
+        none is set (equal shares). A task that hands out work (a spout) asks at each
+        of its own boundaries, so a change takes effect there."""
+        return self._work_shares(component)
 
     def save_state(self, state) -> None:
         """Persist this task's state in the coordinator; when the task starts again

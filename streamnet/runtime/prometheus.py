@@ -55,6 +55,13 @@ class StatusCollector:
                      s["busy_fraction"], w)
         yield _gauge("streamnet_leader", "1 if this worker's scheduler is the cluster's leader",
                      1 if s.get("leader") else 0, w)
+        load = s.get("load") or {}
+        if "foreign_busy" in load:
+            yield _gauge("streamnet_host_foreign_busy_cores", "Cores of this worker's host kept busy by other "
+                         "processes (last published load record)", load["foreign_busy"], w)
+        if "steal" in load:
+            yield _gauge("streamnet_host_steal_ratio", "Fraction of CPU time stolen by the hypervisor",
+                         load["steal"], w)
         tr = s["transport"]
         for key, name, doc in (("rejected", "streamnet_rejected_connections", "Inbound connections refused"),
                                ("frames_in", "streamnet_frames_received", "Frames received from peers"),

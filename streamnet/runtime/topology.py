@@ -27,7 +27,9 @@ DEFAULT_CONFIG = {
     "max_spout_pending": 1000,     # un-acked roots per spout task before next_tuple pauses
     "message_timeout_s": 30.0,     # a root not acked by then is failed and replayed
     "queue_size": 1024,            # inbound tuples per task (backpressure beyond)
+    "balance": "static",           # "load": the leader sets work shares and threads by measured speed
 }
+BALANCE_MODES = ("static", "load")
 
 
 #: the project's own packages: what a worker runs unless its operator allows more
@@ -241,6 +243,9 @@ class Topology:
                 if g.get("type") not in GROUPINGS:
                     raise TopologyError(f"bolt {c['id']!r}: unknown grouping {g.get('type')!r}; "
                                         f"known: {', '.join(GROUPINGS)}")
+        balance = self.config.get("balance", "static")
+        if balance not in BALANCE_MODES:
+            raise TopologyError(f"balance must be one of {', '.join(BALANCE_MODES)}; got {balance!r}")
         if not self.spec.get("allow_cycles"):
             self._check_acyclic()
         if check_classes:

@@ -25,6 +25,7 @@ from .control.coordinator import CoordinatorError
 from .prometheus import CONTENT_TYPE as PROMETHEUS_TYPE, prometheus
 from .control.publisher import ResultPublisher
 from .control.scheduler import SchedulerService
+from .load import LoadMeter
 from .dataplane.topology_runtime import TopologyRuntime
 from .topology import DEFAULT_ALLOWED_MODULES, TopologyError
 from .dataplane.guard import HEADER_TIMEOUT_S, ConnectionGuard, GuardedRunner
@@ -33,19 +34,24 @@ from .dataplane.transport import Auth, StreamServer
 log = logging.getLogger(__name__)
 
 READ_BUFSIZE = 4 << 20  # measured: large frames move fastest with a 4 MiB read buffer
+LOAD_SAMPLE_S = 0.5     # how often the worker samples its load (load.py decides what is published)
 
 
 class Worker:
     def __init__(self, *, worker_id: str, state: ClusterState, secret: bytes, host: str = "127.0.0.1",
                  port: int = 0, threads: int = 2, advertise_host: str | None = None,
                  limits: codec.Limits = codec.DEFAULT_LIMITS, schedule: bool = True,
-                 allow_modules: tuple[str, ...] = DEFAULT_ALLOWED_MODULES):
+                 allow_modules: tuple[str, ...] = DEFAULT_ALLOWED_MODULES, threads_auto: bool = False):
         self.id, self.state, self.host, self.port = worker_id, state, host, port
         #: module prefixes this worker imports components and groupings from
         self.allow_modules = tuple(allow_modules)
         self.refused: dict[str, int] = {}   # topology -> spec version refused (logged once)
         self.advertise_host = advertise_host or host
         self.threads, self.limits = threads, limits
+        #: `--threads auto`: the load balancer may set this worker's threads to its free cores
+        self.threads_auto = threads_auto
+        self.load = LoadMeter()
+        self.started_at = time.time()
         self.auth = Auth(secret, worker_id)
         self.runtimes: dict[str, TopologyRuntime] = {}
         self.started = asyncio.Event()
@@ -83,12 +89,28 @@ class Worker:
         self._unwatch.append(self.state.watch_topologies(self._threadsafe(self._on_topologies)))
         if self.scheduler:
             await asyncio.to_thread(self.scheduler.start)
+        self._spawn(self._measure_load())
         self.started.set()
         log.info("worker %s serving on %s:%d with %d compute threads", self.id, self.host, self.port, self.threads)
 
     def info(self) -> dict:
-        return {"host": self.advertise_host, "port": self.port, "threads": self.pool.size,
-                "cores": os.cpu_count(), "pid": os.getpid(), "started": time.time()}
+        info = {"host": self.advertise_host, "port": self.port, "threads": self.pool.size,
+                "cores": os.cpu_count(), "pid": os.getpid(), "started": self.started_at}
+        if self.load.published is not None:
+            info["load"] = self.load.published
+        return info
+
+    async def _measure_load(self) -> None:
+        """Sample the load every LOAD_SAMPLE_S; publish it (in the worker's registration)
+        when a figure moved enough (load.py), for the leader's balancing policy."""
+        while not self.closing:
+            await asyncio.sleep(LOAD_SAMPLE_S)
+            rec = self.load.sample(self.pool.busy_fraction(), self.pool.size, self.threads_auto)
+            if self.load.due(rec, time.monotonic()):
+                try:
+                    await asyncio.to_thread(self.state.update_worker, self.id, self.info())
+                except CoordinatorError as e:   # the next change (or heartbeat) writes again
+                    log.debug("worker %s: could not publish its load: %s", self.id, e)
 
     def _session_restarted(self) -> None:
         """Our ZooKeeper session expired and a new one began (coordinator thread):
@@ -299,6 +321,9 @@ class Worker:
             "worker": self.id, "host": self.advertise_host, "port": self.port, "pid": os.getpid(),
             "threads": self.pool.size, "busy_fraction": round(self.pool.busy_fraction(), 4),
             "leader": bool(self.scheduler and self.scheduler.leading),
+            "load": self.load.published,
+            "balance": ({n: m.history for n, m in self.scheduler.balance_memory.items()}
+                        if self.scheduler and self.scheduler.leading else {}),
             "topologies": {n: rt.status() for n, rt in self.runtimes.items()},
             "links": self.delivery.status(),
             "transport": {"rejected": s.rejected, "frames_in": s.frames_in, "bytes_in": s.bytes_in,

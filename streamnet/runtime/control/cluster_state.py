@@ -142,6 +142,16 @@ class ClusterState:
         except NoNodeError:
             pass
 
+    def put_balance_log(self, name: str, history: list[dict]) -> None:
+        """The load balancer's last decisions for `name` (control/balance.py), for status."""
+        self.coord.put(self.path("topologies", name, "balance"), _j(history))
+
+    def balance_log(self, name: str) -> list[dict]:
+        try:
+            return _unj(self.coord.get(self.path("topologies", name, "balance"))[0])
+        except NoNodeError:
+            return []
+
     def mark_applied(self, name: str, worker: str, version: int) -> None:
         """A worker reports the assignment version it has converged to."""
         self.coord.put(self.path("topologies", name, "applied", worker), str(version).encode())

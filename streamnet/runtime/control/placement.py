@@ -100,7 +100,9 @@ def plan(spec: dict, workers: dict[str, dict], current: Assignment | None, reque
     threads = dict(new.threads)
     if request.get("threads"):
         threads.update({w: int(n) for w, n in request["threads"].items() if w in workers})
-    new = replace(new, threads=threads, spec_version=spec.get("version", 0))
+    # work shares are the load balancer's (balance.py): kept for the tasks that still exist
+    shares = {t: w for t, w in current.shares.items() if t in new.tasks} if current is not None else {}
+    new = replace(new, threads=threads, spec_version=spec.get("version", 0), shares=shares)
     # a threads-only request is carried out by this write; a parallelism request made
     # during a drain waits for the next pass
     done = {} if request and not request.get("parallelism") else None

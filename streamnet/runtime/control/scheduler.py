@@ -13,12 +13,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 
+from .balance import Memory, decide
 from .cluster_state import RUNNING, ClusterState
 from .coordinator import BadVersionError, CoordinatorError, NoNodeError
 from .election import Election, probe
-from .placement import NoWorkersError, plan
+from .placement import NoWorkersError, plan, worker_url
 from ..assignment import Assignment, moved_tasks
+from ..topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,7 @@ class SchedulerService:
         self.unreachable: dict[str, str] = {}   # registered workers placed on no task: why
         self._reported: set[str] = set()         # peers someone reports unreachable (a watch keeps it)
         self._unwatch = None
+        self.balance_memory: dict[str, Memory] = {}   # topology -> the load balancer's memory (leader only)
 
     def start(self) -> None:
         # every candidate watches the reports: the leader to place no task on a dead peer,
@@ -155,22 +159,46 @@ class SchedulerService:
     def _reconcile_topology(self, name: str, workers: dict) -> None:
         current, version = self.state.assignment(name)
         stopped = self.state.applied_workers(name, version) if current and current.draining else set()
-        step = plan(self.state.topology(name), workers, current, self.state.rebalance_request(name), stopped,
-                    time.time())
+        spec = self.state.topology(name)
+        step = plan(spec, workers, current, self.state.rebalance_request(name), stopped, time.time())
         for note in step.notes:
             log.info("topology %s: %s", name, note)
+        assignment = step.assignment
+        if step.spec is None:
+            assignment = self._balance(name, spec, assignment or current, workers) or assignment
         if step.spec is not None:
             self.state.update_topology(name, step.spec)
-        if step.assignment is not None:
-            if not step.assignment.draining:
-                self._log_moves(name, current, step.assignment, workers)
-            self.state.write_assignment(name, step.assignment, version)
+        if assignment is not None:
+            if not assignment.draining:
+                self._log_moves(name, current, assignment, workers)
+            self.state.write_assignment(name, assignment, version)
         if step.request == {}:
             self.state.clear_rebalance(name)
         elif step.request:
             self.state.request_rebalance(name, step.request)
         if step.again:
             self._wake.set()
+
+    def _balance(self, name: str, spec: dict, base: Assignment | None, workers: dict) -> Assignment | None:
+        """The load balancer's decision (balance.py) applied to `base`, or None: no change."""
+        if base is None or base.draining:
+            return None
+        memory = self.balance_memory.setdefault(name, Memory())
+        d = decide(name, Topology.from_dict(spec), base, workers, memory, time.time())
+        if not d.changed:
+            return None
+        for note in d.notes:
+            log.info("topology %s: balance: %s", name, note)
+        tasks = {**base.tasks, **d.moves}
+        urls = {w: u for w, u in base.workers.items() if w in tasks.values()}
+        urls.update({w: worker_url(workers[w]) for w in tasks.values() if w not in urls and w in workers})
+        new = replace(base, tasks=tasks, workers=urls, threads={**base.threads, **(d.threads or {})},
+                      shares=d.shares if d.shares is not None else base.shares)
+        try:
+            self.state.put_balance_log(name, memory.history)
+        except CoordinatorError as e:
+            log.warning("topology %s: could not store the balance history: %s", name, e)
+        return new
 
     def _log_moves(self, name: str, current: Assignment | None, new: Assignment, workers: dict) -> None:
         moved = moved_tasks(None if current is None or current.draining else current, new)

@@ -43,6 +43,7 @@ class TopologyRuntime:
         self.stop_requested = False   # the topology is stopping cleanly: its spouts get drain()
         self.lock = asyncio.Lock()
         self.view = View(worker.id, -1, frozenset(), {}, {})
+        self.shares: dict[int, float] = {}   # the load balancer's work shares (task -> weight)
 
     def refresh_view(self) -> None:
         """After any change of version, placement or local executors: routing reads the view."""
@@ -55,6 +56,7 @@ class TopologyRuntime:
             if version <= self.version:
                 return
             self.version = version
+            self.shares = dict(assignment.shares)
             before = self.task_worker
             self.task_worker = dict(assignment.tasks)
             moved = sorted(t for t, w in before.items() if self.task_worker.get(t) != w)
@@ -77,6 +79,7 @@ class TopologyRuntime:
             for t in sorted(set(self.executors) - mine):
                 log.info("%s: task %d moved away; stopping it here", self.name, t)
                 ex = self.executors.pop(t)
+                self.worker.load.forget(self.name, t)
                 self.refresh_view()
                 await self._stop_executor(ex)
             for t in sorted(mine - set(self.executors)):
@@ -124,13 +127,22 @@ class TopologyRuntime:
                       compute=self.worker.compute, publish=lambda k, v: self.worker.publish(self.name, k, v),
                       save_state=None,
                       put_checkpoint=lambda p: self.worker.state.put_checkpoint(self.name, p),
-                      compute_share=lambda: self.compute_share(c["id"]))
+                      compute_share=lambda: self.compute_share(c["id"]),
+                      report_work=lambda items, seconds: self.worker.load.report_work(self.name, task, items, seconds),
+                      work_shares=self.work_shares)
         if c["kind"] == "spout":
             ex = SpoutExecutor(self, task, c, instance, ctx)
         else:
             ex = BoltExecutor(self, task, c, instance, ctx, queue_size=int(self.topology.config["queue_size"]))
         ctx._save_state = lambda v: fencing.save_state(self, ex, v)
         return ex
+
+    def work_shares(self, cid: str) -> list[float] | None:
+        """The assignment's work shares of `cid`'s tasks, by task index (None: none set)."""
+        tasks = self.topology.tasks(cid)
+        if not any(t in self.shares for t in tasks):
+            return None
+        return [self.shares.get(t, 1.0) for t in tasks]
 
     def compute_share(self, cid: str) -> int:
         """The worker's compute threads divided among this component's tasks here."""
@@ -165,6 +177,7 @@ class TopologyRuntime:
             for e in bolts:
                 await self._stop_executor(e)
             self.executors.clear()
+            self.worker.load.forget(self.name)
             self.refresh_view()
 
     # -- routing ----------------------------------------------------------------------
@@ -225,4 +238,5 @@ class TopologyRuntime:
             else:
                 m["pending"], m["pending_max"] = len(ex.pending), ex.max_pending
             tasks[t] = m
-        return {"assignment_version": self.version, "tasks": tasks, "dropped": self.dropped, "stale": self.stale}
+        return {"assignment_version": self.version, "tasks": tasks, "dropped": self.dropped, "stale": self.stale,
+                "shares": {str(t): w for t, w in sorted(self.shares.items())}}

@@ -1,0 +1,151 @@
+"""What a worker measures about its load, for the leader's balancing policy
+(control/balance.py).
+
+- per task: seconds per work item over a moving window, from what the task reports
+  (`Context.report_work`: a training unit reports samples and compute seconds);
+- the host: cores this process may run on, how many of them other processes keep
+  busy (CPU time of the cores in our affinity mask minus our own, from /proc/stat
+  and the process's CPU clock), steal time where the kernel reports it, the 1-minute
+  load average;
+- the compute pool's busy fraction.
+
+`LoadMeter.sample()` turns these into one plain record; `moved()` says whether a
+new record differs enough from the last one published to be worth a coordinator
+write, so that hundreds of workers do not flood ZooKeeper with unchanged numbers.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+
+WINDOW = 6              # reports per task in the speed window
+CHANGE = 0.10           # a figure that moved by more than this fraction is news
+MIN_PUBLISH_S = 1.0     # at most one write per this many seconds
+HEARTBEAT_S = 30.0      # an unchanged record is still written this often
+
+
+class SpeedWindow:
+    """Seconds per item of one task over its last WINDOW reports."""
+
+    def __init__(self, window: int = WINDOW):
+        self.reports: deque[tuple[float, float]] = deque(maxlen=window)
+
+    def add(self, items: float, seconds: float) -> None:
+        if items > 0 and seconds >= 0:
+            self.reports.append((float(items), float(seconds)))
+
+    def seconds_per_item(self) -> float | None:
+        items = sum(n for n, _ in self.reports)
+        return sum(s for _, s in self.reports) / items if items else None
+
+
+def _cpu_times(cpus: set[int], path: str = "/proc/stat") -> tuple[float, float, float] | None:
+    """(busy, steal, total) jiffies summed over `cpus`, or None where /proc/stat is absent."""
+    try:
+        with open(path) as f:
+            lines = f.readlines()
+    except OSError:
+        return None
+    busy = steal = total = 0.0
+    for line in lines:
+        name, *vals = line.split()
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+            continue
+        v = [float(x) for x in vals] + [0.0] * 8
+        user, nice, system, idle, iowait, irq, softirq, st = v[:8]
+        busy += user + nice + system + irq + softirq
+        steal += st
+        total += user + nice + system + idle + iowait + irq + softirq + st
+    return busy, steal, total
+
+
+class HostSampler:
+    """Cores busy with other processes' work, between two calls of `sample()`."""
+
+    def __init__(self):
+        self.cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+        self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._last = self._read()
+
+    def _read(self):
+        t = os.times()
+        return time.monotonic(), t.user + t.system, _cpu_times(self.cpus)
+
+    def sample(self) -> dict:
+        now = self._read()
+        (t0, own0, cpu0), (t1, own1, cpu1) = self._last, now
+        self._last = now
+        wall = max(t1 - t0, 1e-6)
+        own = (own1 - own0) / wall                 # cores this process kept busy
+        out = {"cores": len(self.cpus), "own_busy": round(own, 3)}
+        if cpu0 and cpu1 and cpu1[2] > cpu0[2]:
+            span = cpu1[2] - cpu0[2]
+            busy = (cpu1[0] - cpu0[0]) / span * len(self.cpus)
+            out["foreign_busy"] = round(max(0.0, busy - own), 3)
+            out["steal"] = round((cpu1[1] - cpu0[1]) / span, 4)
+        try:
+            out["loadavg"] = os.getloadavg()[0]
+        except OSError:
+            pass
+        return out
+
+
+class LoadMeter:
+    """One worker's measurements (the worker owns one; tasks report into it)."""
+
+    def __init__(self, host: HostSampler | None = None):
+        self.host = host or HostSampler()
+        self.tasks: dict[tuple[str, int], SpeedWindow] = {}     # (topology, task) -> window
+        self.published: dict | None = None
+        self.published_at = 0.0
+
+    def report_work(self, topology: str, task: int, items: float, seconds: float) -> None:
+        self.tasks.setdefault((topology, task), SpeedWindow()).add(items, seconds)
+
+    def forget(self, topology: str, task: int | None = None) -> None:
+        """A task moved away (or the topology ended): its speed is no longer ours to report."""
+        for key in [k for k in self.tasks if k[0] == topology and (task is None or k[1] == task)]:
+            del self.tasks[key]
+
+    def sample(self, busy_fraction: float, threads: int, threads_auto: bool) -> dict:
+        rec = self.host.sample()
+        rec.update(busy=round(busy_fraction, 3), threads=threads, threads_auto=threads_auto)
+        speeds: dict[str, dict[str, float]] = {}
+        for (topology, task), w in sorted(self.tasks.items()):
+            spi = w.seconds_per_item()
+            if spi is not None:
+                speeds.setdefault(topology, {})[str(task)] = spi
+        rec["seconds_per_item"] = speeds
+        return rec
+
+    def due(self, rec: dict, now: float) -> bool:
+        """Whether `rec` is worth writing now (and, if so, remember it as written)."""
+        if now - self.published_at < MIN_PUBLISH_S:
+            return False
+        if self.published is not None and now - self.published_at < HEARTBEAT_S and not moved(self.published, rec):
+            return False
+        self.published, self.published_at = rec, now
+        return True
+
+
+def _moved(a: float, b: float, frac: float, floor: float) -> bool:
+    return abs(a - b) > frac * max(abs(a), abs(b), floor)
+
+
+def moved(old: dict, new: dict, frac: float = CHANGE) -> bool:
+    """Whether a figure the policy acts on moved by more than `frac` (busy cores are
+    compared on a floor of a quarter core, so idle noise is not news)."""
+    if old.get("threads") != new.get("threads") or old.get("cores") != new.get("cores"):
+        return True
+    if _moved(old.get("foreign_busy", 0.0), new.get("foreign_busy", 0.0), frac, 0.25 * new.get("cores", 1)):
+        return True
+    a, b = old.get("seconds_per_item", {}), new.get("seconds_per_item", {})
+    if set(a) != set(b):
+        return True
+    for topology, speeds in b.items():
+        if set(speeds) != set(a[topology]):
+            return True
+        if any(_moved(a[topology][t], s, frac, 0.0) for t, s in speeds.items()):
+            return True
+    return False
