@@ -23,6 +23,7 @@ WINDOW = 6              # reports per task in the speed window
 CHANGE = 0.10           # a figure that moved by more than this fraction is news
 MIN_PUBLISH_S = 1.0     # at most one write per this many seconds
 HEARTBEAT_S = 30.0      # an unchanged record is still written this often
+FOREIGN_STEP = 0.25     # cores busy with other processes: a change by more than this is news
 
 
 class SpeedWindow:
@@ -134,11 +135,11 @@ def _moved(a: float, b: float, frac: float, floor: float) -> bool:
 
 
 def moved(old: dict, new: dict, frac: float = CHANGE) -> bool:
-    """Whether a figure the policy acts on moved by more than `frac` (busy cores are
-    compared on a floor of a quarter core, so idle noise is not news)."""
+    """Whether a figure the policy acts on moved: a speed by more than `frac`, the cores
+    other processes keep busy by more than FOREIGN_STEP (idle noise is not news)."""
     if old.get("threads") != new.get("threads") or old.get("cores") != new.get("cores"):
         return True
-    if _moved(old.get("foreign_busy", 0.0), new.get("foreign_busy", 0.0), frac, 0.25 * new.get("cores", 1)):
+    if abs(old.get("foreign_busy", 0.0) - new.get("foreign_busy", 0.0)) > FOREIGN_STEP:
         return True
     a, b = old.get("seconds_per_item", {}), new.get("seconds_per_item", {})
     if set(a) != set(b):

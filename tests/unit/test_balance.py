@@ -1,0 +1,162 @@
+"""The load balancer's policy (runtime/control/balance.py) and the load records it
+reads (runtime/load.py), on plain data."""
+import random
+
+import pytest
+
+from streamnet.runtime import TopologyBuilder
+from streamnet.runtime.assignment import Assignment, AssignmentError
+from streamnet.runtime.control import balance
+from streamnet.runtime.control.balance import Memory, decide
+from streamnet.runtime.load import LoadMeter, SpeedWindow, moved
+
+NAME = "t"
+
+
+def topology(balance_mode="load", units=2):
+    b = TopologyBuilder(NAME)
+    b.add_spout("data", "x.y:Spout")
+    b.add_bolt("compute", "x.y:Bolt", parallelism=units).direct("data")
+    return b.build(check_classes=False, balance=balance_mode)
+
+
+def placed(units=2, workers=("w1", "w2"), shares=None, threads=None):
+    # task 0 is the spout (on w1); compute tasks 1..units round-robin over the workers
+    tasks = {0: workers[0], **{1 + i: workers[i % len(workers)] for i in range(units)}}
+    return Assignment(tasks=tasks, workers={w: f"http://{w}:1" for w in workers},
+                      threads=threads or {w: 1 for w in workers}, shares=shares or {})
+
+
+def load(speeds: dict[int, float], cores=1, foreign=0.0, own=1.0, auto=False, threads=1):
+    """A worker's load record with `speeds` (task -> items/s)."""
+    return {"cores": cores, "foreign_busy": foreign, "own_busy": own, "threads": threads, "threads_auto": auto,
+            "seconds_per_item": {NAME: {str(t): 1.0 / s for t, s in speeds.items()}}}
+
+
+def workers_with(speeds: dict[str, dict[int, float]], **kw):
+    return {w: {"host": w, "port": 1, "threads": 1, "load": load(sp, **kw)} for w, sp in speeds.items()}
+
+
+def test_shares_follow_measured_speed_with_mean_one():
+    d = decide(NAME, topology(), placed(), workers_with({"w1": {1: 1000.0}, "w2": {2: 500.0}}), Memory(), 100.0)
+    assert d.shares == {1: pytest.approx(4 / 3, abs=1e-3), 2: pytest.approx(2 / 3, abs=1e-3)}
+    assert sum(d.shares.values()) == pytest.approx(2.0, abs=1e-2)      # the total work stays the same
+    assert "0.67x the median speed" in d.notes[0] or "1.33x" in d.notes[0]
+
+
+def test_static_topology_is_left_alone():
+    d = decide(NAME, topology("static"), placed(), workers_with({"w1": {1: 1000.0}, "w2": {2: 100.0}}),
+               Memory(), 100.0)
+    assert not d.changed
+
+
+def test_a_component_with_a_task_not_yet_measured_keeps_its_shares():
+    w = workers_with({"w1": {1: 1000.0}, "w2": {}})
+    assert decide(NAME, topology(), placed(), w, Memory(), 100.0).shares is None
+
+
+def test_shares_never_fall_below_the_minimum():
+    d = decide(NAME, topology(), placed(), workers_with({"w1": {1: 10000.0}, "w2": {2: 1.0}}), Memory(), 1.0)
+    assert min(d.shares.values()) >= balance.MIN_SHARE / 2     # floored, then renormalised
+    assert d.shares[2] < d.shares[1]
+
+
+def test_noisy_equal_speeds_do_not_flap():
+    rng = random.Random(7)
+    memory, assignment, changes = Memory(), placed(), 0
+    for i in range(300):                                  # 300 passes, each worker's speed +-10 % noise
+        w = workers_with({"w1": {1: 1000 * rng.uniform(0.9, 1.1)}, "w2": {2: 1000 * rng.uniform(0.9, 1.1)}})
+        d = decide(NAME, topology(), assignment, w, memory, float(i))
+        if d.shares is not None:
+            changes += 1
+            assignment = Assignment(**{**assignment.__dict__, "shares": d.shares})
+    assert changes <= 3, f"{changes} share changes on noise alone"
+
+
+def test_a_step_change_is_followed_and_then_undone_but_not_sooner_than_the_interval():
+    memory = Memory()
+    a = placed()
+    d = decide(NAME, topology(), a, workers_with({"w1": {1: 1000.0}, "w2": {2: 500.0}}), memory, 10.0)
+    a = Assignment(**{**a.__dict__, "shares": d.shares})
+    # the co-tenant leaves at once: equal speeds, but within the minimum interval nothing changes
+    same = workers_with({"w1": {1: 1000.0}, "w2": {2: 1000.0}})
+    assert decide(NAME, topology(), a, same, memory, 10.0 + balance.MIN_INTERVAL_S / 2).shares is None
+    d = decide(NAME, topology(), a, same, memory, 10.0 + balance.MIN_INTERVAL_S)
+    assert d.shares == {1: 1.0, 2: 1.0}
+    assert len(memory.history) == 2 and all("compute shares" in h["decision"] for h in memory.history)
+
+
+def test_threads_fit_the_free_cores_and_never_exceed_the_cores():
+    a = placed(threads={"w1": 4, "w2": 4})
+    w = {"w1": {"threads": 4, "load": load({1: 100.0}, cores=4, foreign=2.1, auto=True, threads=4)},
+         "w2": {"threads": 4, "load": load({2: 100.0}, cores=4, foreign=0.0, auto=True, threads=4)}}
+    d = decide(NAME, topology(), a, w, Memory(), 5.0)
+    assert d.threads == {"w1": 2}                          # 4 - 2.1 free cores; w2 stays at its 4 cores
+    w["w1"]["load"]["foreign_busy"] = 7.0                  # more busy than it has cores: still one thread
+    assert decide(NAME, topology(), Assignment(**{**a.__dict__, "threads": {"w1": 2, "w2": 4}}), w, Memory(),
+                  9.0).threads == {"w1": 1}
+
+
+def test_threads_are_set_only_for_auto_workers_and_with_a_margin():
+    a = placed(threads={"w1": 4, "w2": 4})
+    fixed = {"w1": {"threads": 4, "load": load({1: 1.0}, cores=4, foreign=3.0, auto=False, threads=4)}}
+    assert not decide(NAME, topology(), a, fixed, Memory(), 5.0).threads
+    slight = {"w1": {"threads": 4, "load": load({1: 1.0}, cores=4, foreign=0.5, auto=True, threads=4)}}
+    assert not decide(NAME, topology(), a, slight, Memory(), 5.0).threads
+
+
+def test_a_task_that_stays_slow_moves_to_a_worker_with_a_free_core():
+    memory = Memory()
+    a = Assignment(tasks={0: "w1", 1: "w1", 2: "w2", 3: "w1"}, workers={"w1": "u1", "w2": "u2"},
+                   threads={"w1": 1, "w2": 1, "w3": 2})
+    t = topology(units=3)
+    w = {"w1": {"threads": 1, "load": load({1: 1000.0, 3: 1000.0}, cores=2)},
+         "w2": {"threads": 1, "load": load({2: 200.0}, cores=1, foreign=0.9)},
+         "w3": {"threads": 2, "host": "w3", "port": 3, "load": load({}, cores=4, own=0.0)}}
+    moves = [decide(NAME, t, a, w, memory, float(i)).moves for i in range(balance.MOVE_AFTER)]
+    assert moves[:-1] == [{}] * (balance.MOVE_AFTER - 1) and moves[-1] == {2: "w3"}
+    # and not again while it holds
+    assert all(not decide(NAME, t, a, w, memory, float(10 + i)).moves for i in range(balance.MOVE_AFTER + 1))
+
+
+def test_a_slow_task_stays_when_no_worker_has_room():
+    memory = Memory()
+    w = workers_with({"w1": {1: 1000.0}, "w2": {2: 100.0}})   # each worker's one core is busy (own=1.0)
+    assert all(not decide(NAME, topology(), placed(), w, memory, float(i)).moves for i in range(20))
+
+
+def test_assignment_carries_shares_and_refuses_bad_ones():
+    a = placed(shares={1: 1.25, 2: 0.75})
+    assert Assignment.from_json(a.to_json()) == a
+    assert "shares" not in placed().to_json()
+    with pytest.raises(AssignmentError, match="positive and finite"):
+        Assignment.from_json({**a.to_json(), "shares": {"1": float("nan")}})
+    with pytest.raises(AssignmentError, match="positive and finite"):
+        Assignment.from_json({**a.to_json(), "shares": {"1": 0}})
+
+
+def test_speed_window_and_what_is_worth_publishing():
+    w = SpeedWindow(window=3)
+    for items, s in [(100, 1.0), (100, 1.0), (100, 1.0), (100, 3.0)]:
+        w.add(items, s)
+    assert w.seconds_per_item() == pytest.approx(5.0 / 300)       # the oldest report left the window
+    base = {"cores": 2, "threads": 2, "foreign_busy": 0.0, "seconds_per_item": {"t": {"1": 0.01}}}
+    assert not moved(base, {**base, "foreign_busy": 0.2})           # less than a quarter core: noise
+    assert moved(base, {**base, "foreign_busy": 0.8})
+    assert not moved(base, {**base, "seconds_per_item": {"t": {"1": 0.0105}}})
+    assert moved(base, {**base, "seconds_per_item": {"t": {"1": 0.013}}})
+    assert moved(base, {**base, "threads": 1})
+
+
+def test_the_meter_writes_at_most_once_a_second_and_only_news():
+    m = LoadMeter()
+    m.report_work(NAME, 1, 100, 0.5)
+    rec = m.sample(0.5, 2, False)
+    assert rec["seconds_per_item"] == {NAME: {"1": 0.005}} and rec["cores"] >= 1
+    assert m.due(rec, 100.0)
+    assert not m.due(rec, 100.5)                  # too soon
+    assert not m.due(rec, 102.0)                  # nothing moved
+    m.report_work(NAME, 1, 100, 5.0)
+    assert m.due(m.sample(0.5, 2, False), 102.0)  # a speed moved
+    m.forget(NAME, 1)
+    assert m.sample(0.5, 2, False)["seconds_per_item"] == {}
