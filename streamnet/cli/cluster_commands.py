@@ -12,7 +12,8 @@ from ..runtime.topology import Topology, TopologyError, resolve
 from ..training.run_stats import CHECKPOINTS, STOPPED_AT
 from .common import add_cluster_options, allowed_modules, check_writable, connect, parse_set, write_secret
 from .progress import ProgressLine, bar
-from .train_args import add_training_options, check_paths, check_set_types, given_options, naming_the_flag
+from .train_args import (DEFAULT_BALANCE, add_training_options, check_paths, check_set_types, given_options,
+                         naming_the_flag)
 
 
 def build_topology(what: str, options: dict):
@@ -24,7 +25,7 @@ def build_topology(what: str, options: dict):
         return EXAMPLES[what](**options)
     if what in builders:
         check_set_types(options)
-        return builders[what](**options)
+        return builders[what](**{"balance": DEFAULT_BALANCE, **options})
     if ":" in what:
         try:
             topo = resolve(what)(**options)

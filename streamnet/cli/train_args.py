@@ -56,6 +56,10 @@ TRAINING_FLAGS: tuple[Flag, ...] = (
     Flag("--train-limit", "train_limit", int, "use only the first N training samples"),
     Flag("--test-limit", "test_limit", int, "evaluate on only the first N test samples"),
     Flag("--seed", "seed", int, "default: 0"),
+    Flag("--balance", "balance", choices=("static", "load"),
+         help="load (default): each unit's batch share follows its measured speed, set live by the leader, "
+              "and workers started with --threads auto get the cores other processes leave free; static: "
+              "fixed shards and equal batches (deterministic)"),
     Flag("--checkpoint-dir", "checkpoint_dir", metavar="DIR",
          help="write a checkpoint at each epoch's end and when stopped cleanly (Ctrl-C, kill --checkpoint); "
               "on a cluster, a directory every worker can reach; not with --in-process"),
@@ -64,6 +68,7 @@ TRAINING_FLAGS: tuple[Flag, ...] = (
 )
 RUN_ONLY = {"checkpoint_dir", "resume"}     # where and whether to checkpoint: not part of the configuration
 _FLAG_OF = {f.key: f.flag for f in TRAINING_FLAGS}
+DEFAULT_BALANCE = "load"     # the commands' default (a RunConfig built in code is "static")
 
 
 def add_training_options(p, setup: bool = False) -> None:
@@ -126,6 +131,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     check_paths(given)
     o = {k: v for k, v in given.items() if k not in RUN_ONLY}
     o.setdefault("threads", o.get("units", base.units))    # one compute thread per unit unless told
+    o.setdefault("balance", DEFAULT_BALANCE)
     try:
         return with_overrides(base, o)
     except ConfigError as e:

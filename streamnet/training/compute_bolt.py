@@ -83,6 +83,7 @@ class ComputeBolt(Bolt):
                 return
             c, seconds = await self.ctx.compute(self._round, tup["batches"], tup["lr_scale"])
             self.compute_s += seconds
+            self.ctx.report_work(c.samples, seconds)      # this unit's speed, for load balancing
             self.samples += c.samples
             self._report()
             state = self.unit.state() if tup["checkpoint"] else None   # for a checkpoint that resumes exactly

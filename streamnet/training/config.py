@@ -12,6 +12,7 @@ from ..errors import ConfigError
 ALGORITHMS = ("online", "cumulative", "mixbp")
 DATASETS = ("fashion-mnist", "mnist", "idx", "synthetic")
 MODELS = ("lenet5", "alexnet")
+BALANCE_MODES = ("static", "load")
 
 
 def _require(cond: bool, field_name: str, message: str) -> None:
@@ -111,9 +112,17 @@ class RunConfig:
     epochs: int = 5
     seed: int = 0
     eval_every_epochs: int = 1
+    #: "load": units' batch shares follow their measured speed (one epoch-wide schedule,
+    #: schedule.SharedSchedule); "static": fixed per-unit shards, equal batches
+    balance: str = "static"
 
     def __post_init__(self):
         _require(self.units >= 1, "units", f"must be >= 1; got {self.units}")
+        _require(self.balance in BALANCE_MODES, "balance", f"must be one of {', '.join(BALANCE_MODES)}; "
+                 f"got {self.balance!r}")
+        _require(self.balance == "static" or (self.algorithm.unit_batches is None and
+                                              self.algorithm.unit_sync_periods is None), "balance",
+                 "load sets each unit's batch by its speed; per-unit batches or sync periods need 'static'")
         _require(self.threads >= 1, "threads", f"must be >= 1; got {self.threads}")
         _require(self.epochs >= 1, "epochs", f"must be >= 1; got {self.epochs}")
         for name in ("unit_batches", "unit_sync_periods"):
@@ -146,7 +155,7 @@ def run_config_from_dict(d: dict) -> RunConfig:
 
 ALG_KEYS = ("batch", "sync_period", "lr", "momentum", "weight_decay", "lr_schedule", "outer_lr", "outer_momentum")
 DATA_KEYS = ("dataset", "data_dir", "train_limit", "test_limit")
-RUN_KEYS = ("epochs", "units", "threads", "seed")
+RUN_KEYS = ("epochs", "units", "threads", "seed", "balance")
 MODEL_KEYS = ("input_size",)     # model options
 
 

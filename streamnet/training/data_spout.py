@@ -14,7 +14,7 @@ from ..runtime import Spout
 from .bp import lr_scale
 from .config import run_config_from_dict
 from .run_stats import StoppedAt
-from .schedule import UnitSchedule
+from .schedule import SharedSchedule, schedule_for
 from .streams import WORK, row
 
 log = logging.getLogger(__name__)
@@ -34,13 +34,16 @@ class DataSpout(Spout):
     def open(self, ctx, collector):
         super().open(ctx, collector)
         self.cfg = run_config_from_dict(self.config["run"])
-        self.schedule = UnitSchedule(self.cfg, int(self.config["train_size"]))
+        self.schedule = schedule_for(self.cfg, int(self.config["train_size"]))
+        self.balanced = isinstance(self.schedule, SharedSchedule)
+        self.shares = [1.0] * self.cfg.units        # the units' work shares for the next round (load balancing)
         self.compute_tasks = ctx.component_tasks("compute")
         self.checkpoints = bool(self.config.get("checkpoints"))
         self.epoch = self.round = self.step = 0
         if self.config.get("resume"):        # a resume point (nsmap.resume_point)
             start = self.config["resume"]
             self.epoch, self.round, self.step = start["epoch"], start["round"], start["step"]
+            self.shares = list(start.get("shares") or self.shares)   # the run's last decision, from its checkpoint
         self.total = self.schedule.epoch(0)[1] * self.cfg.epochs
         if self.epoch < self.cfg.epochs:
             self.plan, self.rounds = self.schedule.epoch(self.epoch)
@@ -56,6 +59,7 @@ class DataSpout(Spout):
         self.epoch, self.round, self.step = state["epoch"], state["round"], state["step"]
         self.replayed = state["replayed"]
         self.stopped = state.get("stopped", False)   # absent in states saved before drains existed
+        self.shares = list(state.get("shares") or self.shares)
         if self.epoch < self.cfg.epochs:
             self.plan, self.rounds = self.schedule.epoch(self.epoch)
 
@@ -77,9 +81,11 @@ class DataSpout(Spout):
             return  # the barrier: the whole round must complete first
         scale = lr_scale(self.cfg.algorithm, self.step / self.total)
         self.flagged = self.draining or (self.checkpoints and self.round + 1 >= self.rounds)
+        shared = self.schedule.round(self.epoch, self.round, self.shares) if self.balanced else None
         for unit, rounds in enumerate(self.plan):
             if self.round < len(rounds) or self.flagged:
-                batches = [b.astype(np.int32) for b in rounds[self.round]] if self.round < len(rounds) else []
+                mine = shared[unit] if shared is not None else rounds[self.round] if self.round < len(rounds) else []
+                batches = [b.astype(np.int32) for b in mine]
                 key = (self.epoch, self.round, unit)
                 self.in_flight[key] = row(WORK, unit=unit, epoch=self.epoch, round=self.round, step=self.step,
                                           lr_scale=scale, batches=batches, checkpoint=self.flagged)
@@ -98,8 +104,24 @@ class DataSpout(Spout):
                 self.stopped = True
                 log.warning("drained: stopped before epoch %d, round %d (step %d)",
                             self.epoch + 1, self.round + 1, self.step)
+            self._take_shares()
             self.ctx.save_state({"epoch": self.epoch, "round": self.round, "step": self.step,
-                                 "replayed": self.replayed, "stopped": self.stopped})
+                                 "replayed": self.replayed, "stopped": self.stopped, "shares": self.shares})
+
+    def _take_shares(self) -> None:
+        """At a round boundary, the load balancer's current shares become the next
+        round's (saved with the position, so a spout started anew cuts that round the
+        same way, and units never mix batches of two cuts)."""
+        new = self.ctx.work_shares("compute") if self.balanced else None
+        if not new or len(new) != len(self.shares) or new == self.shares:
+            return
+        before, after = self.schedule.batch_sizes(self.shares), self.schedule.batch_sizes(new)
+        log.info("batch shares from round %d of epoch %d: %s", self.round + 1, self.epoch + 1, ", ".join(
+            f"unit {k} batch {b} -> {a}" for k, (b, a) in enumerate(zip(before, after)) if a != b) or "unchanged")
+        self.shares = list(new)
+        for k, b in enumerate(after):
+            self.ctx.figure("training_unit_batch", b, unit=str(k),
+                            help="Samples per local step the data spout gives each unit (load balancing)")
 
     def fail(self, key):
         key = tuple(key)

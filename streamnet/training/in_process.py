@@ -18,7 +18,7 @@ from ..data import Dataset
 from .bp import Aggregator, ComputeUnit, lr_scale, plan_for
 from .config import RunConfig
 from .evaluate import evaluate
-from .schedule import UnitSchedule, load_data, make_model
+from .schedule import load_data, make_model, schedule_for
 from .summary import EpochRecord, RunSummary
 
 
@@ -52,7 +52,7 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
     units = [ComputeUnit(k, make_model(cfg, ds.num_classes), plan, threads=step_threads) for k in range(cfg.units)]
     agg = Aggregator(units[0].model.params, plan)
     size = units[0].model.input_shape[-1]
-    schedule = UnitSchedule(cfg, len(ds.train))
+    schedule = schedule_for(cfg, len(ds.train))
     first_plan, rounds_per_epoch = schedule.epoch(0)
     total_rounds = rounds_per_epoch * cfg.epochs
     alg = cfg.algorithm

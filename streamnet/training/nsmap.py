@@ -25,7 +25,7 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
     b = TopologyBuilder(name)
     alg = cfg.algorithm
     about = (f"{cfg.model.name} on {cfg.data.dataset}: {alg.name} b={alg.batch} H={alg.sync_period} lr={alg.lr}, "
-             f"{cfg.units} units x {cfg.epochs} epochs")
+             f"{cfg.units} units x {cfg.epochs} epochs, balance {cfg.balance}")
     if resume:
         about += f", resumed at step {resume['step']}"
     b.add_spout("data", f"{PKG}.data_spout:DataSpout", about=about, run=run, train_size=train_size,
@@ -42,7 +42,7 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
     # test images takes over a minute on one core); a lost worker is handled sooner, when the
     # assignment changes.
     return b.build(allow_cycles=True, max_spout_pending=cfg.units, message_timeout_s=message_timeout_s,
-                   queue_size=64)
+                   queue_size=64, balance=cfg.balance)
 
 
 def resume_point(cfg: RunConfig, checkpoint_dir: str | None, name: str, path: str | None = None) -> dict:

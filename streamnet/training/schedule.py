@@ -14,7 +14,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from ..data import Dataset, batch_slices, epoch_order, load_dataset, shard_indices
+from ..data import Dataset, batch_slices, epoch_order, load_dataset, shard_indices, shard_sizes
 from ..nn import Model, build_model
 from .config import DataConfig, RunConfig
 
@@ -69,6 +69,75 @@ class UnitSchedule:
         return plan, max(len(p) for p in plan)
 
 
+def split(total: int, weights) -> list[int]:
+    """`total` items cut in proportion to `weights` (largest remainder, lowest index first
+    on ties); each part gets at least one item while there are as many items as parts."""
+    sizes = shard_sizes(total, list(weights)) if total else [0] * len(weights)
+    if total >= len(sizes):
+        for i in range(len(sizes)):
+            if sizes[i] == 0:
+                sizes[max(range(len(sizes)), key=lambda k: sizes[k])] -= 1
+                sizes[i] = 1
+    return sizes
+
+
+class SharedSchedule:
+    """One epoch-wide schedule whose rounds can be cut by work shares (load balancing).
+
+    Each epoch is one seeded permutation of the training set. Step j of round r takes
+    the next B = batch x units samples of it, and round r is H such steps, whatever
+    the shares; the shares only decide how a step's B samples are cut among the units
+    (`round`), so a unit on a slower node takes a smaller batch and the others take
+    the rest: every sample of the epoch is still trained on exactly once, and a
+    round's samples can be recomputed anywhere from the seed and the shares.
+    With equal shares (`epoch`) every unit takes `batch` samples per step.
+    """
+
+    def __init__(self, cfg: RunConfig, train_size: int):
+        alg = cfg.algorithm
+        self.cfg, self.n, self.units, self.h = cfg, train_size, cfg.units, alg.sync_period
+        self.step = alg.batch * cfg.units
+        self.num_rounds = max(1, -(-train_size // (self.step * self.h)))
+        self._orders: dict[int, np.ndarray] = {}
+
+    def order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:
+            if len(self._orders) >= 2:
+                del self._orders[min(self._orders)]
+            self._orders[epoch] = np.random.default_rng([self.cfg.seed, epoch, 0x5EED]).permutation(self.n)
+        return self._orders[epoch]
+
+    def batch_sizes(self, shares) -> list[int]:
+        """Each unit's batch in a full step under `shares` (they sum to batch x units)."""
+        return split(self.step, shares)
+
+    def round(self, epoch: int, rnd: int, shares=None) -> list[list[np.ndarray]]:
+        """Per unit, its batches of round `rnd` under `shares` (None: equal)."""
+        shares = shares or [1.0] * self.units
+        order, full = self.order(epoch), self.batch_sizes(shares)
+        out: list[list[np.ndarray]] = [[] for _ in range(self.units)]
+        for j in range(self.h):
+            start = (rnd * self.h + j) * self.step
+            if start >= self.n:
+                break
+            sizes = full if start + self.step <= self.n else split(self.n - start, shares)
+            for k, size in enumerate(sizes):
+                if size:
+                    out[k].append(order[start:start + size])
+                start += size
+        return out
+
+    def epoch(self, epoch: int) -> tuple[list[list[list[np.ndarray]]], int]:
+        """Per unit, its rounds under equal shares (every unit has every round); the round count."""
+        rounds = [self.round(epoch, r) for r in range(self.num_rounds)]
+        return [[rounds[r][k] for r in range(self.num_rounds)] for k in range(self.units)], self.num_rounds
+
+
+def schedule_for(cfg: RunConfig, train_size: int) -> UnitSchedule | SharedSchedule:
+    """The shared schedule when work shares may change (`balance="load"`), else fixed shards."""
+    return SharedSchedule(cfg, train_size) if cfg.balance == "load" else UnitSchedule(cfg, train_size)
+
+
 class EpochPlans:
     """The unit plans of the epochs a sync task is working on, computed once each.
 
@@ -76,7 +145,7 @@ class EpochPlans:
     the next begins, and recomputing a plan costs a shuffle of the whole training set.
     """
 
-    def __init__(self, schedule: UnitSchedule):
+    def __init__(self, schedule: UnitSchedule | SharedSchedule):
         self.schedule = schedule
         self._cache: dict[int, list] = {}
 

@@ -28,7 +28,7 @@ from .bp import Aggregator, Contribution, plan_for
 from .config import run_config_from_dict
 from .epoch_clock import LossMeter, progress_record
 from .run_stats import SyncStats
-from .schedule import EpochPlans, UnitSchedule, dataset_for, make_model
+from .schedule import EpochPlans, dataset_for, make_model, schedule_for
 from .streams import APPLIED, CHECKPOINT, DIRECT_PARAMS, EVAL, PARAMS, STATE_REQUEST, row
 from .sync_recovery import SyncRecovery, vector_problem
 from .sync_state import SyncState
@@ -55,7 +55,7 @@ class SyncBolt(SyncRecovery, Bolt):
         ds = dataset_for(self.cfg)
         self.train_size = len(ds.train)
         self.agg = Aggregator(make_model(self.cfg, ds.num_classes).params, plan_for(self.cfg.algorithm))
-        self.plans = EpochPlans(UnitSchedule(self.cfg, self.train_size))
+        self.plans = EpochPlans(schedule_for(self.cfg, self.train_size))
         self.compute_tasks = ctx.component_tasks("compute")
         self.counts = SyncState(units=len(self.compute_tasks))
         self.pending: dict[tuple[int, int], dict[int, object]] = {}   # (epoch, round) -> unit -> contribution

@@ -257,7 +257,7 @@ def test_duplicate_worker_name(zk, secret, capsys):
     (["describe", "lenet5-mixbp", "--set", "epochs=abc"], "--set epochs takes an integer; got 'abc'"),
     (["describe", "lenet5-mixbp", "--set", "lr=x"], "--set lr takes a number; got 'x'"),
     (["submit", "lenet5-mixbp", "--set", "epochs=abc", "--zk", UNREACHABLE_ZK], "--set epochs takes an integer"),
-    (["describe", "lenet5-mixbp", "--set", "foo=1"], "unknown training option(s) ['foo']; known: batch,"),
+    (["describe", "lenet5-mixbp", "--set", "foo=1"], "unknown training option(s) ['foo']; known: balance, batch,"),
 ])
 def test_set_on_a_training_setup(argv, says, capsys):
     assert run_main(submit.main, argv) == 2
