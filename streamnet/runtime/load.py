@@ -27,14 +27,20 @@ FOREIGN_STEP = 0.25     # cores busy with other processes: a change by more than
 
 
 class SpeedWindow:
-    """Seconds per item of one task over its last WINDOW reports."""
+    """Seconds per item of one task over its last WINDOW reports. A task's first report
+    is left out: it holds the warm-up (numba compiling, caches filling), not its speed."""
 
     def __init__(self, window: int = WINDOW):
         self.reports: deque[tuple[float, float]] = deque(maxlen=window)
+        self.warm = False
 
     def add(self, items: float, seconds: float) -> None:
-        if items > 0 and seconds >= 0:
-            self.reports.append((float(items), float(seconds)))
+        if not (items > 0 and seconds >= 0):
+            return
+        if not self.warm:
+            self.warm = True
+            return
+        self.reports.append((float(items), float(seconds)))
 
     def seconds_per_item(self) -> float | None:
         items = sum(n for n, _ in self.reports)

@@ -137,6 +137,8 @@ def test_assignment_carries_shares_and_refuses_bad_ones():
 
 def test_speed_window_and_what_is_worth_publishing():
     w = SpeedWindow(window=3)
+    w.add(100, 60.0)                                                 # the warm-up round is left out
+    assert w.seconds_per_item() is None
     for items, s in [(100, 1.0), (100, 1.0), (100, 1.0), (100, 3.0)]:
         w.add(items, s)
     assert w.seconds_per_item() == pytest.approx(5.0 / 300)       # the oldest report left the window
@@ -150,13 +152,15 @@ def test_speed_window_and_what_is_worth_publishing():
 
 def test_the_meter_writes_at_most_once_a_second_and_only_news():
     m = LoadMeter()
+    m.report_work(NAME, 1, 100, 9.0)              # warm-up
     m.report_work(NAME, 1, 100, 0.5)
     rec = m.sample(0.5, 2, False)
     assert rec["seconds_per_item"] == {NAME: {"1": 0.005}} and rec["cores"] >= 1
     assert m.due(rec, 100.0)
     assert not m.due(rec, 100.5)                  # too soon
     assert not m.due(rec, 102.0)                  # nothing moved
-    m.report_work(NAME, 1, 100, 5.0)
+    for _ in range(6):
+        m.report_work(NAME, 1, 100, 5.0)
     assert m.due(m.sample(0.5, 2, False), 102.0)  # a speed moved
     m.forget(NAME, 1)
     assert m.sample(0.5, 2, False)["seconds_per_item"] == {}

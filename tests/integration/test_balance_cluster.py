@@ -1,0 +1,98 @@
+"""Load-aware allocation on a real cluster: worker processes pinned to their own
+cores, and a real co-tenant (a CPU-bound process pinned to one worker's core) that
+slows that worker to about half speed. The batch shares move toward the faster
+worker while it runs and back when it stops, every sample is still counted once,
+and the leader's decisions are kept for `status`. The fault tests with balancing
+on are here too (SIGKILL of a compute unit's host)."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from streamnet.runtime import wait_for
+from streamnet.testing import finish, placement, running_cluster, zookeeper_installed
+from streamnet.training import DataConfig, lenet5_mixbp
+from streamnet.training.nsmap import build_topology
+from streamnet.training.summary_from_results import summarise
+
+FASHION = "/usr/share/datasets/fashion-mnist"
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not zookeeper_installed(), reason="needs Debian's zookeeper package"),
+              pytest.mark.skipif(not os.path.isdir(FASHION), reason="needs dataset-fashion-mnist"),
+              pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin workers to")]
+
+
+def _shares(state, name, topo) -> list[float]:
+    """The compute units' shares in the current assignment (1.0 each while none is set)."""
+    a = state.assignment(name)[0]
+    return [a.shares.get(t, 1.0) if a else 1.0 for t in topo.tasks("compute")]
+
+
+def _rounds(state, name) -> int:
+    p = state.results(name).get("sync.0.progress")
+    return p["rounds"] if p else 0
+
+
+def _hog(core: int) -> subprocess.Popen:
+    return subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"])
+
+
+def test_shares_follow_a_co_tenant_and_every_sample_counts_once(zk):
+    cfg = lenet5_mixbp(units=2, epochs=14, balance="load", data=DataConfig(train_limit=6000, test_limit=1000))
+    topo = build_topology(cfg, name="balance-cotenant")
+    hog = None
+    with running_cluster(zk, workers=2, pin_cores=True) as (c, state):
+        try:
+            state.submit_topology(topo.name, topo.to_dict())
+            where = wait_for(lambda: placement(state, topo.name), 30, "the assignment")
+            units = list(topo.tasks("compute"))
+            hosts = [where[t] for t in units]
+            assert len(set(hosts)) == 2, f"the units share a worker: {where}"
+            wait_for(lambda: _rounds(state, topo.name) >= 10, 120, "training to get going", interval=0.2)
+            slow = 1                                             # the unit whose worker gets the co-tenant
+            core = int(hosts[slow][1:]) % len(os.sched_getaffinity(0))     # Cluster pins w<i> to core i
+            hog, t_on, r_on = _hog(core), time.monotonic(), _rounds(state, topo.name)
+            wait_for(lambda: _shares(state, topo.name, topo)[slow] < 0.85 * _shares(state, topo.name, topo)[1 - slow],
+                     60, "the slowed unit's share to fall", interval=0.1)
+            print(f"co-tenant on {hosts[slow]}: shares {_shares(state, topo.name, topo)} after "
+                  f"{time.monotonic() - t_on:.1f} s, {_rounds(state, topo.name) - r_on} rounds")
+            hog.kill()
+            hog.wait(10)
+            hog, t_off, r_off = None, time.monotonic(), _rounds(state, topo.name)
+            wait_for(lambda: min(_shares(state, topo.name, topo)) > 0.85 * max(_shares(state, topo.name, topo)),
+                     60, "the shares to even out again", interval=0.1)
+            print(f"co-tenant gone: shares {_shares(state, topo.name, topo)} after {time.monotonic() - t_off:.1f} s, "
+                  f"{_rounds(state, topo.name) - r_off} rounds")
+            assert not set(topo.tasks("data")) <= state.done_tasks(topo.name), \
+                "the run ended before the shares evened out again"
+            log = state.balance_log(topo.name)
+            results = finish(state, topo.name, timeout=600)
+        finally:
+            if hog is not None:
+                hog.kill()
+                hog.wait(10)
+    assert len(log) >= 2 and all("compute shares" in e["decision"] for e in log)
+    s = summarise(cfg, results, workers=2)
+    assert s.extra["each_sample_counted_once"] is True
+    assert results["sync.0.stats"]["epoch_samples"] == {str(e): 6000 for e in range(1, 15)}
+    assert s.test_accuracy >= 0.75
+
+
+def test_balanced_training_survives_sigkill_of_a_units_host(zk):
+    cfg = lenet5_mixbp(units=2, epochs=3, balance="load", data=DataConfig(train_limit=12000, test_limit=2000))
+    topo = build_topology(cfg, name="balance-kill")
+    with running_cluster(zk, workers=3) as (c, state):
+        state.submit_topology(topo.name, topo.to_dict())
+        where = wait_for(lambda: placement(state, topo.name), 30, "the assignment")
+        wait_for(lambda: _rounds(state, topo.name) >= 20, 120, "training to get going", interval=0.2)
+        host = where[topo.tasks("compute")[0]]
+        c.kill9(host)
+        wait_for(lambda: host not in placement(state, topo.name).values(), 15, "the dead worker's tasks to move",
+                 interval=0.05)
+        results = finish(state, topo.name, timeout=600)
+    s = summarise(cfg, results, workers=2)
+    assert s.extra["each_sample_counted_once"] is True
+    assert results["sync.0.stats"]["epoch_samples"] == {"1": 12000, "2": 12000, "3": 12000}
+    assert s.test_accuracy >= 0.80
