@@ -1,0 +1,214 @@
+"""Load-aware allocation, measured: the thesis' thread-allocation experiment and a
+co-tenant slowing one node, with --balance static against --balance load.
+
+(a) threads: LeNet-5 MixBP on streamnet-worker processes with 1 or 2 workers, 1 or
+    2 compute threads each, and 1 or 2 units: samples/s of each allocation.
+(b) co-tenant: 2 worker processes pinned to their own cores (taskset); halfway
+    through epoch 1 a CPU-bound process is started on the core of the worker that
+    hosts unit 1 and stopped halfway through the last epoch. The same run with
+    static and with load balancing: each epoch's time, rounds/s and each unit's
+    batch share over time, accuracy at the end; how many rounds the shares took to
+    follow the co-tenant and to come back.
+
+    python perf/balance.py                # ~6 minutes on 2 idle cores
+    python perf/balance.py --quick        # smaller data: ~2 minutes
+
+Writes perf/results/balance.json and balance.png (throughput and shares vs time,
+co-tenant start and stop marked). Needs ZooKeeper (Debian's zookeeper) and >= 2 cores.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from perf.common import machine, pin_blas_threads, png_path, write_json  # noqa: E402
+
+pin_blas_threads(1)
+
+
+def _cfg(units: int, epochs: int, train: int, test: int, balance: str):
+    from streamnet.training import DataConfig, lenet5_mixbp
+    return lenet5_mixbp(units=units, epochs=epochs, balance=balance,
+                        data=DataConfig(train_limit=train, test_limit=test))
+
+
+def _run(zk_hosts, cfg, workers: int, threads: int, pin: bool, on_progress=None):
+    """Train on worker processes; (summary, time series of progress polls, topology)."""
+    from streamnet.testing import running_cluster
+    from streamnet.training.cluster_run import follow
+    from streamnet.training.nsmap import build_topology
+    from streamnet.training.summary_from_results import summarise
+    topo = build_topology(cfg, name=f"balance-{time.time_ns() % 10**9}")
+    series = []
+    with running_cluster(zk_hosts, workers=workers, threads=threads, session_timeout=10.0, pin_cores=pin) as (_, st):
+        st.submit_topology(topo.name, topo.to_dict())
+        t0 = time.monotonic()
+
+        def progress(p):
+            a = st.assignment(topo.name)[0]
+            row = {"t": time.monotonic() - t0, "rounds": p["rounds"], "samples": p["samples"],
+                   "shares": [a.shares.get(t, 1.0) if a else 1.0 for t in topo.tasks("compute")],
+                   "placement": {str(t): a.tasks.get(t) for t in topo.tasks("compute")} if a else {}}
+            series.append(row)
+            if on_progress:
+                on_progress(row)
+        results, wall = follow(st, topo, cfg, progress=progress, poll_s=0.2)
+        log = st.balance_log(topo.name)
+    return summarise(cfg, results, workers=workers, wall_s=wall), series, log
+
+
+def threads_table(zk_hosts, train: int) -> list[dict]:
+    rows = []
+    for workers, threads, units in ((1, 1, 1), (1, 2, 1), (1, 2, 2), (2, 1, 2)):
+        cfg = _cfg(units, 1, train, 1000, "static")
+        s, _, _ = _run(zk_hosts, cfg, workers, threads, pin=workers > 1)
+        rows.append({"workers": workers, "threads_per_worker": threads, "units": units,
+                     "samples_per_s": round(s.samples_per_s), "wall_s": round(s.wall_s, 1)})
+        print(f"  {workers} worker(s) x {threads} thread(s), {units} unit(s): {s.samples_per_s:,.0f} samples/s",
+              flush=True)
+    return rows
+
+
+class CoTenant:
+    """A CPU-bound process on one core, started and stopped by sample counts."""
+
+    def __init__(self, train: int, epochs: int):
+        self.start_at, self.stop_at = train // 2, (epochs - 1) * train + train // 2
+        self.proc = None
+        self.on = self.off = None        # (t, rounds) when it started / stopped
+
+    def __call__(self, row):
+        if self.on is None and row["samples"] >= self.start_at:
+            self.proc = subprocess.Popen(["taskset", "-c", str(self._core(row)), sys.executable, "-c",
+                                          "while True: pass"])
+            self.on = (row["t"], row["rounds"])
+        elif self.on is not None and self.off is None and row["samples"] >= self.stop_at:
+            self.kill()
+            self.off = (row["t"], row["rounds"])
+
+    @staticmethod
+    def _core(row) -> int:
+        unit1 = sorted(row["placement"], key=int)[1]         # the worker that hosts unit 1
+        return int(row["placement"][unit1][1:]) % len(os.sched_getaffinity(0))    # Cluster pins w<i> to core i
+
+    def kill(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def _rounds_until(series, since, test) -> int | None:
+    """Rounds from the poll at time `since` to the first poll after it where test(row) holds."""
+    if since is None:
+        return None
+    t0, r0 = since
+    for row in series:
+        if row["t"] >= t0 and test(row):
+            return row["rounds"] - r0
+    return None
+
+
+def cotenant(zk_hosts, train: int, epochs: int) -> dict:
+    out = {}
+    for balance in ("static", "load"):
+        hog = CoTenant(train, epochs)
+        try:
+            s, series, log = _run(zk_hosts, _cfg(2, epochs, train, 2000, balance), 2, 1, True, hog)
+        finally:
+            hog.kill()
+        run = {"epoch_s": [round(e.seconds, 2) for e in s.history], "test_accuracy": s.test_accuracy,
+               "samples_per_s": round(s.samples_per_s), "each_sample_counted_once":
+                   s.extra["each_sample_counted_once"], "cotenant_on": hog.on, "cotenant_off": hog.off,
+               "series": series, "decisions": log}
+        if balance == "load":
+            held = [r["shares"] for r in series if hog.on and r["t"] >= hog.on[0] and
+                    (hog.off is None or r["t"] < hog.off[0])]
+            settled = held[len(held) // 2:] or held
+            goal = [sorted(x[k] for x in settled)[len(settled) // 2] for k in range(2)] if settled else [1.0, 1.0]
+            run["settled_shares"] = goal
+            run["rounds_to_follow"] = _rounds_until(series, hog.on, lambda r: all(
+                abs(r["shares"][k] - goal[k]) <= 0.1 * goal[k] for k in range(2)) and goal != [1.0, 1.0])
+            run["rounds_to_return"] = _rounds_until(series, hog.off, lambda r: all(
+                abs(x - 1.0) <= 0.1 for x in r["shares"]))
+        out[balance] = run
+        print(f"  {balance}: epochs {run['epoch_s']} s, accuracy {s.test_accuracy:.2%}, co-tenant "
+              f"{hog.on} -> {hog.off}" + (f", shares followed in {run['rounds_to_follow']} rounds, back in "
+                                         f"{run['rounds_to_return']}" if balance == "load" else ""), flush=True)
+    st, ld = out["static"]["epoch_s"], out["load"]["epoch_s"]
+    busy = range(1, len(st) - 1) if len(st) > 2 else range(len(st))      # epochs wholly under the co-tenant
+    out["ratios"] = {"epoch_time_load_over_static": [round(ld[e] / st[e], 3) for e in busy],
+                     "accuracy_load_minus_static_pp": round(100 * (out["load"]["test_accuracy"] -
+                                                                   out["static"]["test_accuracy"]), 2)}
+    return out
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    co = result["cotenant"]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for balance, style in (("static", "--"), ("load", "-")):
+        s = co[balance]["series"]
+        pts = [(b["t"], (b["rounds"] - a["rounds"]) / (b["t"] - a["t"])) for a, b in zip(s, s[3:]) if b["t"] > a["t"]]
+        ax1.plot([p[0] for p in pts], [p[1] for p in pts], style, label=f"--balance {balance}")
+        for key, colour in (("cotenant_on", "red"), ("cotenant_off", "green")):
+            if co[balance][key]:
+                ax1.axvline(co[balance][key][0], color=colour, linestyle=style, alpha=0.5)
+    ax1.set_ylabel("rounds/s")
+    ax1.legend()
+    ax1.set_title("LeNet-5 MixBP, 2 worker processes on their own cores; co-tenant on unit 1's core "
+                  "(red: start, green: stop)", fontsize=8)
+    s = co["load"]["series"]
+    for k in range(2):
+        ax2.plot([r["t"] for r in s], [r["shares"][k] for r in s], label=f"unit {k} share (load)")
+    for key, colour in (("cotenant_on", "red"), ("cotenant_off", "green")):
+        if co["load"][key]:
+            ax2.axvline(co["load"][key][0], color=colour, alpha=0.5)
+    ax2.set_ylabel("batch share (mean 1)")
+    ax2.set_xlabel("seconds")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smaller data (about 2 minutes)")
+    p.add_argument("--train-limit", type=int, help="training samples per epoch (default 30,000; quick 9,000)")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--skip-threads", action="store_true", help="only the co-tenant experiment")
+    p.add_argument("--zk-hosts", help="a running ZooKeeper (default: start one)")
+    a = p.parse_args()
+    if len(os.sched_getaffinity(0)) < 2:
+        print("perf/balance.py needs at least 2 cores", file=sys.stderr)
+        return 2
+    train = a.train_limit or (9000 if a.quick else 30000)
+    zk = None
+    if not a.zk_hosts:
+        from streamnet.testing import ZooKeeper
+        zk = ZooKeeper().start()
+        a.zk_hosts = zk.hosts
+    try:
+        result = {"machine": machine(), "train_limit": train, "epochs": a.epochs}
+        if not a.skip_threads:
+            print("(a) thread allocation", flush=True)
+            result["threads"] = threads_table(a.zk_hosts, train)
+        print("(b) co-tenant, static vs load", flush=True)
+        result["cotenant"] = cotenant(a.zk_hosts, train, a.epochs)
+    finally:
+        if zk is not None:
+            zk.stop()
+    print("ratios:", result["cotenant"]["ratios"])
+    path = png_path("balance.png")
+    plot(result, path)
+    print("wrote", write_json("balance.json", result), "and", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
