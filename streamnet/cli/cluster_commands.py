@@ -217,7 +217,10 @@ def cmd_status(a) -> int:
             st = statuses[w] = _get_status(f"http://{info['host']}:{info['port']}")
             lead = " leader" if st and st.get("leader") else ""
             busy = f"busy {st['busy_fraction']:.0%}" if st else "unreachable"
-            print(f"  {w:<16s} {info['host']}:{info['port']:<6d} threads {info.get('threads')}  {busy}{lead}")
+            load = info.get("load") or {}
+            other = f"  other processes busy {load['foreign_busy']:.2f} of {load['cores']} cores" \
+                if "foreign_busy" in load else ""
+            print(f"  {w:<16s} {info['host']}:{info['port']:<6d} threads {info.get('threads')}  {busy}{lead}{other}")
         for n in names:
             if a.topology and n != a.topology:
                 continue
@@ -229,8 +232,14 @@ def cmd_status(a) -> int:
                     rate = m["executed"] / max(m["execute_s_total"], 1e-9) if m["executed"] else 0.0
                     extra = f"queue {m['queue']}/{m['queue_max']}" if "queue" in m else \
                         f"pending {m['pending']}/{m['pending_max']}"
+                    share = f"  share {asg.shares[int(t)]:.2f}" if asg and int(t) in asg.shares else ""
                     print(f"    task {t:>3s} {m['component']:<12s} on {w:<12s} executed {m['executed']:>8d}  "
-                          f"acked {m['acked']:>8d}  failed {m['failed']:>5d}  {extra}  ~{rate:,.0f}/s busy")
+                          f"acked {m['acked']:>8d}  failed {m['failed']:>5d}  {extra}  ~{rate:,.0f}/s busy{share}")
+            decisions = state.balance_log(n)
+            if decisions:
+                print(f"  load balancing: last {min(len(decisions), 5)} of {len(decisions)} decisions kept")
+                for d in decisions[-5:]:
+                    print(f"    {time.strftime('%H:%M:%S', time.localtime(d['time']))}  {d['decision']}")
         return 0
     finally:
         coord.close()

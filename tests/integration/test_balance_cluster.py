@@ -58,6 +58,10 @@ def test_shares_follow_a_co_tenant_and_every_sample_counts_once(zk):
                      60, "the slowed unit's share to fall", interval=0.1)
             print(f"co-tenant on {hosts[slow]}: shares {_shares(state, topo.name, topo)} after "
                   f"{time.monotonic() - t_on:.1f} s, {_rounds(state, topo.name) - r_on} rounds")
+            status = c.submit_cli("status", topo.name, timeout=60)
+            assert status.returncode == 0, status.stderr
+            assert "load balancing: last" in status.stdout and "compute shares task" in status.stdout, status.stdout
+            assert "other processes busy" in status.stdout, status.stdout
             hog.kill()
             hog.wait(10)
             hog, t_off, r_off = None, time.monotonic(), _rounds(state, topo.name)
