@@ -36,15 +36,15 @@ PUBLISHED_SPEEDUP = 3.68
 PROFILES = {
     "tiny": dict(engine="local", train_limit=600, test_limit=300, epochs=1, target=0.30, workers=[1, 2],
                  modes=["cumulative", "mixbp-H8"], bp_modes=["cumulative", "mixbp-H8"], online_limit=100,
-                 trials=1, repeats=1),
+                 trials=1, repeats=1, alexnet_limit=None),
     "quick": dict(engine="processes", train_limit=12000, test_limit=2000, epochs=3, target=0.85, workers=None,
                   modes=["mixbp-H8", "cumulative"], bp_modes=["online", "cumulative", "mixbp-H1", "mixbp-H4",
                                                             "mixbp-H8", "mixbp-H16", "mixbp-H8-om"],
-                  online_limit=1500, trials=2, repeats=1),
+                  online_limit=1500, trials=2, repeats=1, alexnet_limit=1024),
     "full": dict(engine="processes", train_limit=None, test_limit=None, epochs=10, target=0.89, workers=None,
                  modes=["mixbp-H8", "cumulative"], bp_modes=["online", "cumulative", "mixbp-H1", "mixbp-H4",
                                                            "mixbp-H8", "mixbp-H16", "mixbp-H8-om"],
-                 online_limit=6000, trials=5, repeats=2),
+                 online_limit=6000, trials=5, repeats=2, alexnet_limit=4096),
 }
 
 ALGORITHMS = {
@@ -99,6 +99,18 @@ def speedup(p, run: Runner) -> dict:
                                           "bytes_per_sample": round(s.extra.get("bytes_per_sample", 0.0), 1)}
             print(f"  speed-up {mode}/{k}: {s.samples_per_s:,.0f} samples/s, accuracy {s.test_accuracy:.2%}", flush=True)
     n = max(p["workers"])
+    if p["alexnet_limit"]:       # AlexNet-64: throughput only (an accuracy target would take hours here)
+        from streamnet.training import ModelConfig
+        for k in (1, n):
+            cfg = replace(config(p, "mixbp-H8", k, train_limit=p["alexnet_limit"]), epochs=1,
+                          model=ModelConfig(name="alexnet", options={"input_size": 64}))
+            cfg = replace(cfg, data=replace(cfg.data, test_limit=256))
+            s = run.train(cfg, k)
+            out["runs"][f"alexnet64-mixbp-H8/{k}"] = {"samples_per_s": round(s.samples_per_s, 1),
+                                                      "train_limit": p["alexnet_limit"]}
+            print(f"  speed-up AlexNet-64 mixbp-H8/{k}: {s.samples_per_s:,.0f} samples/s", flush=True)
+        a1, an = (out["runs"][f"alexnet64-mixbp-H8/{k}"]["samples_per_s"] for k in (1, n))
+        out[f"alexnet64-mixbp-H8 speed-up at {n} workers"] = round(an / a1, 2) if a1 else None
     if p["engine"] == "processes" and _has_torch():
         from types import SimpleNamespace
         from scaling import run_ddp
@@ -280,11 +292,12 @@ def figures(report: dict, out_dir: str) -> list[str]:
     sp = report["speedup"]
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ws = report["profile"]["workers"]
-    for mode in report["profile"]["modes"] + ["ddp"]:
-        runs = [sp["runs"].get(f"{mode}/{k}", {}).get("samples_per_s") for k in ws]
-        if runs[0] and all(runs):
-            ax.plot(ws, [r / runs[0] for r in runs], "o-" if mode != "ddp" else "s--",
-                    label=mode if mode != "ddp" else "PyTorch DDP gloo")
+    for mode in report["profile"]["modes"] + ["alexnet64-mixbp-H8", "ddp"]:
+        pts = [(k, sp["runs"].get(f"{mode}/{k}", {}).get("samples_per_s")) for k in ws]
+        pts = [(k, r) for k, r in pts if r]
+        if len(pts) > 1 and pts[0][0] == 1:
+            ax.plot([k for k, _ in pts], [r / pts[0][1] for _, r in pts], "o-" if mode != "ddp" else "s--",
+                    label={"ddp": "PyTorch DDP gloo"}.get(mode, mode))
     ax.plot(ws, ws, "k:", label="linear")
     ax.axhline(PUBLISHED_SPEEDUP, color="r", ls="--", label=f"published {PUBLISHED_SPEEDUP}x")
     ax.set_xlabel("worker processes"); ax.set_ylabel("speed-up (samples/s)"); ax.legend(fontsize=7)
