@@ -67,6 +67,21 @@ def _cpu_times(cpus: set[int], path: str = "/proc/stat") -> tuple[float, float, 
     return busy, steal, total
 
 
+def cpuset(cpus) -> str:
+    """CPU numbers as ranges, the kernel's way: {0, 1, 2, 5} -> "0-2,5"."""
+    out, run = [], []
+    for c in sorted(cpus):
+        if run and c == run[-1] + 1:
+            run.append(c)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [c]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
 class HostSampler:
     """Cores busy with other processes' work, between two calls of `sample()`."""
 
@@ -85,7 +100,7 @@ class HostSampler:
         self._last = now
         wall = max(t1 - t0, 1e-6)
         own = (own1 - own0) / wall                 # cores this process kept busy
-        out = {"cores": len(self.cpus), "own_busy": round(own, 3)}
+        out = {"cores": len(self.cpus), "cpuset": cpuset(self.cpus), "own_busy": round(own, 3)}
         if cpu0 and cpu1 and cpu1[2] > cpu0[2]:
             span = cpu1[2] - cpu0[2]
             busy = (cpu1[0] - cpu0[0]) / span * len(self.cpus)

@@ -97,6 +97,21 @@ def test_threads_fit_the_free_cores_and_never_exceed_the_cores():
                   9.0).threads == {"w1": 1}
 
 
+def test_workers_sharing_a_hosts_cores_share_its_free_cores():
+    a = placed(threads={"w1": 4, "w2": 4})
+    w = {n: {"host": "h", "threads": 4, "load": {**load({t: 100.0}, cores=4, foreign=0.0, auto=True, threads=4),
+                                                 "cpuset": "0-3"}} for n, t in (("w1", 1), ("w2", 2))}
+    assert decide(NAME, topology(), a, w, Memory(), 5.0).threads == {"w1": 2, "w2": 2}
+    w["w2"]["load"]["cpuset"] = "4-7"                       # the same host, other cores: no sharing
+    assert not decide(NAME, topology(), Assignment(**{**a.__dict__, "threads": {"w1": 2, "w2": 4}}), w, Memory(),
+                      5.0).threads.get("w2")
+
+
+def test_cpuset_is_written_as_ranges():
+    from streamnet.runtime.load import cpuset
+    assert cpuset({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8" and cpuset({3}) == "3" and cpuset(set()) == ""
+
+
 def test_threads_are_set_only_for_auto_workers_and_with_a_margin():
     a = placed(threads={"w1": 4, "w2": 4})
     fixed = {"w1": {"threads": 4, "load": load({1: 1.0}, cores=4, foreign=3.0, auto=False, threads=4)}}

@@ -12,8 +12,9 @@ For a topology whose config says `balance: load`:
   into batch sizes). Shares change only when one moves by more than CHANGE and not
   sooner than MIN_INTERVAL_S after the last change: noise does not make it flap.
 - **threads**: a worker started with `--threads auto` gets as many compute threads as
-  its host has cores not kept busy by other processes (at least 1, never more than
-  the cores it may run on), with a margin so that a fraction of a core does not flap.
+  its host has cores not kept busy by other processes, divided among the workers that
+  share those cores (at least 1, never more than the cores it may run on), with a
+  margin so that a fraction of a core does not flap.
 - **moves**: a task that stays slower than SLOW x its component's median for
   MOVE_AFTER passes moves to a worker with a free core and room under its fair share
   of tasks; one move per task per MOVE_HOLD_S.
@@ -113,14 +114,25 @@ def decide(name: str, topology: Topology, assignment: Assignment, workers: dict,
 
 
 def _threads(assignment: Assignment, workers: dict, memory: Memory, now: float, notes: list) -> dict[str, int]:
+    """Threads of `--threads auto` workers: the free cores of their host, divided among the
+    workers that share those cores (same host, same CPU set: several workers on one
+    machine, or the embedded cluster's workers in one process)."""
+    def cores_of(w: str):
+        info = workers.get(w, {})
+        key = (info.get("host"), (info.get("load") or {}).get("cpuset"))
+        return key if None not in key else w          # unknown: not shared
+    sharing: dict = {}
+    for w in workers:
+        sharing[cores_of(w)] = sharing.get(cores_of(w), 0) + 1
     out = {}
     for w in sorted(assignment.workers):
-        rec = workers.get(w, {}).get("load") or {}
+        info = workers.get(w, {})
+        rec = info.get("load") or {}
         if not rec.get("threads_auto") or "foreign_busy" not in rec:
             continue
         cores = int(rec.get("cores", 1))
         current = int(assignment.threads.get(w, rec.get("threads", cores)))
-        free = cores - rec["foreign_busy"]
+        free = (cores - rec["foreign_busy"]) / sharing[cores_of(w)]
         want = max(1, min(cores, round(free)))
         key = f"threads:{w}"
         if want != current and abs(free - current) >= THREAD_MARGIN \
