@@ -3,7 +3,9 @@ after run, whatever order the threads finish in."""
 import numpy as np
 import pytest
 
+from streamnet import kernels as K
 from streamnet import nn
+from streamnet.kernels.optim import SUM_BLOCK
 from streamnet.nn.parallel import ParallelStep, shard_bounds
 
 
@@ -22,6 +24,23 @@ def test_shard_bounds_cover_the_batch_in_order():
     assert shard_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
     assert shard_bounds(3, 4) == [(0, 1), (1, 2), (2, 3)]
     assert shard_bounds(5, 1) == [(0, 5)]
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_weighted_sum_rows_is_the_float64_sum_in_row_order(k):
+    # ranges that start and end inside a block and span several blocks
+    rng = np.random.default_rng(k)
+    p = 3 * SUM_BLOCK + 17
+    rows = rng.standard_normal((k, p)).astype(np.float32)
+    weights = rng.random(k)
+    out = np.full(p, 7.0, dtype=np.float32)
+    lo, hi = 5, p - 3
+    K.weighted_sum_rows(out, rows, weights, lo, hi)
+    want = np.zeros(p)
+    for j in range(k):  # the same order as the kernel: bit-identical
+        want += weights[j] * rows[j].astype(np.float64)
+    assert np.array_equal(out[lo:hi], want[lo:hi].astype(np.float32))
+    assert (out[:lo] == 7.0).all() and (out[hi:] == 7.0).all()
 
 
 @pytest.mark.parametrize("build,n", [(lambda: nn.lenet5(seed=3), 37),
