@@ -3,6 +3,7 @@ weights, batch and thread count, measured in paired alternating blocks in one
 process, plus a per-layer table and the 2-thread / 1-thread step speed-up.
 
     python perf/kernels.py [--quick] [--parts layers,steps,threads] [--pairs 15]
+    python perf/kernels.py --final    # the closing check on a quiet machine, < 4 min
 
 Method (a shared 2-core machine, so every figure is a ratio of paired blocks):
 - 1-thread figures run with this process pinned to one core (sched_setaffinity),
@@ -13,7 +14,13 @@ Method (a shared 2-core machine, so every figure is a ratio of paired blocks):
   both: the layer alone, on the activations the network really feeds it.
 - The matmul peak (1024^3 sgemm, one core) is measured in the same run.
 - The thread figure pairs `ParallelStep(threads=2)` against one thread on the same
-  batch, both cores allowed; the load average is recorded with every figure.
+  batch: the calling thread pinned to one core, the step's second thread to another
+  core on a different physical core where the machine says which (SMT siblings
+  share one core's units); the load average is recorded with every figure.
+- `--final`: only the figures the closing note needs (FINAL_CASES: 1-thread steps
+  against PyTorch with their share of the matmul peak, and 2-thread / 1-thread),
+  15 pairs each, pinned as above; about 3 minutes on an idle machine, numba's
+  compile included. Writes perf/results/kernels-final.json.
 
 Writes perf/results/kernels.json and perf/results/kernels.png (the per-layer table).
 """
@@ -31,6 +38,7 @@ from common import machine, median, pin_blas_threads, png_path, write_json  # no
 STEP_CASES = [("lenet5", 32), ("lenet5", 64), ("alexnet64", 32), ("alexnet64", 64), ("alexnet224", 16)]
 LAYER_CASES = [("lenet5", 64), ("alexnet64", 32)]
 THREAD_CASES = [("lenet5", 64), ("alexnet64", 64)]
+FINAL_CASES = [("lenet5", 64), ("alexnet64", 32), ("alexnet64", 64)]
 
 
 def parse() -> argparse.Namespace:
@@ -40,8 +48,34 @@ def parse() -> argparse.Namespace:
     p.add_argument("--models", help="only these networks (comma-separated), e.g. lenet5")
     p.add_argument("--pairs", type=int, help="paired blocks per figure (default 15)")
     p.add_argument("--block-seconds", type=float, help="target length of one block")
-    p.add_argument("--core", type=int, default=1, help="core for 1-thread figures")
+    p.add_argument("--core", type=int, help="core for 1-thread figures (default: picked, see pick_cores)")
+    p.add_argument("--final", action="store_true",
+                   help="the closing check: steps and threads for LeNet-5 b64 and AlexNet-64 b32/b64 "
+                        "(15 pairs each, under 4 minutes on an idle machine); writes kernels-final.json")
     return p.parse_args()
+
+
+def physical_core(cpu: int) -> tuple:
+    """(package, core) of a logical CPU, from sysfs; the CPU itself where it is not there."""
+    base = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+    try:
+        with open(base + "physical_package_id") as f, open(base + "core_id") as g:
+            return int(f.read()), int(g.read())
+    except (OSError, ValueError):
+        return (-1, cpu)
+
+
+def pick_cores(allowed: set[int], n: int) -> list[int]:
+    """n CPUs of the allowed set (e.g. what `taskset` left this process), each on a
+    different physical core while there are enough, CPU 0 (interrupts) last."""
+    order = sorted(allowed, key=lambda c: (c == 0, c))
+    chosen, seen = [], set()
+    for c in order:
+        if physical_core(c) not in seen:
+            chosen.append(c)
+            seen.add(physical_core(c))
+    chosen += [c for c in order if c not in chosen]
+    return chosen[:n]
 
 
 def build(name: str):
@@ -262,13 +296,19 @@ def measure_layers(name, batch, pairs, block_s) -> list[dict]:
 
 # -- one step on 2 threads against 1 ---------------------------------------------
 
-def measure_threads(cases, pairs, block_s) -> dict:
+def measure_threads(cases, pairs, block_s, cores: list[int]) -> dict:
+    """The calling thread (both figures) stays on cores[0]; the step's second thread
+    runs on cores[1], or unpinned when there is only one core."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from streamnet.nn import ParallelStep
     out = {}
+    second = (lambda: os.sched_setaffinity(0, {cores[1]})) if len(cores) > 1 else None
     for name, batch in cases:
         model = build(name)
         x, y = batch_for(model, batch)
-        two = ParallelStep(model, threads=2)
+        pool = ThreadPoolExecutor(1, initializer=second)
+        two = ParallelStep(model, threads=2, executor=pool)
         one = lambda: model.loss_and_grad(x, y)  # noqa: E731
         par = lambda: two.loss_and_grad(x, y)  # noqa: E731
         for fn in (one, par):
@@ -276,9 +316,9 @@ def measure_threads(cases, pairs, block_s) -> dict:
         reps = reps_for(one, block_s)
         load0 = load()
         t1, t2 = paired(timed_block(one, reps), timed_block(par, reps), pairs)
-        two.close()
+        pool.shutdown()
         ratios = [a / b for a, b in zip(t1, t2)]
-        r = {"batch": batch, "pairs": pairs, "one_thread_ms": spread([v * 1e3 for v in t1]),
+        r = {"batch": batch, "pairs": pairs, "cores": cores[:2], "one_thread_ms": spread([v * 1e3 for v in t1]),
              "two_threads_ms": spread([v * 1e3 for v in t2]), "speedup": spread(ratios),
              "speedups": ratios, "load_before": load0, "load_after": load()}
         out[f"{name}_b{batch}"] = r
@@ -309,31 +349,52 @@ def plot_layers(tables: dict, path: str) -> None:
     fig.tight_layout(); fig.savefig(path, dpi=100)
 
 
+def summary(results: dict) -> None:
+    """The issue's target rows, one line each."""
+    peak = results["matmul_peak_gflops"]
+    print(f"\nsummary (matmul peak {peak:.1f} GFLOP/s on one core; median, IQR in brackets):")
+    for key, r in results.get("steps", {}).items():
+        s = r["ratio"]
+        print(f"  {key:16s} 1 thread: {s['median']:.2f}x PyTorch ({s['q1']:.2f}-{s['q3']:.2f}), "
+              f"{r['numba_fraction_of_peak']:.1%} of peak (PyTorch {r['torch_fraction_of_peak']:.1%})")
+    for key, r in results.get("thread_scaling", {}).items():
+        s = r["speedup"]
+        print(f"  {key:16s} 2 threads / 1: {s['median']:.2f}x ({s['q1']:.2f}-{s['q3']:.2f}) "
+              f"on cores {r['cores']}, load {r['load_before']:.2f}")
+
+
 def main() -> int:
     a = parse()
+    t_start = time.perf_counter()
     pin_blas_threads(1)
     import torch
     torch.set_num_threads(1)
     pairs = a.pairs or (5 if a.quick else 15)
-    block_s = a.block_seconds or (0.3 if a.quick else 1.0)
-    parts = set(a.parts.split(","))
+    block_s = a.block_seconds or (0.3 if a.quick else (0.5 if a.final else 1.0))
+    parts = {"steps", "threads"} if a.final else set(a.parts.split(","))
     keep = (lambda n: n in a.models.split(",")) if a.models else (lambda n: True)
-    all_cores = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {a.core})
+    cores = pick_cores(os.sched_getaffinity(0), 2)
+    if a.core is not None:
+        cores = [a.core] + [c for c in cores if c != a.core][:1]
+    os.sched_setaffinity(0, {cores[0]})
     peak = matmul_peak(1.0 if a.quick else 3.0)
-    print(f"matmul peak (1 core): {peak:.1f} GFLOP/s, load {load():.2f}", flush=True)
-    results = {"machine": machine(), "threads": 1, "pinned_core": a.core, "matmul_peak_gflops": peak,
+    print(f"matmul peak (1 core): {peak:.1f} GFLOP/s, load {load():.2f}; cores {cores}", flush=True)
+    results = {"machine": machine(), "threads": 1, "pinned_core": cores[0], "matmul_peak_gflops": peak,
                "method": "median and IQR of per-pair ratios, alternating order; see perf/kernels.py"}
+    step_cases = FINAL_CASES if a.final else STEP_CASES
+    thread_cases = FINAL_CASES if a.final else THREAD_CASES
     if "layers" in parts:
         results["layers"] = {f"{n}_b{b}": measure_layers(n, b, pairs, block_s)
                              for n, b in LAYER_CASES if keep(n)}
     if "steps" in parts:
-        results["steps"] = measure_steps([c for c in STEP_CASES if keep(c[0])], pairs, block_s, peak)
+        results["steps"] = measure_steps([c for c in step_cases if keep(c[0])], pairs, block_s, peak)
     if "threads" in parts:
-        os.sched_setaffinity(0, all_cores)
-        results["thread_scaling"] = measure_threads([c for c in THREAD_CASES if keep(c[0])], pairs, block_s)
-    path = write_json("kernels.json", results)
-    print(f"wrote {path}")
+        results["thread_scaling"] = measure_threads([c for c in thread_cases if keep(c[0])], pairs, block_s,
+                                                    cores)
+    results["elapsed_s"] = time.perf_counter() - t_start
+    summary(results)
+    path = write_json("kernels-final.json" if a.final else "kernels.json", results)
+    print(f"wrote {path} ({results['elapsed_s']:.0f} s)")
     if results.get("layers"):
         try:
             plot_layers(results["layers"], png_path("kernels.png"))
