@@ -69,6 +69,42 @@ def _taps(plane, xp, w, b, wp):
 
 
 @jit_fast
+def _taps5x3(planes, xp, weight, bias, o0, wp):
+    """_taps for output channels o0..o0+2 of a 5-wide kernel at once: each kernel row
+    is one pass whose 5 input loads serve 3 planes (15 multiply-adds, not 5).
+    LeNet-5 conv1 forward, batch 64, one core under load: 0.78 -> 0.57 ms (min of
+    40 alternating blocks)."""
+    p0, p1, p2 = planes[0], planes[1], planes[2]
+    w0, w1, w2 = weight[o0, 0], weight[o0 + 1, 0], weight[o0 + 2, 0]
+    b0, b1, b2 = bias[o0], bias[o0 + 1], bias[o0 + 2]
+    for t in range(p0.size):
+        p0[t] = b0
+        p1[t] = b1
+        p2[t] = b2
+    for i in range(w0.shape[0]):
+        src = xp[i * wp:]
+        a0, a1, a2, a3, a4 = w0[i, 0], w0[i, 1], w0[i, 2], w0[i, 3], w0[i, 4]
+        c0, c1, c2, c3, c4 = w1[i, 0], w1[i, 1], w1[i, 2], w1[i, 3], w1[i, 4]
+        e0, e1, e2, e3, e4 = w2[i, 0], w2[i, 1], w2[i, 2], w2[i, 3], w2[i, 4]
+        for t in range(p0.size):
+            s0, s1, s2, s3, s4 = src[t], src[t + 1], src[t + 2], src[t + 3], src[t + 4]
+            p0[t] += a0 * s0 + a1 * s1 + a2 * s2 + a3 * s3 + a4 * s4
+            p1[t] += c0 * s0 + c1 * s1 + c2 * s2 + c3 * s3 + c4 * s4
+            p2[t] += e0 * s0 + e1 * s1 + e2 * s2 + e3 * s3 + e4 * s4
+
+
+@jit
+def _unwide(plane, out, ni, oi, wp):
+    """The first ow columns of each wide row of plane into out[ni, oi]."""
+    oh, ow = out.shape[2], out.shape[3]
+    for y in range(oh):
+        dst = out[ni, oi, y]
+        src = plane[y * wp:]
+        for z in range(ow):
+            dst[z] = src[z]
+
+
+@jit_fast
 def wide_forward(x, weight, bias, pad):
     n, _, h, w = x.shape
     o, _, kh, kw = weight.shape
@@ -76,18 +112,79 @@ def wide_forward(x, weight, bias, pad):
     oh, ow = hp - kh + 1, wp - kw + 1
     length = oh * wp
     xp = np.zeros(hp * wp + kw, dtype=x.dtype)  # tail: the garbage columns read past the plane
-    plane = np.empty(length, dtype=x.dtype)
+    planes = np.empty((3, length), dtype=x.dtype)
     out = np.empty((n, o, oh, ow), dtype=x.dtype)
+    grouped = o - o % 3 if kw == 5 else 0  # channels done three at a time
     for ni in range(n):
         _padded(x, ni, pad, xp)
-        for oi in range(o):
-            _taps(plane, xp, weight[oi, 0], bias[oi], wp)
-            for y in range(oh):
-                dst = out[ni, oi, y]
-                src = plane[y * wp:]
-                for z in range(ow):
-                    dst[z] = src[z]
+        for o0 in range(0, grouped, 3):
+            _taps5x3(planes, xp, weight, bias, o0, wp)
+            for k in range(3):
+                _unwide(planes[k], out, ni, o0 + k, wp)
+        for oi in range(grouped, o):
+            _taps(planes[0], xp, weight[oi, 0], bias[oi], wp)
+            _unwide(planes[0], out, ni, oi, wp)
     return out
+
+
+@jit_fast
+def _dw5x3(dplanes, xp, o0, wp, dw_acc):
+    """Weight gradient of output channels o0..o0+2 of a 5-wide kernel: per kernel
+    row one pass over their three output-gradient planes, 15 dot products whose 5
+    input loads serve all three (the one-channel pass does 5 per 6 loads)."""
+    g0, g1, g2 = dplanes[o0], dplanes[o0 + 1], dplanes[o0 + 2]
+    for i in range(dw_acc.shape[1]):
+        src = xp[i * wp:]
+        # float32 lanes (float64 for float64 input: the sums take the planes' type)
+        a0 = a1 = a2 = a3 = a4 = np.float32(0.0)
+        c0 = c1 = c2 = c3 = c4 = np.float32(0.0)
+        e0 = e1 = e2 = e3 = e4 = np.float32(0.0)
+        for t in range(g0.size):
+            s0, s1, s2, s3, s4 = src[t], src[t + 1], src[t + 2], src[t + 3], src[t + 4]
+            u, v, q = g0[t], g1[t], g2[t]
+            a0 += u * s0
+            a1 += u * s1
+            a2 += u * s2
+            a3 += u * s3
+            a4 += u * s4
+            c0 += v * s0
+            c1 += v * s1
+            c2 += v * s2
+            c3 += v * s3
+            c4 += v * s4
+            e0 += q * s0
+            e1 += q * s1
+            e2 += q * s2
+            e3 += q * s3
+            e4 += q * s4
+        dw_acc[o0, i, 0] += a0
+        dw_acc[o0, i, 1] += a1
+        dw_acc[o0, i, 2] += a2
+        dw_acc[o0, i, 3] += a3
+        dw_acc[o0, i, 4] += a4
+        dw_acc[o0 + 1, i, 0] += c0
+        dw_acc[o0 + 1, i, 1] += c1
+        dw_acc[o0 + 1, i, 2] += c2
+        dw_acc[o0 + 1, i, 3] += c3
+        dw_acc[o0 + 1, i, 4] += c4
+        dw_acc[o0 + 2, i, 0] += e0
+        dw_acc[o0 + 2, i, 1] += e1
+        dw_acc[o0 + 2, i, 2] += e2
+        dw_acc[o0 + 2, i, 3] += e3
+        dw_acc[o0 + 2, i, 4] += e4
+
+
+@jit_fast
+def _dw_one(dplane, xp, oi, wp, dw_acc):
+    """Weight gradient of one output channel (any kernel width)."""
+    kh, kw = dw_acc.shape[1], dw_acc.shape[2]
+    for i in range(kh):
+        for j in range(kw):
+            src = xp[i * wp + j:]  # views: see _taps
+            d = np.float32(0.0)  # float32 lanes (float64 for float64 input)
+            for t in range(dplane.size):
+                d += dplane[t] * src[t]
+            dw_acc[oi, i, j] += d
 
 
 @jit_fast
@@ -99,9 +196,10 @@ def wide_backward(dout, x, weight, dweight, dbias, pad, need_dx):
     oh, ow = hp - kh + 1, wp - kw + 1
     length = oh * wp
     xp = np.zeros(hp * wp + kw, dtype=x.dtype)
-    dplane = np.zeros(length, dtype=x.dtype)  # garbage columns stay zero
+    dplanes = np.zeros((o, length), dtype=x.dtype)  # one sample's; garbage columns stay zero
     dw_acc = np.zeros((o, kh, kw), dtype=np.float64)
     db_acc = np.zeros(o, dtype=np.float64)
+    grouped = o - o % 3 if kw == 5 else 0  # channels whose weight gradient runs three at a time
     if need_dx:
         dx = np.empty((n, 1, h, w), dtype=x.dtype)
         dxp = np.empty(hp * wp + kw, dtype=x.dtype)
@@ -110,47 +208,30 @@ def wide_backward(dout, x, weight, dweight, dbias, pad, need_dx):
         dxp = np.empty(0, dtype=x.dtype)
     for ni in range(n):
         _padded(x, ni, pad, xp)
-        if need_dx:
-            dxp[:] = 0.0
         for oi in range(o):
             acc = 0.0
             for y in range(oh):
                 src = dout[ni, oi, y]
-                dst = dplane[y * wp:]
+                dst = dplanes[oi, y * wp:]
                 for z in range(ow):
                     g = src[z]
                     dst[z] = g
                     acc += g
             db_acc[oi] += acc
-            for i in range(kh):
-                if kw == 5:  # a kernel row in one pass over dplane, as in _taps
-                    src = xp[i * wp:]
-                    d0 = d1 = d2 = d3 = d4 = np.float32(0.0)
-                    for t in range(length):
-                        g = dplane[t]
-                        d0 += g * src[t]
-                        d1 += g * src[t + 1]
-                        d2 += g * src[t + 2]
-                        d3 += g * src[t + 3]
-                        d4 += g * src[t + 4]
-                    dw_acc[oi, i, 0] += d0
-                    dw_acc[oi, i, 1] += d1
-                    dw_acc[oi, i, 2] += d2
-                    dw_acc[oi, i, 3] += d3
-                    dw_acc[oi, i, 4] += d4
-                for j in range(kw):
-                    if kw != 5:
-                        src = xp[i * wp + j:]  # views: see _taps
-                        d = np.float32(0.0)  # float32 lanes (float64 for float64 input)
-                        for t in range(length):
-                            d += dplane[t] * src[t]
-                        dw_acc[oi, i, j] += d
-                    if need_dx:
+        for o0 in range(0, grouped, 3):
+            _dw5x3(dplanes, xp, o0, wp, dw_acc)
+        for oi in range(grouped, o):
+            _dw_one(dplanes[oi], xp, oi, wp, dw_acc)
+        if need_dx:
+            dxp[:] = 0.0
+            for oi in range(o):
+                dplane = dplanes[oi]
+                for i in range(kh):
+                    for j in range(kw):
                         a = weight[oi, 0, i, j]
                         dst = dxp[i * wp + j:]
                         for t in range(length):
                             dst[t] += a * dplane[t]
-        if need_dx:
             for y in range(h):
                 dst = dx[ni, 0, y]
                 src = dxp[(y + pad) * wp + pad:]

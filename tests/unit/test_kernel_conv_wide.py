@@ -31,20 +31,21 @@ def _reference(x, w, b, pad):
     return out
 
 
-@pytest.mark.parametrize("size,k,pad", [(9, 5, 2), (7, 3, 0), (8, 5, 0), (6, 3, 1)])
-def test_wide_path_is_used_and_matches_plain_convolution(size, k, pad, rng):
+@pytest.mark.parametrize("size,k,pad,o", [(9, 5, 2, 4), (7, 3, 0, 4), (8, 5, 0, 6), (8, 5, 1, 5), (6, 3, 1, 4)])
+def test_wide_path_is_used_and_matches_plain_convolution(size, k, pad, o, rng):
     assert conv_wide.use_wide(1, 1) and not conv_wide.use_wide(2, 1) and not conv_wide.use_wide(1, 2)
     x = rng.standard_normal((3, 1, size, size))
-    w = rng.standard_normal((4, 1, k, k))
-    b = rng.standard_normal(4)
+    w = rng.standard_normal((o, 1, k, k))
+    b = rng.standard_normal(o)
     np.testing.assert_allclose(K.conv2d_forward(x, w, b, 1, pad), _reference(x, w, b, pad), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("size,k,pad", [(9, 5, 2), (7, 3, 0), (6, 3, 1)])
-def test_wide_gradients_finite_differences(size, k, pad, rng):
+# o: 3 and 6 run the three-channel 5-wide kernels only, 4 and 7 also the one-channel ones
+@pytest.mark.parametrize("size,k,pad,o", [(9, 5, 2, 3), (8, 5, 1, 7), (7, 5, 0, 4), (7, 3, 0, 3), (6, 3, 1, 6)])
+def test_wide_gradients_finite_differences(size, k, pad, o, rng):
     x = rng.standard_normal((2, 1, size, size))
-    w = rng.standard_normal((3, 1, k, k))
-    b = rng.standard_normal(3)
+    w = rng.standard_normal((o, 1, k, k))
+    b = rng.standard_normal(o)
     out = K.conv2d_forward(x, w, b, 1, pad)
     r = rng.standard_normal(out.shape)
     dw, db = np.empty_like(w), np.empty_like(b)
