@@ -18,14 +18,14 @@ of the summation order (tests/unit/test_model_parallel_step.py: 1e-5 relative).
 Dropout stays exact: each replica's mask is drawn at its shard's global sample
 offset, from the model's step counter, so 1, 2 or 4 threads drop the same units.
 
-Where the time goes (LeNet-5 batch 64 on an idle 16-core VM, medians): one thread
-3.1 ms, one 32-sample shard alone 1.46 ms (the ideal would be 2.1x), the two shards
-run at once on two threads with no synchronisation at all 1.62-1.80 ms, the whole
-ParallelStep 1.55-1.77 ms. So the hand-offs and the reduction cost next to nothing
-(the reduction did: 109 us per thread per step until weighted_sum_rows vectorised);
-what is lost is that each shard's own CPU time grows by ~11 % while the other runs,
-and at times one of them by ~50 % (cores sharing the host's resources): no way of
-splitting the batch changes that.
+Where the time goes (LeNet-5 batch 64, idle 16-core VM, one trial of 40 steps
+each, min-median): one thread 3.1 ms; one 32-sample shard alone 1.46 ms (ideal
+2.1x); the two shards at once on two threads with no synchronisation at all
+1.62-1.80 ms; the whole ParallelStep 1.55-1.77 ms. So the hand-offs and the
+reduction cost next to nothing (the reduction did: 109 us per thread per step
+until weighted_sum_rows vectorised); what is lost is that each shard's own CPU
+time grows ~11 % while the other runs, and at times one shard's by ~50 % (cores
+sharing the host's resources): no way of splitting the batch changes that.
 """
 from __future__ import annotations
 
