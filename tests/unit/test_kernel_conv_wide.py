@@ -31,7 +31,8 @@ def _reference(x, w, b, pad):
     return out
 
 
-@pytest.mark.parametrize("size,k,pad,o", [(9, 5, 2, 4), (7, 3, 0, 4), (8, 5, 0, 6), (8, 5, 1, 5), (6, 3, 1, 4)])
+@pytest.mark.parametrize("size,k,pad,o", [(9, 5, 2, 4), (7, 3, 0, 4), (8, 5, 0, 6), (8, 5, 1, 5),
+                                           (6, 3, 1, 4)])
 def test_wide_path_is_used_and_matches_plain_convolution(size, k, pad, o, rng):
     assert conv_wide.use_wide(1, 1) and not conv_wide.use_wide(2, 1) and not conv_wide.use_wide(1, 2)
     x = rng.standard_normal((3, 1, size, size))
@@ -41,7 +42,8 @@ def test_wide_path_is_used_and_matches_plain_convolution(size, k, pad, o, rng):
 
 
 # o: 3 and 6 run the three-channel 5-wide kernels only, 4 and 7 also the one-channel ones
-@pytest.mark.parametrize("size,k,pad,o", [(9, 5, 2, 3), (8, 5, 1, 7), (7, 5, 0, 4), (7, 3, 0, 3), (6, 3, 1, 6)])
+@pytest.mark.parametrize("size,k,pad,o", [(9, 5, 2, 3), (8, 5, 1, 7), (7, 5, 0, 4), (7, 3, 0, 3),
+                                           (6, 3, 1, 6)])
 def test_wide_gradients_finite_differences(size, k, pad, o, rng):
     x = rng.standard_normal((2, 1, size, size))
     w = rng.standard_normal((o, 1, k, k))
@@ -77,12 +79,13 @@ def test_wide_float32_weight_gradient_without_dx(rng):
     assert dw.dtype == np.float32
 
 
-@pytest.mark.parametrize("c,size,k,pad,n", [(3, 9, 3, 1, 2), (2, 8, 5, 0, 3), (4, 7, 3, 2, 2)])
-def test_wide_columns_match_plain_convolution_and_finite_differences(c, size, k, pad, n, rng):
+@pytest.mark.parametrize("c,size,k,pad,n,o", [(3, 9, 3, 1, 2, 3), (2, 8, 5, 0, 3, 3), (4, 7, 3, 2, 2, 3),
+                                              (2, 7, 5, 1, 2, 4), (3, 9, 5, 2, 2, 7)])
+def test_wide_columns_match_plain_convolution_and_finite_differences(c, size, k, pad, n, o, rng):
     assert conv_wide.use_wide_cols(c, k, k, 1) and not conv_wide.use_wide_cols(64, 5, 5, 1)
     x = rng.standard_normal((n, c, size, size))
-    w = rng.standard_normal((3, c, k, k))
-    b = rng.standard_normal(3)
+    w = rng.standard_normal((o, c, k, k))
+    b = rng.standard_normal(o)
     out = K.conv2d_forward(x, w, b, 1, pad)
     np.testing.assert_allclose(out, _reference(x, w, b, pad), rtol=1e-12, atol=1e-12)
     r = rng.standard_normal(out.shape)
