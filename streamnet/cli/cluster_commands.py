@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import urllib.request
@@ -10,7 +11,8 @@ from ..errors import ConfigError, StreamnetError
 from ..runtime.control import ClusterTimeout, TopologyGone, drain_topology, is_done, kill_topology, wait_done
 from ..runtime.topology import Topology, TopologyError, resolve
 from ..training.run_stats import CHECKPOINTS, STOPPED_AT
-from .common import add_cluster_options, allowed_modules, check_writable, connect, parse_set, write_secret
+from .common import (add_cluster_options, allowed_modules, check_writable, connect, parse_set, read_secret,
+                     write_secret)
 from .progress import ProgressLine, bar
 from .train_args import (DEFAULT_BALANCE, add_training_options, check_paths, check_set_types, given_options,
                          naming_the_flag)
@@ -193,8 +195,10 @@ def cmd_list(a) -> int:
 
 
 def _get_status(url: str) -> dict | None:
+    from ..runtime import monitor
+    request = urllib.request.Request(url + "/status", headers=monitor.headers(monitor.token_from_environment()))
     try:
-        with urllib.request.urlopen(url + "/status", timeout=3) as r:
+        with urllib.request.urlopen(request, timeout=3) as r:
             return json.load(r)
     except OSError:
         return None
@@ -293,10 +297,31 @@ def cmd_new_secret(a) -> int:
     return 0
 
 
+def cmd_new_credential(a) -> int:
+    from ..runtime.control import roles
+    secret = read_secret(a.secret_file)
+    if roles.parse(secret)[0].role != roles.WORKER:
+        raise StreamnetError(f"{a.secret_file} holds a role credential; new-credential needs the cluster secret")
+    write_secret(a.file, roles.credential_text(secret, a.role))
+    print(f"wrote a {a.role} credential for the cluster of {a.secret_file} to {a.file} (mode 0600); its holder "
+          f"passes it as --secret-file and " + ("may submit, kill, stop and rebalance topologies" if a.role == roles.SUBMIT
+                                                else "may only read"), file=sys.stderr)
+    return 0
+
+
 def add_commands(sub) -> None:
     n = sub.add_parser("new-secret", help="write a new random cluster secret to FILE (mode 0600)")
     n.add_argument("file", metavar="FILE", help="where to write it (refused if it exists)")
     n.set_defaults(func=cmd_new_secret)
+
+    c = sub.add_parser("new-credential", help="write a submit or observer credential for the cluster of "
+                                              "--secret-file to FILE (mode 0600)")
+    c.add_argument("role", choices=("submit", "observer"),
+                   help="submit: submit, kill, stop, rebalance; observer: read only")
+    c.add_argument("file", metavar="FILE", help="where to write it (refused if it exists)")
+    c.add_argument("--secret-file", default=os.environ.get("STREAMNET_SECRET_FILE") or None,
+                   help="the cluster secret it is derived from (default: $STREAMNET_SECRET_FILE)")
+    c.set_defaults(func=cmd_new_credential)
 
     s = sub.add_parser("submit", help="submit a topology to a cluster")
     s.add_argument("topology", help="built-in name or module:function")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import stat
 import sys
@@ -172,9 +173,10 @@ def read_secret(path: str | None) -> bytes:
     return secret
 
 
-def write_secret(path: str) -> None:
-    """A new secret: 48 random bytes as base64 (64 characters), mode 0600; never
-    overwrites a file (that would lock the cluster's workers out)."""
+def write_secret(path: str, content: bytes | None = None) -> None:
+    """A new secret (48 random bytes as base64, 64 characters), or `content` (a role
+    credential), mode 0600; never overwrites a file (that would lock the cluster's
+    workers out)."""
     import base64
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -184,16 +186,34 @@ def write_secret(path: str) -> None:
         raise StreamnetError(f"cannot create {path}: {e.strerror}") from None
     with os.fdopen(fd, "wb") as f:
         os.fchmod(f.fileno(), 0o600)        # whatever the umask
-        f.write(base64.b64encode(os.urandom(48)) + b"\n")
+        f.write(content if content is not None else base64.b64encode(os.urandom(48)) + b"\n")
 
 
-def connect(a: argparse.Namespace):
-    """(coordinator, ClusterState) for the options; clear errors for the usual faults."""
+_warned_full_access = False
+
+
+def connect(a: argparse.Namespace, worker: bool = False):
+    """(coordinator, ClusterState, secret) for the options; clear errors for the usual
+    faults. A worker needs the cluster secret; a client may hold a submit or observer
+    credential instead (runtime/control/roles.py), and is warned once when it holds
+    the cluster secret (which lets it do whatever a worker does)."""
+    from ..runtime.control import roles
     from ..runtime.control.cluster_state import ClusterState
     from ..runtime.control.zk import ZkCoordinator
+    global _warned_full_access
     if not a.zk:
         raise StreamnetError("no ZooKeeper ensemble given: pass --zk HOST:PORT (or set STREAMNET_ZK)")
     secret = read_secret(a.secret_file)
+    role = roles.parse(secret)[0].role
+    if worker and role != roles.WORKER:
+        raise StreamnetError(f"{a.secret_file} holds {'an' if role[0] in 'aeiou' else 'a'} {role} credential; a "
+                             "worker needs the cluster secret itself")
+    if not worker and role == roles.WORKER and not _warned_full_access:
+        _warned_full_access = True
+        logging.getLogger("streamnet").warning(
+            "%s holds the cluster secret, which lets this client do anything a worker does (write assignments, "
+            "register workers); give submitters a submit credential (`streamnet-submit new-credential submit "
+            "FILE`) and read-only tools an observer one", a.secret_file)
     coord = ZkCoordinator(a.zk, secret, session_timeout=a.session_timeout,
                           connect_timeout=a.session_timeout)
     try:

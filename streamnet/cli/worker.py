@@ -6,11 +6,12 @@
 Registers in ZooKeeper, takes part in the leader election (the leader schedules),
 runs the tasks assigned to it, serves /status and /metrics.
 
-SIGTERM or SIGINT: ask the topologies running here to stop cleanly (training
+SIGTERM or SIGINT (`systemctl stop` on one node): hand the tasks back and exit 0;
+the leader moves them and the topologies go on on the other workers (--on-signal
+leave, the default). With --on-signal checkpoint (for shutting the whole cluster
+down), first ask the topologies running here to stop cleanly, cluster-wide (training
 finishes its round and writes a checkpoint; `streamnet-submit submit ... --resume`
-continues it), wait for that at most --stop-grace seconds, then hand the tasks back
-and exit 0. A second signal skips the wait. With --on-signal leave, the worker only
-hands its tasks back (the leader moves them; the topologies go on elsewhere).
+continues it), waiting at most --stop-grace seconds; a second signal skips the wait.
 """
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ def threads_option(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{e}, or 'auto'") from None
 
 
+ON_SIGNAL = ("leave", "checkpoint")
+
+
 def build_parser() -> Parser:
     p = Parser(prog="streamnet-worker", description=__doc__.split("\n\n")[0], epilog=ENVIRONMENT)
     add_common_options(p, "INFO")
@@ -50,9 +54,14 @@ def build_parser() -> Parser:
                         "core and let the leader's load balancing set them to the cores other processes leave "
                         "free (topologies with --balance load)")
     p.add_argument("--name", help="worker id (default: HOSTNAME-PORT)")
-    p.add_argument("--on-signal", choices=("checkpoint", "leave"), default="checkpoint",
-                   help="on SIGTERM/SIGINT: stop the topologies cleanly with a checkpoint (default), or just "
-                        "leave and let the others carry on")
+    p.add_argument("--on-signal", choices=ON_SIGNAL, default=os.environ.get("STREAMNET_ON_SIGNAL") or "leave",
+                   help="on SIGTERM/SIGINT: leave, handing the tasks to the other workers (default: "
+                        "$STREAMNET_ON_SIGNAL, else leave), or checkpoint: stop the topologies running here "
+                        "cluster-wide, cleanly, with a checkpoint (for shutting the whole cluster down)")
+    p.add_argument("--monitor-token-file", metavar="FILE", default=os.environ.get("STREAMNET_MONITOR_TOKEN_FILE") or None,
+                   help="require 'Authorization: Bearer <the file's token>' on /status and /metrics (as "
+                        "Prometheus' authorization scrape setting sends it; default: $STREAMNET_MONITOR_TOKEN_FILE, "
+                        "else they need none)")
     p.add_argument("--stop-grace", type=positive_float, default=120.0, help="seconds to wait for a clean stop")
     add_allow_option(p)
     return p
@@ -60,7 +69,11 @@ def build_parser() -> Parser:
 
 async def serve(a) -> int:
     from ..runtime.worker import Worker
-    coord, state, secret = await asyncio.to_thread(connect, a)
+    from ..runtime.monitor import read_token
+    from ..training.checkpoint import use_cluster_secret
+    token = read_token(a.monitor_token_file) if a.monitor_token_file else None
+    coord, state, secret = await asyncio.to_thread(connect, a, True)
+    use_cluster_secret(secret)       # checkpoints written and resumed here carry its MAC
     name = a.name or f"{socket.gethostname()}-{a.port}"
     duplicate = StreamnetError(f"a worker named {name} is already registered in cluster {a.cluster}; "
                                "stop it or pick another --name")
@@ -73,7 +86,7 @@ async def serve(a) -> int:
     auto = a.threads == "auto"
     worker = Worker(worker_id=name, state=state, secret=secret, host=a.host, port=a.port,
                     threads=len(os.sched_getaffinity(0)) if auto else a.threads, threads_auto=auto,
-                    advertise_host=a.advertise_host, allow_modules=allowed_modules(a))
+                    advertise_host=a.advertise_host, allow_modules=allowed_modules(a), monitor_token=token)
     try:
         try:
             await worker.start()
@@ -110,7 +123,10 @@ async def serve(a) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    p = build_parser()
+    a = p.parse_args(argv)
+    if a.on_signal not in ON_SIGNAL:
+        p.error(f"$STREAMNET_ON_SIGNAL must be one of {', '.join(ON_SIGNAL)}; got {a.on_signal!r}")
     logging.basicConfig(level=a.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kazoo.client").setLevel(logging.WARNING if a.log_level != "DEBUG" else logging.DEBUG)

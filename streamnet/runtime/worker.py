@@ -16,7 +16,7 @@ import time
 import aiohttp
 from aiohttp import web
 
-from . import codec
+from . import codec, monitor
 from .assignment import Assignment
 from .dataplane.delivery import Delivery
 from .control.cluster_state import RUNNING, ClusterState
@@ -41,7 +41,8 @@ class Worker:
     def __init__(self, *, worker_id: str, state: ClusterState, secret: bytes, host: str = "127.0.0.1",
                  port: int = 0, threads: int = 2, advertise_host: str | None = None,
                  limits: codec.Limits = codec.DEFAULT_LIMITS, schedule: bool = True,
-                 allow_modules: tuple[str, ...] = DEFAULT_ALLOWED_MODULES, threads_auto: bool = False):
+                 allow_modules: tuple[str, ...] = DEFAULT_ALLOWED_MODULES, threads_auto: bool = False,
+                 monitor_token: str | None = None):
         self.id, self.state, self.host, self.port = worker_id, state, host, port
         #: module prefixes this worker imports components and groupings from
         self.allow_modules = tuple(allow_modules)
@@ -53,12 +54,13 @@ class Worker:
         self.load = LoadMeter()
         self.started_at = time.time()
         self.auth = Auth(secret, worker_id)
+        self.monitor_token = monitor_token     # required on /status and /metrics when set (monitor.py)
         self.runtimes: dict[str, TopologyRuntime] = {}
         self.started = asyncio.Event()
         self._unwatch: list = []
         self._watched: set[str] = set()
         self.closing = False
-        self.scheduler = SchedulerService(state, worker_id) if schedule else None
+        self.scheduler = SchedulerService(state, worker_id, self.auth) if schedule else None
         self.publisher = ResultPublisher(state)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -332,7 +334,11 @@ class Worker:
         }
 
     async def _status_handler(self, request: web.Request) -> web.Response:
+        if (refused := monitor.refusal(request, self.monitor_token)) is not None:
+            return refused
         return web.json_response(self.status())
 
     async def _metrics_handler(self, request: web.Request) -> web.Response:
+        if (refused := monitor.refusal(request, self.monitor_token)) is not None:
+            return refused
         return web.Response(body=prometheus(self.status()).encode(), headers={"Content-Type": PROMETHEUS_TYPE})

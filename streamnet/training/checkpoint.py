@@ -1,27 +1,38 @@
-"""Atomic training checkpoints: temporary file, fsync, rename, SHA-256.
+"""Atomic, authenticated training checkpoints: temporary file, fsync, rename, MAC.
 
 A checkpoint is one file, `<name>-<step>.ckpt`:
 
-    b"SNCK2\\n" + sha256 hex of the body + b"\\n" + body
+    b"SNCK3\n" + sha256 hex of the body + b" " + HMAC-SHA256 hex of the body + b"\n" + body
 
-and the body is msgpack of a plain dict: the parameters after `step` synchronisation
+The MAC's key is derived from the cluster secret (`use_cluster_secret`, called by
+streamnet-worker and by clients that hold the secret): a checkpoint changed by
+someone without the secret - on a shared filesystem, say - is refused on load and
+resume with an error naming the file. A process with no secret (the embedded local
+cluster, whose secret is random per run) writes the unkeyed form, b"SNCK2\n" +
+sha256 hex + b"\n" + body, and checks only the SHA-256; a process with the key
+refuses unkeyed files, since anyone could have written them.
+
+The body is msgpack of a plain dict: the parameters after `step` synchronisation
 rounds and, for a checkpoint meant for resuming, everything else the run needs to
 continue as if it had never stopped (the outer optimiser's velocity, each unit's
 inner velocity and dropout counters, the position in the data schedule, the
 sample counters). numpy arrays travel as {"__nd__": [dtype, shape, bytes]}.
 
-A reader never sees half a file (rename), and a file whose checksum does not match
-is refused with an error naming it; `latest_checkpoint` then falls back to the
-previous one.
+A reader never sees half a file (rename); `latest_checkpoint` falls back to the
+previous one when the newest is refused. Each write keeps the newest `keep`
+checkpoints of its run (DEFAULT_KEEP; 0 keeps all) and removes temporary files
+that a crash mid-write left behind.
 """
 from __future__ import annotations
 
 import glob
 import hashlib
+import hmac
 import logging
 import os
 import re
 import tempfile
+import time
 
 import msgpack
 import numpy as np
@@ -30,8 +41,25 @@ from ..errors import StreamnetError
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"SNCK2\n"
+MAGIC = b"SNCK3\n"           # keyed
+MAGIC_UNKEYED = b"SNCK2\n"
 _DTYPES = {"<f4", "<f8", "<i4", "<i8", "|u1"}
+DEFAULT_KEEP = 3               # checkpoints kept per run: the newest, and two to fall back on
+STALE_TMP_S = 600.0            # a temporary file this old is a write that died, not one in progress
+
+_cluster_key: bytes | None = None
+
+
+def checkpoint_key(secret: bytes) -> bytes:
+    """The checkpoints' MAC key, derived from the cluster secret (never the secret itself)."""
+    return hmac.new(secret, b"streamnet checkpoint", hashlib.sha256).digest()
+
+
+def use_cluster_secret(secret: bytes | None) -> None:
+    """Sign and verify this process's checkpoints with a key derived from `secret`
+    (None: unkeyed, as the embedded local cluster does)."""
+    global _cluster_key
+    _cluster_key = checkpoint_key(secret) if secret else None
 
 
 class CheckpointError(StreamnetError):
@@ -60,18 +88,25 @@ def checkpoint_path(directory: str, name: str, step: int) -> str:
     return os.path.join(directory, f"{name}-{step:08d}.ckpt")
 
 
-def write_checkpoint(directory: str, name: str, step: int, params: np.ndarray, state: dict | None = None) -> dict:
-    """Write atomically; return the pointer {step, path, sha256, bytes}."""
+def write_checkpoint(directory: str, name: str, step: int, params: np.ndarray, state: dict | None = None, *,
+                     keep: int = DEFAULT_KEEP, key: bytes | None = None) -> dict:
+    """Write atomically, signed with `key` (default: this process's cluster key), then
+    keep only the newest `keep` checkpoints of `name`; return the pointer
+    {step, path, sha256, bytes}."""
+    key = key if key is not None else _cluster_key
     path = checkpoint_path(directory, name, step)
     body = msgpack.packb({"step": int(step), "params": np.asarray(params, np.float32), "state": state},
                          default=_pack, use_bin_type=True)
     digest = hashlib.sha256(body).hexdigest()
+    if key:
+        head = MAGIC + digest.encode() + b" " + hmac.new(key, body, hashlib.sha256).hexdigest().encode() + b"\n"
+    else:
+        head = MAGIC_UNKEYED + digest.encode() + b"\n"
     tmp = None
     try:
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}-", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
-            head = MAGIC + digest.encode() + b"\n"
             f.write(head + body)
             f.flush()
             os.fsync(f.fileno())
@@ -88,24 +123,68 @@ def write_checkpoint(directory: str, name: str, step: int, params: np.ndarray, s
             except OSError:
                 pass
         raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
+    clean_up(directory, name, keep, written=path)
     return {"step": int(step), "path": path, "sha256": digest, "bytes": len(head) + len(body)}
 
 
-def load_checkpoint(path: str, expected_sha256: str | None = None) -> dict:
-    """{"step", "params", "state"} of a verified checkpoint; CheckpointError otherwise."""
+def clean_up(directory: str, name: str, keep: int = DEFAULT_KEEP, written: str | None = None) -> list[str]:
+    """Remove all but the newest `keep` checkpoints of `name` (never `written`, the one
+    just written: a run resumed from an older step writes below the newest), and
+    temporary files older than STALE_TMP_S. keep=0 keeps every checkpoint. Returns
+    what it removed; a file it cannot remove is logged, not raised (the checkpoint
+    itself was written)."""
+    doomed = []
+    if keep > 0:
+        others = [p for _, p in list_checkpoints(directory, name) if p != written]
+        doomed += others[keep - 1:] if written else others[keep:]
+    now = time.time()
+    for tmp in glob.glob(os.path.join(glob.escape(directory), "." + glob.escape(name) + "-*.tmp")):
+        try:
+            if now - os.stat(tmp).st_mtime > STALE_TMP_S:
+                doomed.append(tmp)
+        except OSError:
+            pass      # gone meanwhile
+    removed = []
+    for path in doomed:
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("cannot remove old checkpoint file %s: %s", path, e.strerror)
+    return removed
+
+
+def load_checkpoint(path: str, expected_sha256: str | None = None, *, key: bytes | None = None) -> dict:
+    """{"step", "params", "state", "sha256", "authenticated"} of a verified checkpoint;
+    CheckpointError otherwise. With a key (default: this process's cluster key) the file
+    must carry a good MAC; without one only its SHA-256 can be checked."""
+    key = key if key is not None else _cluster_key
     try:
         with open(path, "rb") as f:
             raw = f.read()
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror}") from None
-    if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + 65:
+    keyed = raw.startswith(MAGIC)
+    if keyed and len(raw) >= len(MAGIC) + 130 and raw[len(MAGIC) + 64:len(MAGIC) + 65] == b" ":
+        digest, tag, body = raw[len(MAGIC):len(MAGIC) + 64], raw[len(MAGIC) + 65:len(MAGIC) + 129], \
+            raw[len(MAGIC) + 130:]
+    elif raw.startswith(MAGIC_UNKEYED) and len(raw) >= len(MAGIC_UNKEYED) + 65:
+        digest, tag, body = raw[len(MAGIC_UNKEYED):len(MAGIC_UNKEYED) + 64], None, raw[len(MAGIC_UNKEYED) + 65:]
+    else:
         raise CheckpointError(f"{path} is not a streamnet checkpoint")
-    digest = raw[len(MAGIC):len(MAGIC) + 64].decode(errors="replace")
-    body = raw[len(MAGIC) + 65:]
+    digest = digest.decode(errors="replace")
     actual = hashlib.sha256(body).hexdigest()
     if actual != digest or (expected_sha256 and actual != expected_sha256):
         raise CheckpointError(f"{path} is corrupt: checksum {actual[:12]}... does not match "
                               f"{(expected_sha256 or digest)[:12]}...")
+    if key and tag is None:
+        raise CheckpointError(f"{path} is not authenticated (written without the cluster secret, or changed "
+                              "to look so): refusing it; resume from a checkpoint this cluster wrote")
+    if key and not hmac.compare_digest(hmac.new(key, body, hashlib.sha256).hexdigest().encode(), tag):
+        raise CheckpointError(f"{path} was changed by someone without the cluster secret (its MAC does not "
+                              "match; or it was written by another cluster): refusing it")
     try:
         ck = msgpack.unpackb(body, object_hook=_unpack, raw=False, strict_map_key=False)
         if not isinstance(ck, dict) or not isinstance(ck.get("params"), np.ndarray) or ck["params"].dtype != np.float32:
@@ -113,6 +192,7 @@ def load_checkpoint(path: str, expected_sha256: str | None = None) -> dict:
     except (ValueError, TypeError, msgpack.UnpackException) as e:
         raise CheckpointError(f"{path} is corrupt: {e}") from None
     ck["sha256"] = actual
+    ck["authenticated"] = bool(key)
     return ck
 
 

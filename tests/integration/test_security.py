@@ -263,3 +263,160 @@ def test_a_non_ascii_auth_header_is_refused_not_a_500():
             reply = s.recv(4096)
         assert reply.startswith(b"HTTP/1.1 403"), reply[:200]
         assert c.workers[0].stream_server.rejected == 1
+
+
+# -- ZooKeeper roles: a submit credential, an observer credential, the cluster node's ACL -----
+def _cli(module: str, *args, timeout=120):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", f"streamnet.cli.{module}", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _credential(c, tmp_path, role: str) -> str:
+    path = str(tmp_path / f"{role}-credential")
+    r = _cli("submit", "new-credential", role, path, "--secret-file", c.secret_file)
+    assert r.returncode == 0, r.stderr
+    return path
+
+
+def _state_of(c, credential_file: str):
+    from streamnet.runtime.control.cluster_state import ClusterState
+    from streamnet.runtime.control.zk import ZkCoordinator
+    with open(credential_file, "rb") as f:
+        return ClusterState(ZkCoordinator(c.zk_hosts, f.read(), session_timeout=10), c.name)
+
+
+def test_top_nodes_carry_the_roles_acls(zk):
+    from streamnet.runtime.control import roles
+    from streamnet.runtime.control.cluster_state import TOP_NODES
+    from streamnet.testing import running_cluster
+    with running_cluster(zk, workers=1) as (c, state):
+        secret = open(c.secret_file, "rb").read().strip()
+        for node in ("", *TOP_NODES):
+            acl = state.coord.zk.get_acls(state.path(node) if node else state.base)[0]
+            assert sorted(acl) == sorted(roles.top_acl(secret, node)), node
+        # and what is made below inherits: a worker record grants submitters READ only
+        acl = state.coord.zk.get_acls(state.path("workers", "w0"))[0]
+        assert sorted(acl) == sorted(roles.top_acl(secret, "workers"))
+
+
+def test_the_submit_credential_runs_and_kills_topologies_but_cannot_write_assignments_or_workers(zk, tmp_path):
+    from streamnet.runtime.control.zk import UnauthorisedError
+    from streamnet.testing import finish, running_cluster
+    with running_cluster(zk, workers=2) as (c, state):
+        submit = _credential(c, tmp_path, "submit")
+        args = ["--zk", c.zk_hosts, "--cluster", c.name, "--secret-file", submit]
+        r = _cli("submit", "submit", "wordcount", "--set", "count=300", "--wait", *args, timeout=180)
+        assert r.returncode == 0, r.stderr
+        assert "holds the cluster secret" not in r.stderr
+        # a running topology, then the submit credential against its assignment
+        topo = wordcount.topology(name="slow", count=3000, delay_s=0.001, max_spout_pending=20)
+        state.submit_topology(topo.name, topo.to_dict())
+        wait_for(lambda: state.assignment("slow")[0] is not None, 30, "slow's assignment")
+        sub = _state_of(c, submit)
+        try:
+            before = state.assignment("slow")
+            with pytest.raises(UnauthorisedError):
+                sub.coord.set(sub.path("assignments", "slow"), b'{"forged": 1}')
+            with pytest.raises(UnauthorisedError):
+                sub.coord.create(sub.path("assignments", "forged"), b"{}")
+            with pytest.raises(UnauthorisedError):
+                sub.register_worker("impostor", {"host": "127.0.0.1", "port": 1})
+            with pytest.raises(UnauthorisedError):
+                sub.coord.delete(sub.path("leader", sub.coord.children(sub.path("leader"))[0]))
+            from kazoo.exceptions import NoAuthError
+            from kazoo.security import OPEN_ACL_UNSAFE
+            with pytest.raises(NoAuthError):      # no ADMIN: it cannot open the topologies to everyone
+                sub.coord.zk.set_acls(sub.path("topologies"), OPEN_ACL_UNSAFE)
+            assert state.assignment("slow") == before and "impostor" not in state.workers()
+            # what it may do: stop and kill (kill removes the assignment too)
+            from streamnet.runtime.control import kill_topology
+            kill_topology(sub, "slow", 60)
+            assert "slow" not in state.topology_names() and state.assignment("slow")[0] is None
+        finally:
+            sub.coord.close()
+        # the workers still run what they are given
+        state.submit_topology("again", wordcount.topology(name="again", count=200).to_dict())
+        assert wordcount.merge_counts(finish(state, "again")) == wordcount.expected_counts(200, 0)
+
+
+def test_the_observer_credential_reads_and_writes_nothing(zk, tmp_path):
+    from streamnet.runtime.control.zk import UnauthorisedError
+    from streamnet.testing import running_cluster
+    with running_cluster(zk, workers=1) as (c, state):
+        obs = _state_of(c, _credential(c, tmp_path, "observer"))
+        try:
+            assert set(obs.workers()) == {"w0"}
+            with pytest.raises(UnauthorisedError):
+                obs.submit_topology("nope", wordcount.topology(name="nope", count=10).to_dict())
+            with pytest.raises(UnauthorisedError):
+                obs.coord.delete(obs.path("workers", "w0"))
+        finally:
+            obs.coord.close()
+        assert "nope" not in state.topology_names()
+        # a worker given a role credential refuses to start, naming the role
+        r = _cli("worker", "--zk", c.zk_hosts, "--cluster", c.name, "--secret-file", str(tmp_path / "observer-credential"),
+                 "--port", "0", "--name", "w9")
+        assert r.returncode == 2 and "holds an observer credential; a worker needs the cluster secret" in r.stderr
+
+
+def test_a_client_with_the_cluster_secret_is_warned_once(zk):
+    from streamnet.testing import running_cluster
+    with running_cluster(zk, workers=1) as (c, state):
+        r = _cli("submit", "list", *c.args())
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.count("holds the cluster secret, which lets this client do anything a worker does") == 1
+
+
+def test_a_cluster_name_squatted_without_the_secret_is_refused_at_start(zk, tmp_path):
+    import uuid
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import NoAuthError
+    from streamnet.testing import running_cluster
+    name = "squat" + uuid.uuid4().hex[:8]
+    anon = KazooClient(hosts=zk)
+    anon.start(10)
+    try:
+        anon.ensure_path("/streamnet")
+        anon.create(f"/streamnet/{name}", b"")           # world-open, by a client with no secret
+        with running_cluster(zk, workers=1) as (c, state):   # only for its secret file
+            r = _cli("worker", "--zk", zk, "--cluster", name, "--secret-file", c.secret_file, "--port", "0")
+            assert r.returncode == 2, r.stderr
+            assert f"/streamnet/{name} carries the ACL [world:anyone=ALL], not this cluster's" in r.stderr
+            assert "someone else owns the cluster name" in r.stderr
+            # and inside a real cluster, a client without the secret can neither add nor remove nodes
+            with pytest.raises(NoAuthError):
+                anon.create(state.path("topologies", "evil"), b"{}")
+            with pytest.raises(NoAuthError):
+                anon.delete(state.path("topologies"))
+            with pytest.raises(NoAuthError):
+                anon.create(state.path("bloat"), b"x" * 1000)
+    finally:
+        anon.delete(f"/streamnet/{name}")
+        anon.stop()
+        anon.close()
+
+
+def test_a_cluster_made_before_roles_gets_them_from_its_first_worker(zk):
+    import uuid
+    from kazoo.security import ACL, Permissions
+    from streamnet.runtime.control import roles
+    from streamnet.runtime.control.cluster_state import TOP_NODES, ClusterState
+    from streamnet.runtime.control.zk import ZkCoordinator
+    secret = os.urandom(24).hex().encode()
+    name = "old" + uuid.uuid4().hex[:8]
+    coord = ZkCoordinator(zk, secret, session_timeout=10)
+    try:
+        worker = roles.parse(secret)[0]
+        legacy = [ACL(Permissions.ALL, worker.id)]
+        coord.ensure_shared("/streamnet")
+        for node in ("", *TOP_NODES):
+            coord.zk.create(f"/streamnet/{name}" + (f"/{node}" if node else ""), b"", acl=legacy)
+        state = ClusterState(coord, name)
+        for node in ("", *TOP_NODES):
+            assert sorted(coord.zk.get_acls(state.path(node) if node else state.base)[0]) == \
+                sorted(roles.top_acl(secret, node))
+    finally:
+        coord.delete(f"/streamnet/{name}", recursive=True)
+        coord.close()

@@ -99,10 +99,12 @@ def test_kill_checkpoint_then_submit_resume(zk, tmp_path):
     assert s["test_accuracy"] >= 0.80
 
 
-def test_sigterm_to_the_workers_stops_with_a_checkpoint(zk, tmp_path):
-    """SIGTERM to every worker (a cluster shutdown): each asks for a clean stop, the run
-    writes its checkpoint, the workers exit 0; a new cluster resumes from it."""
+def test_sigterm_to_the_workers_stops_with_a_checkpoint(zk, tmp_path, monkeypatch):
+    """SIGTERM to every worker started with --on-signal checkpoint (a cluster shutdown):
+    each asks for a clean stop, the run writes its checkpoint, the workers exit 0; a new
+    cluster resumes from it."""
     import signal
+    monkeypatch.setenv("STREAMNET_ON_SIGNAL", "checkpoint")     # the workers' default is to leave
     ckdir = str(tmp_path / "ck")
     with running_cluster(zk, workers=2) as (c, state):
         r = c.submit_cli("submit", "lenet5-mixbp", "--name", "term", "--checkpoint-dir", ckdir, *TRAIN_ARGS)

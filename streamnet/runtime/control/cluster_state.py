@@ -29,6 +29,9 @@ class UnknownTopologyError(StreamnetError):
     pass
 
 
+#: the nodes under <root>/<cluster> (roles.py gives each its ACL)
+TOP_NODES = ("workers", "topologies", "assignments", "checkpoints", "leader", "unreachable")
+
 #: topology statuses whose tasks run (and are scheduled); "killed" stops them
 RUNNING = ("active", "stopping")
 
@@ -59,8 +62,7 @@ class ClusterState:
         self.cluster = cluster
         self.base = f"{root.rstrip('/')}/{cluster}"
         coord.ensure_shared(root.rstrip("/"))
-        for sub in ("workers", "topologies", "assignments", "checkpoints", "leader", "unreachable"):
-            coord.ensure(f"{self.base}/{sub}")
+        coord.secure_cluster(self.base, TOP_NODES)
 
     def path(self, *parts: str) -> str:
         return "/".join([self.base, *parts])

@@ -118,6 +118,15 @@ class Coordinator(ABC):
         may list it, create a cluster under it, and remove an empty one."""
         self.ensure(path)
 
+    #: whose credential this session holds (roles.py); in-process sessions do anything
+    role = "worker"
+
+    def secure_cluster(self, base: str, nodes: tuple[str, ...]) -> None:
+        """Make (or check) the cluster node `base` and its top nodes `nodes`. ZooKeeper
+        gives each its roles' ACL and checks it at start; in process there is no ACL."""
+        for node in ("", *nodes):
+            self.ensure(f"{base}/{node}" if node else base)
+
     # -- helpers shared by both implementations ------------------------------
     def ensure(self, path: str) -> None:
         try:

@@ -57,14 +57,26 @@ class Election:
 PROBE_TIMEOUT_S = 2.0
 
 
-def probe(info: dict, timeout: float = PROBE_TIMEOUT_S) -> str | None:
-    """None if the worker answers on its address; else why not."""
+def probe(info: dict, worker_id: str, auth, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """None if `worker_id` answers on its address and proves that it holds the cluster
+    secret (its /hello signs our random nonce); else why not. Any other answer - an
+    error page, another program on that port, a worker of another cluster - is no
+    sign of life. `auth`: the prober's transport Auth (check_proof)."""
+    import json
+    import os
     import urllib.error
     import urllib.request
+    client_nonce = os.urandom(16).hex()
     try:
-        with urllib.request.urlopen(f"http://{info['host']}:{info['port']}/hello", timeout=timeout):
-            return None
-    except urllib.error.HTTPError:
-        return None          # it answered
+        with urllib.request.urlopen(f"http://{info['host']}:{info['port']}/hello?c={client_nonce}",
+                                    timeout=timeout) as r:
+            hello = json.loads(r.read(4096))
+    except urllib.error.HTTPError as e:
+        return f"it answered HTTP {e.code}, not a worker's hello"
     except (OSError, ValueError, KeyError) as e:
         return f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+    if not isinstance(hello, dict) or hello.get("worker") != worker_id:
+        return f"another program answers there (not worker {worker_id})"
+    if not auth.check_proof(hello.get("proof"), hello.get("nonce"), client_nonce, worker_id):
+        return "its hello does not prove the cluster secret"
+    return None

@@ -27,8 +27,10 @@ log = logging.getLogger(__name__)
 
 
 class SchedulerService:
-    def __init__(self, state: ClusterState, worker_id: str, period_s: float = 1.0):
-        self.state, self.id, self.period = state, worker_id, period_s
+    def __init__(self, state: ClusterState, worker_id: str, auth, period_s: float = 1.0):
+        """`auth`: this worker's transport Auth, with which the liveness probe checks
+        that a peer's answer comes from that peer (election.probe)."""
+        self.state, self.id, self.period, self.auth = state, worker_id, period_s, auth
         self.election = Election(state, worker_id, self._leadership)
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -113,7 +115,7 @@ class SchedulerService:
         if len(kids) < 2 or kids[1] != self.election.node.rsplit("/", 1)[-1]:
             return    # only the next in line acts
         info = self.state.workers().get(leader)
-        why = probe(info) if info else "not registered"
+        why = probe(info, leader, self.auth) if info else "not registered"
         if why is None:
             return
         log.warning("the leader %s is unreachable (%s cannot connect; my probe: %s): taking over before its "
@@ -144,7 +146,7 @@ class SchedulerService:
         for peer, reporters in sorted(reports.items()):
             if peer not in workers or peer == self.id:
                 continue
-            why = probe(workers[peer])
+            why = probe(workers[peer], peer, self.auth)
             if why is None:
                 continue          # it answers us: the reporters' links will recover
             now_unreachable[peer] = (f"it is unreachable ({', '.join(sorted(reporters))} cannot connect; the "

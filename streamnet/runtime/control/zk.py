@@ -1,8 +1,10 @@
 """The Coordinator on a real ZooKeeper ensemble, through kazoo.
 
-Every node is created with a digest ACL derived from the cluster secret, and the
-session authenticates with the same digest: a client without the secret can
-neither read nor change the cluster (ZooKeeper answers NoAuth). Connection loss
+The session authenticates with one role's digest credential (roles.py: worker,
+submit or observer); the cluster's top nodes carry the roles' ACLs, checked at
+every start (`secure_cluster`), and every node below is created with its parent's
+ACL. A client without a credential can neither read nor change the cluster
+(ZooKeeper answers NoAuth); a submitter cannot write assignments. Connection loss
 is retried: reads (idempotent) are sent again after a reconnect, for up to the
 session timeout; a write that was in flight when the connection dropped raises
 ConnectionLostError, since it may or may not have been applied. Every call has a
@@ -14,8 +16,6 @@ callbacks to re-create them and resynchronise.
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import socket
 import threading
@@ -26,17 +26,21 @@ from kazoo import exceptions as kx
 from kazoo.client import KazooClient, KazooState
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry, RetryFailedError
-from kazoo.security import ACL, Id, Permissions, make_digest_acl
+from kazoo.security import ACL, Id, Permissions
 
+from . import roles
 from .coordinator import (BadVersionError, ConnectionLostError, Coordinator, CoordinatorError, NoNodeError,
                           NodeExistsError, NotEmptyError, SessionClosedError)
 
 log = logging.getLogger(__name__)
-DIGEST_USER = "streamnet"
 
 
 class UnauthorisedError(CoordinatorError):
     pass
+
+
+class ClusterAclError(UnauthorisedError):
+    """A cluster node's ACL is not what this cluster's roles give it."""
 
 
 class NoQuorumError(ConnectionLostError):
@@ -72,10 +76,6 @@ def no_answer(hosts: str, waited: float) -> NoQuorumError:
     return NoQuorumError(f"{describe_outage(hosts)}; gave up after {waited:.1f} s")
 
 
-def digest_password(secret: bytes) -> str:
-    return hmac.new(secret, b"streamnet zookeeper digest", hashlib.sha256).hexdigest()
-
-
 def _translate(fn):
     def wrapper(self, *args, **kwargs):
         try:
@@ -90,7 +90,7 @@ def _translate(fn):
             raise NotEmptyError(f"{args[0] if args else ''} has children") from None
         except kx.NoAuthError:
             raise UnauthorisedError(f"ZooKeeper refused access to {args[0] if args else 'the cluster'}: "
-                                    "wrong cluster secret?") from None
+                                    "wrong cluster secret, or a role that may not do this?") from None
         except kx.ConnectionClosedError:
             raise SessionClosedError("the ZooKeeper client is closed") from None
         except (kx.ConnectionLoss, kx.SessionExpiredError, RetryFailedError) as e:
@@ -104,14 +104,18 @@ def _translate(fn):
 class ZkCoordinator(Coordinator):
     def __init__(self, hosts: str, secret: bytes, *, session_timeout: float = 10.0,
                  connect_timeout: float = 10.0):
-        pw = digest_password(secret)
+        """`secret`: a --secret-file's content, the cluster secret (worker role) or a
+        submit or observer credential (roles.parse)."""
+        self.credential, self._secret = roles.parse(secret)
+        self.role = self.credential.role
+        self._clusters: dict[str, dict] = {}    # cluster node -> {role: ZooKeeper Id} (secure_cluster)
         self.hosts = hosts
         self.call_timeout = session_timeout
         self._connected = threading.Event()
         self.zk = KazooClient(
             hosts=hosts, timeout=session_timeout,
-            auth_data=[("digest", f"{DIGEST_USER}:{pw}")],
-            default_acl=[make_digest_acl(DIGEST_USER, pw, all=True)],
+            auth_data=[self.credential.auth],
+            default_acl=[ACL(Permissions.ALL, self.credential.id)],   # unused: create() passes an ACL
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0))
         self._restart_callbacks: list[Callable[[], None]] = []
         self._lost = False
@@ -189,20 +193,32 @@ class ZkCoordinator(Coordinator):
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
 
+    def _acl_for(self, path: str) -> list:
+        """A new node's ACL: that of its top node's roles (roles.permissions) inside a
+        cluster this session has secured; only its own role's outside one."""
+        for base, ids in self._clusters.items():
+            if path == base or path.startswith(base + "/"):
+                top = path[len(base) + 1:].split("/", 1)[0]
+                return [ACL(perms, ids[role]) for role, perms in roles.permissions(top).items()]
+        return [ACL(Permissions.ALL, self.credential.id)]
+
+    def _create(self, path, data, **kw):
+        return self._write(self.zk.create_async, path, data, acl=self._acl_for(path), **kw)
+
     @_translate
     def create(self, path, data=b"", *, ephemeral=False, sequence=False, makepath=True):
         try:
-            return self._write(self.zk.create_async, path, bytes(data), ephemeral=ephemeral, sequence=sequence)
+            return self._create(path, bytes(data), ephemeral=ephemeral, sequence=sequence)
         except kx.NoNodeError:
             if not makepath:
                 raise
         parts = [p for p in path.split("/") if p][:-1]
         for i in range(1, len(parts) + 1):
             try:
-                self._write(self.zk.create_async, "/" + "/".join(parts[:i]), b"")
+                self._create("/" + "/".join(parts[:i]), b"")
             except kx.NodeExistsError:
                 pass
-        return self._write(self.zk.create_async, path, bytes(data), ephemeral=ephemeral, sequence=sequence)
+        return self._create(path, bytes(data), ephemeral=ephemeral, sequence=sequence)
 
     @_translate
     def get(self, path):
@@ -247,6 +263,75 @@ class ZkCoordinator(Coordinator):
                 self._write(self.zk.create_async, "/" + "/".join(parts[:i]), b"", acl=shared)
             except kx.NodeExistsError:
                 pass
+
+    @_translate
+    def secure_cluster(self, base, nodes):
+        """Make the cluster's top nodes with their roles' ACLs (workers; the cluster node's
+        data is every role's ZooKeeper id, so that submitters can make nodes the workers
+        may use), and check every one of them at start (every role): ClusterAclError,
+        saying what to do, if someone else owns the cluster's name, the roles are not set
+        up, or the credential is not this cluster's."""
+        cluster = base.rsplit("/", 1)[-1]
+        worker = self.role == roles.WORKER
+        ids = roles.role_ids(self._secret) if worker else None
+        upgraded = []
+        for node in ("", *nodes):
+            path = f"{base}/{node}" if node else base
+            if worker:
+                expected = [ACL(perms, ids[role]) for role, perms in roles.permissions(node).items()]
+                try:
+                    self._write(self.zk.create_async, path, b"" if node else roles.ids_record(ids), acl=expected)
+                    continue
+                except kx.NodeExistsError:
+                    pass
+            try:
+                acl = list(self._read(self.zk.get_acls_async, path)[0])
+            except kx.NoNodeError:
+                raise ClusterAclError(f"cluster {cluster!r} is not set up on ZooKeeper {self.hosts} ({path} is "
+                                      f"missing): start one of its workers first; a {self.role} credential "
+                                      "cannot create it") from None
+            except kx.NoAuthError:
+                raise ClusterAclError(f"ZooKeeper refused to show {path}: wrong cluster secret, or the name "
+                                      f"{cluster!r} belongs to another cluster; check --secret-file, or pick "
+                                      "another --cluster") from None
+            if worker:
+                if sorted(acl) == sorted(expected):
+                    continue
+                if acl == [ACL(Permissions.ALL, self.credential.id)]:     # made before roles existed
+                    self._write(self.zk.set_acls_async, path, expected)
+                    upgraded.append(node or ".")
+                    continue
+                raise ClusterAclError(
+                    f"{path} carries the ACL [{roles.describe(acl)}], not this cluster's "
+                    f"[{roles.describe(expected)}]: someone else owns the cluster name {cluster!r} (or changed its "
+                    f"ACL); pick another --cluster, or have the ensemble's administrator remove {path}")
+            # ZooKeeper shows a digest's hash only to holders of ADMIN: match the user name
+            # here; the ids record below is checked whole
+            mine = [e for e in acl if e.id.scheme == "digest" and e.id.id.split(":")[0] == self.credential.user]
+            if not mine or mine[0].perms != roles.permissions(node)[self.role]:
+                raise ClusterAclError(
+                    f"{path} does not grant the {self.role} role what it should (ACL: [{roles.describe(acl)}]): "
+                    "start a worker of this streamnet version once (it sets the roles up)")
+            if any(e.id.scheme != "digest" and e.perms & ~Permissions.READ for e in acl):
+                raise ClusterAclError(f"{path} lets others change it (ACL: [{roles.describe(acl)}]); someone "
+                                      f"changed the cluster's ACL: have a worker's operator check {cluster!r}")
+        record = self._read(self.zk.get_async, base)[0]
+        if worker:
+            if record != roles.ids_record(ids):
+                self._write(self.zk.set_async, base, roles.ids_record(ids))
+        else:
+            ids = roles.parse_ids_record(record)
+            if ids is None:
+                raise ClusterAclError(f"cluster {cluster!r} does not list its roles: start a worker of this "
+                                      "streamnet version once (it sets the roles up)")
+            if ids[self.role] != self.credential.id:
+                raise ClusterAclError(f"this {self.role} credential was not made from the secret of cluster "
+                                      f"{cluster!r}: make one with `streamnet-submit new-credential {self.role}` "
+                                      "and that cluster's secret")
+        self._clusters[base] = ids
+        if upgraded:
+            log.warning("cluster %s: its nodes were made before roles existed; gave the submit and observer "
+                        "roles their permissions on %s", cluster, ", ".join(upgraded))
 
     def watch_data(self, path, callback):
         stopped = threading.Event()
