@@ -420,3 +420,61 @@ def test_a_cluster_made_before_roles_gets_them_from_its_first_worker(zk):
     finally:
         coord.delete(f"/streamnet/{name}", recursive=True)
         coord.close()
+
+
+# -- the monitor token, and a service stop that hands tasks over -------------------------------
+def test_status_and_metrics_need_the_monitor_token_when_the_worker_has_one(zk, tmp_path):
+    import urllib.error
+    from streamnet.testing import Cluster
+    token = tmp_path / "token"
+    token.write_text("a-monitor-token-0123456789\n")
+    token.chmod(0o600)
+    c = Cluster(zk, workers=0)
+    state = None
+    try:
+        c.start_worker("w0", ["--monitor-token-file", str(token)])
+        state = c.state()
+        c.wait_registered(1, state)
+        info = state.workers()["w0"]
+        for path in ("/status", "/metrics"):
+            url = f"http://127.0.0.1:{info['port']}{path}"
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(url, timeout=5)
+            assert refused.value.code == 401 and b"needs the monitor token" in refused.value.read()
+            ask = urllib.request.Request(url, headers={"Authorization": "Bearer a-monitor-token-0123456789"})
+            with urllib.request.urlopen(ask, timeout=5) as r:
+                assert r.status == 200 and (b"streamnet_" in r.read() if path == "/metrics" else True)
+        # streamnet-submit status sends the token of $STREAMNET_MONITOR_TOKEN_FILE
+        without = _cli("submit", "status", *c.args())
+        assert without.returncode == 0 and "unreachable" in without.stdout, without.stdout + without.stderr
+        import subprocess
+        import sys
+        env = dict(os.environ, STREAMNET_MONITOR_TOKEN_FILE=str(token))
+        with_token = subprocess.run([sys.executable, "-m", "streamnet.cli.submit", "status", *c.args()],
+                                    capture_output=True, text=True, timeout=120, env=env)
+        assert with_token.returncode == 0 and "busy" in with_token.stdout, with_token.stdout + with_token.stderr
+    except BaseException:
+        print(c.dump_logs())
+        raise
+    finally:
+        if state is not None:
+            state.coord.close()
+        c.close()
+
+
+def test_sigterm_to_one_worker_hands_its_tasks_over_and_the_topology_goes_on(zk):
+    import signal
+    from streamnet.testing import finish, placement, running_cluster
+    with running_cluster(zk, workers=2) as (c, state):
+        topo = wordcount.topology(name="goes-on", count=3000, split=2, counters=3, delay_s=0.001,
+                                  max_spout_pending=50, message_timeout_s=5)
+        state.submit_topology(topo.name, topo.to_dict())
+        wait_for(lambda: len(set(placement(state, topo.name).values())) == 2, 30, "tasks on both workers")
+        victim = "w1"
+        c.procs[victim].send_signal(signal.SIGTERM)     # systemctl stop on one node
+        assert c.procs[victim].wait(60) == 0
+        assert state.status(topo.name) == "active"
+        wait_for(lambda: set(placement(state, topo.name).values()) == {"w0"}, 30, "w1's tasks to move to w0")
+        results = finish(state, topo.name)
+        assert wordcount.merge_counts(results) == wordcount.expected_counts(3000, 0)
+        assert "stopping (leave)" in open(c.logs[victim]).read()

@@ -1,0 +1,104 @@
+"""Keyed checkpoints: a MAC with a key derived from the cluster secret; old ones removed."""
+import hashlib
+import os
+
+import msgpack
+import numpy as np
+import pytest
+
+from streamnet.training import checkpoint as ck
+from streamnet.training.checkpoint import (CheckpointError, checkpoint_key, clean_up, latest_checkpoint,
+                                          list_checkpoints, load_checkpoint, write_checkpoint)
+
+KEY = checkpoint_key(b"s" * 32)
+
+
+def _forge(path: str, new_params: np.ndarray) -> None:
+    """What someone who can write the directory but lacks the secret can do: change the
+    body and put its right SHA-256 in the header, keeping the old MAC."""
+    raw = open(path, "rb").read()
+    head, _, body = raw.partition(b"\n")[2].partition(b"\n")
+    doc = msgpack.unpackb(body, raw=False)
+    doc["params"]["__nd__"][2] = np.asarray(new_params, np.float32).tobytes()
+    body = msgpack.packb(doc, use_bin_type=True)
+    sha, _, mac = head.partition(b" ")
+    new_head = hashlib.sha256(body).hexdigest().encode() + (b" " + mac if mac else b"")
+    open(path, "wb").write(raw[:6] + new_head + b"\n" + body)
+
+
+def test_a_keyed_checkpoint_round_trips_and_a_forged_one_is_refused(tmp_path):
+    p = np.arange(8, dtype=np.float32)
+    ptr = write_checkpoint(str(tmp_path), "run", 1, p, {"position": {}}, key=KEY)
+    got = load_checkpoint(ptr["path"], ptr["sha256"], key=KEY)
+    np.testing.assert_array_equal(got["params"], p)
+    assert got["authenticated"] is True
+    _forge(ptr["path"], np.full(8, 1e30))
+    with pytest.raises(CheckpointError, match="changed by someone without the cluster secret"):
+        load_checkpoint(ptr["path"], key=KEY)
+    with pytest.raises(CheckpointError, match="run-00000001.ckpt"):
+        load_checkpoint(ptr["path"], key=KEY)
+
+
+def test_another_clusters_key_and_unkeyed_files_are_refused_by_a_keyed_reader(tmp_path):
+    other = write_checkpoint(str(tmp_path), "a", 1, np.ones(4, np.float32), key=checkpoint_key(b"o" * 32))
+    with pytest.raises(CheckpointError, match="its MAC does not match"):
+        load_checkpoint(other["path"], key=KEY)
+    plain = write_checkpoint(str(tmp_path), "b", 1, np.ones(4, np.float32))       # no key in this process
+    assert open(plain["path"], "rb").read(6) == b"SNCK2\n"
+    assert load_checkpoint(plain["path"])["authenticated"] is False
+    with pytest.raises(CheckpointError, match="not authenticated"):
+        load_checkpoint(plain["path"], key=KEY)
+    # without the key, a keyed file is checked by its SHA-256 only (the workers check the MAC)
+    assert load_checkpoint(other["path"])["authenticated"] is False
+
+
+def test_the_process_key_signs_and_verifies_by_default(tmp_path, monkeypatch):
+    monkeypatch.setattr(ck, "_cluster_key", None)
+    ck.use_cluster_secret(b"s" * 32)
+    ptr = write_checkpoint(str(tmp_path), "run", 3, np.ones(4, np.float32), {"position": {}})
+    assert load_checkpoint(ptr["path"], key=KEY)["step"] == 3
+    _forge(ptr["path"], np.zeros(4))
+    good = write_checkpoint(str(tmp_path), "run", 2, np.ones(4, np.float32), {"position": {}})
+    path, got = latest_checkpoint(str(tmp_path), "run")     # the forged newest is refused, the previous used
+    assert path == good["path"] and got["step"] == 2
+    ck.use_cluster_secret(None)
+    assert ck._cluster_key is None
+
+
+def test_resume_refuses_a_forged_checkpoint_naming_it(tmp_path, monkeypatch):
+    from streamnet.training.config import SETUPS, with_overrides
+    from streamnet.training.nsmap import resume_point
+    monkeypatch.setattr(ck, "_cluster_key", KEY)
+    cfg = with_overrides(SETUPS["lenet5-mixbp"](), {"epochs": 1})
+    from streamnet.training.config import run_config_to_dict
+    state = {"config": run_config_to_dict(cfg), "position": {"step": 4, "epoch": 1, "round": 2}}
+    ptr = write_checkpoint(str(tmp_path), "run", 4, np.ones(4, np.float32), state)
+    assert resume_point(cfg, str(tmp_path), "run")["step"] == 4
+    _forge(ptr["path"], np.zeros(4))
+    with pytest.raises(CheckpointError, match="run-00000004.ckpt was changed by someone without the cluster secret"):
+        resume_point(cfg, None, "run", ptr["path"])
+
+
+def test_each_write_keeps_the_newest_n_and_the_one_just_written(tmp_path):
+    d = str(tmp_path)
+    for step in range(1, 6):
+        write_checkpoint(d, "run", step, np.ones(2, np.float32), keep=3)
+    write_checkpoint(d, "other", 1, np.ones(2, np.float32), keep=3)
+    assert [s for s, _ in list_checkpoints(d, "run")] == [5, 4, 3]
+    # a run resumed from step 2 writes below the newest: what it wrote stays
+    write_checkpoint(d, "run", 2, np.ones(2, np.float32), keep=2)
+    assert [s for s, _ in list_checkpoints(d, "run")] == [5, 2]
+    write_checkpoint(d, "run", 6, np.ones(2, np.float32), keep=0)          # 0 keeps all
+    assert [s for s, _ in list_checkpoints(d, "run")] == [6, 5, 2]
+    assert [s for s, _ in list_checkpoints(d, "other")] == [1]
+
+
+def test_stale_temporary_files_are_removed_and_fresh_ones_kept(tmp_path):
+    stale, fresh = tmp_path / ".run-dead.tmp", tmp_path / ".run-writing.tmp"
+    stale.write_bytes(b"x")
+    fresh.write_bytes(b"y")
+    old = os.stat(stale).st_mtime - ck.STALE_TMP_S - 60
+    os.utime(stale, (old, old))
+    write_checkpoint(str(tmp_path), "run", 1, np.ones(2, np.float32))
+    assert not stale.exists() and fresh.exists()
+    assert clean_up(str(tmp_path), "run") == []
