@@ -71,6 +71,11 @@ def cmd_submit(a) -> int:
     given = given_options(a)
     check_paths(given)
     opts.update(given)
+    if getattr(a, "resume", None) and a.secret_file:
+        # check the checkpoint's MAC here when we hold the cluster secret (the workers always do)
+        from ..runtime.control.roles import parse
+        from ..training.checkpoint import use_cluster_secret
+        use_cluster_secret(parse(read_secret(a.secret_file))[1])
     try:
         topo, check = build_topology(a.topology, opts)
     except ConfigError as e:

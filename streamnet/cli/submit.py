@@ -47,6 +47,7 @@ def cmd_train(a: argparse.Namespace) -> int:
             attach = lambda cluster: for_local_cluster(cluster, a.ui_host, a.ui)  # noqa: E731
         summary, _ = train_on_local_cluster(cfg, workers=cfg.units, threads=max(1, cfg.threads // cfg.units),
                                             progress=show, checkpoint_dir=a.checkpoint_dir, resume=a.resume or False,
+                                            keep_checkpoints=a.keep_checkpoints,
                                             attach=attach)
         for h in (h for h in summary.history if h.epoch > show.shown):  # ended between two progress polls
             line.line(f"epoch {h.epoch}/{cfg.epochs}  loss {h.train_loss:.4f}  test acc {h.test_accuracy:.2%}")

@@ -22,9 +22,12 @@ class CheckpointBolt(Bolt):
 
     async def execute(self, tup):
         if self.dir:
-            from .checkpoint import CheckpointError, write_checkpoint
+            from functools import partial
+
+            from .checkpoint import DEFAULT_KEEP, CheckpointError, write_checkpoint
             try:
-                pointer = await self.ctx.compute(write_checkpoint, self.dir, self.ctx.topology, tup["step"],
+                write = partial(write_checkpoint, keep=self.config.get("keep", DEFAULT_KEEP))
+                pointer = await self.ctx.compute(write, self.dir, self.ctx.topology, tup["step"],
                                                  tup["params"], tup["state"])
                 pointer["epoch"] = tup["epoch"]
                 self.ctx.put_checkpoint(pointer)

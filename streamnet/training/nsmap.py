@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+from ..errors import ConfigError
 from ..runtime import TopologyBuilder
 from .config import SETUPS, RunConfig, run_config_to_dict, with_overrides
 from .schedule import load_data
@@ -15,9 +16,15 @@ def default_name(cfg: RunConfig) -> str:
 
 
 def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str | None = None,
-                   message_timeout_s: float = 300.0, train_size: int | None = None, resume: dict | None = None):
+                   message_timeout_s: float = 300.0, train_size: int | None = None, resume: dict | None = None,
+                   keep_checkpoints: int | None = None):
     """The NS-Map topology. With `checkpoint_dir`, every epoch ends with a checkpoint that
-    resumes exactly; `resume` (from `resume_point`) continues a stopped run."""
+    resumes exactly, and the newest `keep_checkpoints` are kept (checkpoint.DEFAULT_KEEP;
+    0 keeps all); `resume` (from `resume_point`) continues a stopped run."""
+    from .checkpoint import DEFAULT_KEEP
+    keep = DEFAULT_KEEP if keep_checkpoints is None else keep_checkpoints
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise ConfigError(f"keep_checkpoints: must be an integer >= 0 (0 keeps all); got {keep_checkpoints!r}")
     if train_size is None:
         train_size = len(load_data(cfg.data, cfg.seed).train)
     run = run_config_to_dict(cfg)
@@ -36,7 +43,8 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
     (b.add_bolt("sync", f"{PKG}.sync_bolt:SyncBolt", run=run, resume=resume).global_("compute")
         .global_("compute", stream="resync").global_("compute", stream="replica"))
     b.add_bolt("eval", f"{PKG}.eval_bolt:EvalBolt", run=run).all("sync", stream="eval")
-    b.add_bolt("checkpoint", f"{PKG}.checkpoint_bolt:CheckpointBolt", dir=checkpoint_dir).all("sync", stream="checkpoint")
+    b.add_bolt("checkpoint", f"{PKG}.checkpoint_bolt:CheckpointBolt", dir=checkpoint_dir,
+              keep=keep).all("sync", stream="checkpoint")
     # the spout holds one tree per unit: a round's trees completing is the sync barrier. The
     # timeout covers an epoch's end, whose trees include the evaluation (AlexNet-64 on 10,000
     # test images takes over a minute on one core); a lost worker is handled sooner, when the
@@ -71,13 +79,14 @@ def resume_point(cfg: RunConfig, checkpoint_dir: str | None, name: str, path: st
 
 def _builder(setup: str):
     def build(name: str | None = None, checkpoint_dir: str | None = None, resume: bool | str | None = None,
-              **overrides):
+              keep_checkpoints: int | None = None, **overrides):
         from .summary_from_results import summarise
         cfg = with_overrides(SETUPS[setup](), overrides)
         point = None
         if resume:
             point = resume_point(cfg, checkpoint_dir, name or default_name(cfg), None if resume is True else resume)
-        topo = build_topology(cfg, name=name, checkpoint_dir=checkpoint_dir, resume=point)
+        topo = build_topology(cfg, name=name, checkpoint_dir=checkpoint_dir, resume=point,
+                              keep_checkpoints=keep_checkpoints)
 
         def check(results, wall_s=None):
             s = summarise(cfg, results, workers=None, wall_s=wall_s)

@@ -478,3 +478,24 @@ def test_sigterm_to_one_worker_hands_its_tasks_over_and_the_topology_goes_on(zk)
         results = finish(state, topo.name)
         assert wordcount.merge_counts(results) == wordcount.expected_counts(3000, 0)
         assert "stopping (leave)" in open(c.logs[victim]).read()
+
+
+def test_workers_sign_their_checkpoints_and_a_forged_one_is_refused_on_resume(zk, tmp_path):
+    from streamnet.testing import running_cluster
+    from streamnet.training.checkpoint import checkpoint_key, list_checkpoints, load_checkpoint
+    from tests.unit.test_security_checkpoint import _forge
+    ckdir = str(tmp_path / "ck")
+    args = ["lenet5-mixbp", "--name", "signed", "--dataset", "synthetic", "--epochs", "2", "--workers", "1",
+            "--checkpoint-dir", ckdir]
+    with running_cluster(zk, workers=1) as (c, state):
+        r = c.submit_cli("submit", *args, "--keep-checkpoints", "1", "--wait", "--timeout", "300", timeout=400)
+        assert r.returncode == 0, r.stdout + r.stderr
+        kept = list_checkpoints(ckdir, "signed")
+        assert len(kept) == 1                       # one per epoch written, the older one removed
+        path = kept[0][1]
+        key = checkpoint_key(open(c.secret_file, "rb").read().strip())
+        assert open(path, "rb").read(6) == b"SNCK3\n" and load_checkpoint(path, key=key)["authenticated"]
+        _forge(path, np.zeros(load_checkpoint(path, key=key)["params"].size))
+        r = c.submit_cli("submit", *args, "--epochs", "3", "--resume", timeout=120)
+        assert r.returncode == 2 and "was changed by someone without the cluster secret" in r.stderr, r.stderr
+        assert state.topology_names() == []         # refused before anything was submitted

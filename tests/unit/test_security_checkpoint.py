@@ -102,3 +102,41 @@ def test_stale_temporary_files_are_removed_and_fresh_ones_kept(tmp_path):
     write_checkpoint(str(tmp_path), "run", 1, np.ones(2, np.float32))
     assert not stale.exists() and fresh.exists()
     assert clean_up(str(tmp_path), "run") == []
+
+
+def test_keep_checkpoints_reaches_the_checkpoint_bolt_which_removes_older_ones(tmp_path):
+    from streamnet.errors import ConfigError
+    from streamnet.training.checkpoint_bolt import CheckpointBolt
+    from streamnet.training.config import SETUPS, with_overrides
+    from streamnet.training.nsmap import BUILDERS, build_topology
+    cfg = with_overrides(SETUPS["lenet5-mixbp"](), {"dataset": "synthetic", "train_limit": 64, "test_limit": 32})
+
+    def bolt_config(**kw):
+        topo = build_topology(cfg, checkpoint_dir=str(tmp_path), **kw)
+        return next(c for c in topo.components if c["id"] == "checkpoint")["config"]
+    assert bolt_config()["keep"] == ck.DEFAULT_KEEP and bolt_config(keep_checkpoints=0)["keep"] == 0
+    with pytest.raises(ConfigError, match="keep_checkpoints: must be an integer >= 0"):
+        bolt_config(keep_checkpoints=-1)
+    topo, _ = BUILDERS["lenet5-mixbp"](checkpoint_dir=str(tmp_path), keep_checkpoints=2, dataset="synthetic",
+                                       train_limit=64, test_limit=32)
+    config = next(c for c in topo.components if c["id"] == "checkpoint")["config"]
+    assert config["keep"] == 2
+
+    class Ctx:
+        topology = "run"
+
+        async def compute(self, fn, *args):
+            return fn(*args)
+
+        def put_checkpoint(self, pointer):
+            pass
+
+    class Collector:
+        def ack(self, tup):
+            pass
+    bolt = CheckpointBolt(**config)
+    bolt.prepare(Ctx(), Collector())
+    import asyncio
+    for step in range(1, 5):
+        asyncio.run(bolt.execute({"step": step, "epoch": 1, "params": np.ones(3, np.float32), "state": None}))
+    assert [s for s, _ in list_checkpoints(str(tmp_path), "run")] == [4, 3]

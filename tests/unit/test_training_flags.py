@@ -7,7 +7,8 @@ from streamnet.cli.train_args import TRAINING_FLAGS, config_from_args, given_opt
 from streamnet.training.config import SETUPS, with_overrides
 
 # Adding a training flag means adding it here, and it reaches both commands.
-FROZEN = ["--balance", "--batch", "--checkpoint-dir", "--data", "--dataset", "--epochs", "--input-size", "--lr",
+FROZEN = ["--balance", "--batch", "--checkpoint-dir", "--data", "--dataset", "--epochs", "--input-size",
+          "--keep-checkpoints", "--lr",
           "--lr-schedule", "--momentum", "--outer-momentum", "--resume", "--seed", "--sync-period",
           "--test-limit", "--threads", "--train-limit", "--workers"]
 TRAIN_ONLY = {"-h", "--help", "--model", "--algorithm", "--local", "--in-process", "--summary", "--ui", "--ui-host"}
