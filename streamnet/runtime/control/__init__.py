@@ -2,10 +2,11 @@
 
 coordinator.py  the Coordinator interface, its errors and the one retry-while-lost helper
 inprocess.py    the in-process coordinator (embedded local cluster)
-zk.py           the ZooKeeper coordinator (kazoo)
+zk.py           the ZooKeeper coordinator (kazoo); the cluster's ACLs made and checked at start
+roles.py        ZooKeeper roles (worker, submit, observer): credentials and each top node's ACL
 cluster_state.py the cluster's layout in the coordinator, read and written by name
 placement.py    pure placement: workers and topology in, assignment out
-election.py     leader election over ephemeral sequential nodes, and the liveness probe
+election.py     leader election over ephemeral sequential nodes, and the authenticated liveness probe
 scheduler.py    the leader's loop: read, ask placement, write what changed
 client.py       what clients do: wait, wait until done, stop, kill, drain
 
