@@ -68,7 +68,7 @@ TRAINING_FLAGS: tuple[Flag, ...] = (
     Flag("--keep-checkpoints", "keep_checkpoints", int, "checkpoints of this run kept in --checkpoint-dir, the "
          "newest (default 3; 0 keeps all)", metavar="N"),
 )
-RUN_ONLY = {"checkpoint_dir", "resume", "keep_checkpoints"}     # where and whether to checkpoint: not part of the configuration
+RUN_ONLY = {"checkpoint_dir", "resume", "keep_checkpoints"}     # how to checkpoint: not part of the configuration
 _FLAG_OF = {f.key: f.flag for f in TRAINING_FLAGS}
 DEFAULT_BALANCE = "load"     # the commands' default (a RunConfig built in code is "static")
 

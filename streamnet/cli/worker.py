@@ -58,7 +58,8 @@ def build_parser() -> Parser:
                    help="on SIGTERM/SIGINT: leave, handing the tasks to the other workers (default: "
                         "$STREAMNET_ON_SIGNAL, else leave), or checkpoint: stop the topologies running here "
                         "cluster-wide, cleanly, with a checkpoint (for shutting the whole cluster down)")
-    p.add_argument("--monitor-token-file", metavar="FILE", default=os.environ.get("STREAMNET_MONITOR_TOKEN_FILE") or None,
+    p.add_argument("--monitor-token-file", metavar="FILE",
+                   default=os.environ.get("STREAMNET_MONITOR_TOKEN_FILE") or None,
                    help="require 'Authorization: Bearer <the file's token>' on /status and /metrics (as "
                         "Prometheus' authorization scrape setting sends it; default: $STREAMNET_MONITOR_TOKEN_FILE, "
                         "else they need none)")

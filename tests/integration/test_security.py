@@ -356,8 +356,8 @@ def test_the_observer_credential_reads_and_writes_nothing(zk, tmp_path):
             obs.coord.close()
         assert "nope" not in state.topology_names()
         # a worker given a role credential refuses to start, naming the role
-        r = _cli("worker", "--zk", c.zk_hosts, "--cluster", c.name, "--secret-file", str(tmp_path / "observer-credential"),
-                 "--port", "0", "--name", "w9")
+        r = _cli("worker", "--zk", c.zk_hosts, "--cluster", c.name, "--port", "0", "--name", "w9",
+                 "--secret-file", str(tmp_path / "observer-credential"))
         assert r.returncode == 2 and "holds an observer credential; a worker needs the cluster secret" in r.stderr
 
 
