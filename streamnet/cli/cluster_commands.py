@@ -71,13 +71,13 @@ def cmd_submit(a) -> int:
     given = given_options(a)
     check_paths(given)
     opts.update(given)
-    if getattr(a, "resume", None) and a.secret_file:
-        # check the checkpoint's MAC here when we hold the cluster secret (the workers always do)
-        from ..runtime.control.roles import parse
-        from ..training.checkpoint import use_cluster_secret
-        use_cluster_secret(parse(read_secret(a.secret_file))[1])
+    from ..runtime.control.roles import parse
+    from ..training.checkpoint import signing_with
+    # check the checkpoint's MAC here when we hold the cluster secret (the workers always do)
+    secret = parse(read_secret(a.secret_file))[1] if getattr(a, "resume", None) and a.secret_file else None
     try:
-        topo, check = build_topology(a.topology, opts)
+        with signing_with(secret):
+            topo, check = build_topology(a.topology, opts)
     except ConfigError as e:
         raise naming_the_flag(e, given) from None
     except TopologyError as e:

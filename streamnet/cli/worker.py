@@ -71,10 +71,9 @@ def build_parser() -> Parser:
 async def serve(a) -> int:
     from ..runtime.worker import Worker
     from ..runtime.monitor import read_token
-    from ..training.checkpoint import use_cluster_secret
+    from ..training.checkpoint import signing_with
     token = read_token(a.monitor_token_file) if a.monitor_token_file else None
     coord, state, secret = await asyncio.to_thread(connect, a, True)
-    use_cluster_secret(secret)       # checkpoints written and resumed here carry its MAC
     name = a.name or f"{socket.gethostname()}-{a.port}"
     duplicate = StreamnetError(f"a worker named {name} is already registered in cluster {a.cluster}; "
                                "stop it or pick another --name")
@@ -88,39 +87,42 @@ async def serve(a) -> int:
     worker = Worker(worker_id=name, state=state, secret=secret, host=a.host, port=a.port,
                     threads=len(os.sched_getaffinity(0)) if auto else a.threads, threads_auto=auto,
                     advertise_host=a.advertise_host, allow_modules=allowed_modules(a), monitor_token=token)
-    try:
+    with signing_with(secret):       # checkpoints written and resumed here carry its MAC
         try:
-            await worker.start()
-        except NodeExistsError:     # registered between the check above and now
-            await worker.stop(drain_s=0)
-            raise duplicate from None
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                raise StreamnetError(f"port {a.port} on {a.host} is in use; pick another with --port") from None
-            raise StreamnetError(f"cannot listen on {a.host}:{a.port}: {e.strerror}") from None
-        stop, hurry = asyncio.Event(), asyncio.Event()
-        loop = asyncio.get_running_loop()
+            try:
+                await worker.start()
+            except NodeExistsError:     # registered between the check above and now
+                await worker.stop(drain_s=0)
+                raise duplicate from None
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    raise StreamnetError(f"port {a.port} on {a.host} is in use; pick another with --port") \
+                        from None
+                raise StreamnetError(f"cannot listen on {a.host}:{a.port}: {e.strerror}") from None
+            stop, hurry = asyncio.Event(), asyncio.Event()
+            loop = asyncio.get_running_loop()
 
-        def on_signal():
-            (hurry if stop.is_set() else stop).set()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
-        log = logging.getLogger("streamnet")
-        log.info("worker %s up on %s:%d (cluster %s, ZooKeeper %s, session timeout %.1f s: a worker silent that "
-                 "long is declared dead; refused connections are detected sooner; classes from %s)", name, a.host,
-                 worker.port, a.cluster, a.zk, a.session_timeout, ",".join(worker.allow_modules))
-        await stop.wait()
-        log.info("worker %s: signal received; stopping (%s)", name, a.on_signal)
-        if a.on_signal == "checkpoint" and worker.runtimes:
-            clean = asyncio.ensure_future(worker.stop_topologies_cleanly(a.stop_grace))
-            await asyncio.wait([clean, asyncio.ensure_future(hurry.wait())], return_when=asyncio.FIRST_COMPLETED)
-            if not clean.done():
-                log.warning("worker %s: second signal; leaving without waiting for the clean stop", name)
-                clean.cancel()
-        await worker.stop()
-        return 0
-    finally:
-        await asyncio.to_thread(coord.close)
+            def on_signal():
+                (hurry if stop.is_set() else stop).set()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, on_signal)
+            log = logging.getLogger("streamnet")
+            log.info("worker %s up on %s:%d (cluster %s, ZooKeeper %s, session timeout %.1f s: a worker silent "
+                     "that long is declared dead; refused connections are detected sooner; classes from %s)", name,
+                     a.host, worker.port, a.cluster, a.zk, a.session_timeout, ",".join(worker.allow_modules))
+            await stop.wait()
+            log.info("worker %s: signal received; stopping (%s)", name, a.on_signal)
+            if a.on_signal == "checkpoint" and worker.runtimes:
+                clean = asyncio.ensure_future(worker.stop_topologies_cleanly(a.stop_grace))
+                await asyncio.wait([clean, asyncio.ensure_future(hurry.wait())],
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if not clean.done():
+                    log.warning("worker %s: second signal; leaving without waiting for the clean stop", name)
+                    clean.cancel()
+            await worker.stop()
+            return 0
+        finally:
+            await asyncio.to_thread(coord.close)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ A checkpoint is one file, `<name>-<step>.ckpt`:
 
     b"SNCK3\n" + sha256 hex of the body + b" " + HMAC-SHA256 hex of the body + b"\n" + body
 
-The MAC's key is derived from the cluster secret (`use_cluster_secret`, called by
+The MAC's key is derived from the cluster secret (`signing_with`, used by
 streamnet-worker and by clients that hold the secret): a checkpoint changed by
 someone without the secret - on a shared filesystem, say - is refused on load and
 resume with an error naming the file. A process with no secret (the embedded local
@@ -33,6 +33,7 @@ import os
 import re
 import tempfile
 import time
+from contextlib import contextmanager
 
 import msgpack
 import numpy as np
@@ -55,11 +56,17 @@ def checkpoint_key(secret: bytes) -> bytes:
     return hmac.new(secret, b"streamnet checkpoint", hashlib.sha256).digest()
 
 
-def use_cluster_secret(secret: bytes | None) -> None:
-    """Sign and verify this process's checkpoints with a key derived from `secret`
-    (None: unkeyed, as the embedded local cluster does)."""
+@contextmanager
+def signing_with(secret: bytes | None):
+    """Within this block, sign and verify this process's checkpoints with a key derived
+    from `secret` (None: unkeyed, as the embedded local cluster does); the key before
+    it comes back after."""
     global _cluster_key
-    _cluster_key = checkpoint_key(secret) if secret else None
+    before, _cluster_key = _cluster_key, checkpoint_key(secret) if secret else None
+    try:
+        yield
+    finally:
+        _cluster_key = before
 
 
 class CheckpointError(StreamnetError):

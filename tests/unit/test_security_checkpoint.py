@@ -52,31 +52,31 @@ def test_another_clusters_key_and_unkeyed_files_are_refused_by_a_keyed_reader(tm
     assert load_checkpoint(other["path"])["authenticated"] is False
 
 
-def test_the_process_key_signs_and_verifies_by_default(tmp_path, monkeypatch):
-    monkeypatch.setattr(ck, "_cluster_key", None)
-    ck.use_cluster_secret(b"s" * 32)
-    ptr = write_checkpoint(str(tmp_path), "run", 3, np.ones(4, np.float32), {"position": {}})
-    assert load_checkpoint(ptr["path"], key=KEY)["step"] == 3
-    _forge(ptr["path"], np.zeros(4))
-    good = write_checkpoint(str(tmp_path), "run", 2, np.ones(4, np.float32), {"position": {}})
-    path, got = latest_checkpoint(str(tmp_path), "run")     # the forged newest is refused, the previous used
-    assert path == good["path"] and got["step"] == 2
-    ck.use_cluster_secret(None)
+def test_the_process_key_signs_and_verifies_by_default_within_its_block(tmp_path):
+    assert ck._cluster_key is None
+    with ck.signing_with(b"s" * 32):
+        ptr = write_checkpoint(str(tmp_path), "run", 3, np.ones(4, np.float32), {"position": {}})
+        assert load_checkpoint(ptr["path"], key=KEY)["step"] == 3
+        _forge(ptr["path"], np.zeros(4))
+        good = write_checkpoint(str(tmp_path), "run", 2, np.ones(4, np.float32), {"position": {}})
+        path, got = latest_checkpoint(str(tmp_path), "run")     # the forged newest is refused, the previous used
+        assert path == good["path"] and got["step"] == 2
     assert ck._cluster_key is None
 
 
-def test_resume_refuses_a_forged_checkpoint_naming_it(tmp_path, monkeypatch):
+def test_resume_refuses_a_forged_checkpoint_naming_it(tmp_path):
     from streamnet.training.config import SETUPS, with_overrides
     from streamnet.training.nsmap import resume_point
-    monkeypatch.setattr(ck, "_cluster_key", KEY)
     cfg = with_overrides(SETUPS["lenet5-mixbp"](), {"epochs": 1})
     from streamnet.training.config import run_config_to_dict
     state = {"config": run_config_to_dict(cfg), "position": {"step": 4, "epoch": 1, "round": 2}}
-    ptr = write_checkpoint(str(tmp_path), "run", 4, np.ones(4, np.float32), state)
-    assert resume_point(cfg, str(tmp_path), "run")["step"] == 4
-    _forge(ptr["path"], np.zeros(4))
-    with pytest.raises(CheckpointError, match="run-00000004.ckpt was changed by someone without the cluster secret"):
-        resume_point(cfg, None, "run", ptr["path"])
+    with ck.signing_with(b"s" * 32):
+        ptr = write_checkpoint(str(tmp_path), "run", 4, np.ones(4, np.float32), state)
+        assert resume_point(cfg, str(tmp_path), "run")["step"] == 4
+        _forge(ptr["path"], np.zeros(4))
+        with pytest.raises(CheckpointError, match="run-00000004.ckpt was changed by someone without the cluster "
+                                                  "secret"):
+            resume_point(cfg, None, "run", ptr["path"])
 
 
 def test_each_write_keeps_the_newest_n_and_the_one_just_written(tmp_path):
