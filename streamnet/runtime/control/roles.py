@@ -16,9 +16,10 @@ content of a --secret-file is the cluster secret.
 
 ZooKeeper's digest scheme (no server configuration needed) checks these: each node
 carries an ACL of digest ids. Workers create the cluster's top nodes with the ACLs
-of `permissions`; every node below them is created with its parent's ACL, so a
-submitter's topology node grants the workers what they need without the submitter
-knowing the workers' identity. The digest password crosses the network in clear
+of `permissions` and record every role's id in the cluster node (`ids_record`);
+every node below a top node gets that top node's ACL, so a submitter's topology
+node grants the workers what they need (the submitter reads their id from the
+record, and checks its own there: a credential of another cluster is refused). The digest password crosses the network in clear
 on every connect: it is derived per role, so a sniffed one is that role's
 credential, never the cluster secret.
 """

@@ -2,8 +2,8 @@
 
 The session authenticates with one role's digest credential (roles.py: worker,
 submit or observer); the cluster's top nodes carry the roles' ACLs, checked at
-every start (`secure_cluster`), and every node below is created with its parent's
-ACL. A client without a credential can neither read nor change the cluster
+every start (`secure_cluster`), and every node below one is created with that top
+node's ACL. A client without a credential can neither read nor change the cluster
 (ZooKeeper answers NoAuth); a submitter cannot write assignments. Connection loss
 is retried: reads (idempotent) are sent again after a reconnect, for up to the
 session timeout; a write that was in flight when the connection dropped raises
