@@ -90,6 +90,9 @@ def cmd_submit(a) -> int:
     try:
         if not state.workers():
             raise StreamnetError(f"no workers in cluster {a.cluster!r}; start streamnet-worker first")
+        if getattr(a, "resume", None):
+            from ..training.nsmap import check_recorded
+            check_recorded(topo.to_dict(), state.checkpoint(topo.name))
         if getattr(a, "resume", None) and state.status(topo.name) == "stopping" and is_done(state, topo.name):
             # stopped cleanly by SIGTERM to its workers: its checkpoint is what we resume from
             kill_topology(state, topo.name, a.timeout)

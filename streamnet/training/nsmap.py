@@ -77,6 +77,20 @@ def resume_point(cfg: RunConfig, checkpoint_dir: str | None, name: str, path: st
             "round": pos["round"]}
 
 
+def check_recorded(spec: dict, pointer: dict | None) -> None:
+    """The checkpoint a topology resumes from, against the pointer the workers recorded in
+    the coordinator (which only workers may write): the same file must still have the
+    SHA-256 it was written with. This catches a checkpoint changed since, also where the
+    client cannot check its MAC (it holds a submit credential, not the secret)."""
+    from .checkpoint import CheckpointError
+    resume = next((c["config"].get("resume") for c in spec["components"] if c["id"] == "sync"), None)
+    if not resume or not pointer or os.path.abspath(pointer.get("path", "")) != resume["path"]:
+        return
+    if pointer.get("sha256") != resume["sha256"]:
+        raise CheckpointError(f"{resume['path']} was changed after the workers wrote it (SHA-256 "
+                              f"{resume['sha256'][:12]}..., recorded {str(pointer.get('sha256'))[:12]}...): refusing it")
+
+
 def _builder(setup: str):
     def build(name: str | None = None, checkpoint_dir: str | None = None, resume: bool | str | None = None,
               keep_checkpoints: int | None = None, **overrides):

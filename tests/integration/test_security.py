@@ -498,4 +498,9 @@ def test_workers_sign_their_checkpoints_and_a_forged_one_is_refused_on_resume(zk
         _forge(path, np.zeros(load_checkpoint(path, key=key)["params"].size))
         r = c.submit_cli("submit", *args, "--epochs", "3", "--resume", timeout=120)
         assert r.returncode == 2 and "was changed by someone without the cluster secret" in r.stderr, r.stderr
+        # a submitter cannot check the MAC, but checks the SHA-256 the workers recorded in ZooKeeper
+        submit = _credential(c, tmp_path, "submit")
+        r = _cli("submit", "submit", *args, "--epochs", "3", "--resume", "--zk", c.zk_hosts, "--cluster", c.name,
+                 "--secret-file", submit)
+        assert r.returncode == 2 and f"{path} was changed after the workers wrote it" in r.stderr, r.stderr
         assert state.topology_names() == []         # refused before anything was submitted
