@@ -7,7 +7,8 @@ import time
 import urllib.request
 
 from ..errors import ConfigError, StreamnetError
-from ..runtime.control import ClusterTimeout, TopologyGone, drain_topology, is_done, kill_topology, wait_done
+from ..runtime.control import (ClusterTimeout, TopologyFailed, TopologyGone, drain_topology, is_done, kill_topology,
+                               wait_done)
 from ..runtime.topology import Topology, TopologyError, resolve
 from ..training.run_stats import CHECKPOINTS, STOPPED_AT
 from .common import add_cluster_options, allowed_modules, check_writable, connect, parse_set, write_secret
@@ -117,6 +118,10 @@ def _follow(state, topo: Topology, check, a) -> int:
         return 1
     except TopologyGone:
         print(f"\nstreamnet-submit: error: {topo.name} was killed before finishing", file=sys.stderr)
+        return 1
+    except TopologyFailed as e:   # it would never finish: take it off the cluster
+        kill_topology(state, topo.name, 60)
+        print(f"\nstreamnet-submit: error: {e}; killed it", file=sys.stderr)
         return 1
     wall = time.monotonic() - t0
     results = kill_topology(state, topo.name, a.timeout)

@@ -8,7 +8,7 @@ from contextlib import nullcontext
 from typing import Callable
 
 from ..errors import StreamnetError
-from ..runtime.control import ClusterTimeout, kill_topology, request_stop, wait_done
+from ..runtime.control import ClusterTimeout, TopologyFailed, kill_topology, request_stop, wait_done
 from .config import RunConfig
 from .nsmap import build_topology, default_name, resume_point
 from .run_stats import EVAL_HISTORY, PROGRESS
@@ -65,6 +65,9 @@ def follow(state, topology, cfg: RunConfig, progress: Callable[[dict], None] | N
         wait_done(state, topology.name, timeout, interval=poll_s, on_poll=report, on_interrupt=interrupted)
     except ClusterTimeout:
         raise StreamnetError(f"training did not finish within {timeout:.0f} s") from None
+    except TopologyFailed:     # a component could not start: the run would never end
+        kill_topology(state, topology.name, 60)
+        raise
     wall = time.monotonic() - t0
     return kill_topology(state, topology.name, 120), wall
 
