@@ -69,6 +69,14 @@ def resume_point(cfg: RunConfig, checkpoint_dir: str | None, name: str, path: st
             "round": pos["round"]}
 
 
+def run_config_of(topology) -> RunConfig | None:
+    """The run configuration of an NS-Map topology (its data spout carries it); None for
+    any other topology."""
+    from .config import run_config_from_dict
+    spout = next((c for c in topology.components if c["class"] == f"{PKG}.data_spout:DataSpout"), None)
+    return run_config_from_dict(spout["config"]["run"]) if spout else None
+
+
 def _builder(setup: str):
     def build(name: str | None = None, checkpoint_dir: str | None = None, resume: bool | str | None = None,
               **overrides):

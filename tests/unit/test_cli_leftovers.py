@@ -60,3 +60,17 @@ def test_exit_codes_of_errors(capsys):
     assert error_exit("p", TopologyFailed("topology 'x' failed: bolt 'b' (task 1) ...")) == 1
     assert capsys.readouterr().err.splitlines()[-1] == "p: error: topology 'x' failed: bolt 'b' (task 1) ..."
 
+
+
+def test_worker_exits_1_when_the_ensemble_is_out_of_reach_and_2_for_a_mistake(tmp_path, capsys):
+    """systemd restarts a worker on exit 1 (ZooKeeper not up yet at boot) but not on
+    exit 2 (RestartPreventExitStatus=2: a mistake in its settings would only loop)."""
+    from streamnet.cli.common import write_secret
+    secret = str(tmp_path / "secret")
+    write_secret(secret)
+    argv = ["--zk", UNREACHABLE_ZK, "--secret-file", secret, "--session-timeout", "1", "--port", "0"]
+    assert run_main(worker.main, argv) == 1
+    line = one_line_error(capsys, "streamnet-worker")
+    assert "ZooKeeper is unreachable (0 of 1 server reachable)" in line
+    assert run_main(worker.main, argv[:2] + ["--secret-file", str(tmp_path / "absent")]) == 2
+    assert "does not exist" in one_line_error(capsys, "streamnet-worker")
