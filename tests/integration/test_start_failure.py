@@ -7,7 +7,7 @@ import pytest
 
 from streamnet.examples import wordcount
 from streamnet.runtime import LocalCluster
-from streamnet.runtime.control import TopologyFailed
+from streamnet.runtime.control import TopologyFailed, drain_topology, wait_for
 from streamnet.testing import running_cluster
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -50,3 +50,14 @@ def test_submit_wait_exits_1_with_the_workers_error_when_a_worker_lacks_the_data
         assert state.topology_names() == []                           # killed, not left running
         assert all(p.poll() is None for p in c.procs.values())       # the workers stay up
         assert os.path.isdir(tmp_path)
+
+
+def test_a_clean_stop_of_a_topology_that_cannot_start_kills_it(monkeypatch):
+    """kill --checkpoint (drain_topology) cannot wait for a task that never started."""
+    with LocalCluster(workers=2) as c:
+        monkeypatch.setattr(wordcount.CountBolt, "prepare", _raise("CountBolt"))
+        c.submit(wordcount.topology(count=200))
+        wait_for(lambda: c.state.failures("wordcount"), 60, "the count bolt's failure to be published")
+        results = drain_topology(c.state, "wordcount", 60)
+        assert any(k.startswith("failed.") for k in results)
+        assert "wordcount" not in c.state.topology_names()

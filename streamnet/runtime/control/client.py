@@ -122,7 +122,10 @@ def drain_topology(state: ClusterState, name: str, timeout: float) -> dict:
     """Ask the spouts to stop cleanly (Spout.drain), wait until they report done, then
     kill the topology and return its results."""
     request_stop(state, name)
-    wait_done(state, name, timeout)    # UnknownTopologyError if it is not there
+    try:
+        wait_done(state, name, timeout)    # UnknownTopologyError if it is not there
+    except TopologyFailed as e:            # it cannot stop cleanly: a task never started
+        log.warning("%s; killing it without a clean stop", e)
     return kill_topology(state, name, timeout)
 
 
