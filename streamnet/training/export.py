@@ -15,6 +15,7 @@ normalisation it was trained with (x / 255, minus mean, over std).
 from __future__ import annotations
 
 import json
+import os
 import struct
 
 import numpy as np
@@ -69,7 +70,7 @@ def load_for_export(path: str, model: str | None = None, input_size: int | None 
     net = model_for(ck["params"], name, options)
     meta = {"format": "streamnet", "model": name, "model_options": json.dumps(options, sort_keys=True),
             "input_shape": json.dumps(list(net.input_shape)), "num_classes": str(net.layers[-1].spec()["out_features"]),
-            "step": str(ck["step"]), "source": path}
+            "step": str(ck["step"]), "source": os.path.basename(path)}
     if dataset is not None:
         meta["dataset"] = dataset
     if dataset in STATS:
