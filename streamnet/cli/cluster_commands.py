@@ -8,12 +8,14 @@ import time
 import urllib.request
 
 from ..errors import ConfigError, StreamnetError
-from ..runtime.control import ClusterTimeout, TopologyGone, drain_topology, is_done, kill_topology, wait_done
+from ..runtime.control import (ClusterTimeout, TopologyFailed, TopologyGone, drain_topology, is_done, kill_topology,
+                               wait_done)
 from ..runtime.topology import Topology, TopologyError, resolve
-from ..training.run_stats import CHECKPOINTS, STOPPED_AT
+from ..training.run_stats import CHECKPOINTS, EVAL_HISTORY, STOPPED_AT
 from .common import (add_cluster_options, allowed_modules, check_writable, connect, parse_set, read_secret,
                      write_secret)
-from .progress import ProgressLine, bar
+from .metrics_log import MetricsLog, add_option as add_metrics_log_option
+from .progress import ProgressLine, RunProgress
 from .train_args import (DEFAULT_BALANCE, add_training_options, check_paths, check_set_types, given_options,
                          naming_the_flag)
 
@@ -65,6 +67,9 @@ def _check_options(example: str, options: dict) -> None:
 
 def cmd_submit(a) -> int:
     check_writable(a.summary, "--summary")
+    check_writable(a.metrics_log, "--metrics-log")
+    if a.metrics_log and not a.wait:
+        raise StreamnetError("--metrics-log needs --wait (the figures are read while following the run)")
     opts = parse_set(a.set)
     if a.name:
         opts["name"] = a.name
@@ -107,12 +112,40 @@ def cmd_submit(a) -> int:
 
 
 def _follow(state, topo: Topology, check, a) -> int:
-    line = ProgressLine()
+    from ..training.nsmap import run_config_of
+    cfg = run_config_of(topo)
+    if cfg is None:
+        line, t0 = ProgressLine(), time.monotonic()
+
+        def spouts_done(done: int, total: int):
+            line.update(f"{topo.name}: spouts done {done}/{total}  {time.monotonic() - t0:.0f} s")
+        return _follow_topology(state, topo, check, a, spouts_done, line.line)
+    # a training topology: the same live loss, accuracy and samples/s as train
+    from ..training.cluster_run import ProgressReader
+    log = MetricsLog(a.metrics_log) if a.metrics_log else None
+    progress = RunProgress(cfg.epochs, metrics_log=log)
+    reader = ProgressReader(state, topo.name, cfg.epochs)
+
+    def training(done: int, total: int):
+        p = reader.read()
+        if p:
+            progress.record(p)
+
+    def evaluated(results: dict):     # the epochs that ended between two polls
+        for h in results.get(EVAL_HISTORY) or []:
+            progress.epoch(epoch=h["epoch"], test_accuracy=h["test_accuracy"], test_loss=h["test_loss"])
+    try:
+        return _follow_topology(state, topo, check, a, training, progress.message, evaluated)
+    finally:
+        progress.close()
+        if log:
+            log.close()
+
+
+def _follow_topology(state, topo: Topology, check, a, report, say, collected=None) -> int:
+    """Wait for the end with report(done, total) after each look; collected(results) once
+    they are in; say(text) the outcome."""
     t0 = time.monotonic()
-
-    def report(done: int, total: int):
-        line.update(f"{topo.name} {bar(done / total)} spouts done {done}/{total}  {time.monotonic() - t0:.0f} s")
-
     import signal
     signal.signal(signal.SIGTERM, signal.default_int_handler)    # SIGTERM leaves as Ctrl-C does
     try:
@@ -128,6 +161,10 @@ def _follow(state, topo: Topology, check, a) -> int:
     except TopologyGone:
         print(f"\nstreamnet-submit: error: {topo.name} was killed before finishing", file=sys.stderr)
         return 1
+    except TopologyFailed as e:   # it would never finish: take it off the cluster
+        kill_topology(state, topo.name, 60)
+        print(f"\nstreamnet-submit: error: {e}; killed it", file=sys.stderr)
+        return 1
     wall = time.monotonic() - t0
     results = kill_topology(state, topo.name, a.timeout)
     if STOPPED_AT in results:     # its workers were stopped (SIGTERM) before it finished
@@ -136,7 +173,9 @@ def _follow(state, topo: Topology, check, a) -> int:
               f"step {results[STOPPED_AT]['step']}" + (f"; checkpoint {ck['path']}; continue with submit --resume"
                                                        if ck else ""), file=sys.stderr)
         return 1
-    line.line(f"{topo.name} finished in {wall:.1f} s")
+    if collected:
+        collected(results)
+    say(f"{topo.name} finished in {wall:.1f} s")
     ok, text, *extra = check(results, wall) if check else (True, f"{len(results)} results")
     print(f"{topo.name}: {'OK' if ok else 'WRONG'}: {text}")
     if a.summary:
@@ -337,6 +376,7 @@ def add_commands(sub) -> None:
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="builder option")
     s.add_argument("--wait", action="store_true", help="follow it to completion, then collect its results")
     s.add_argument("--summary", metavar="FILE", help="with --wait: write a JSON summary")
+    add_metrics_log_option(s)
     s.add_argument("--timeout", type=float, default=24 * 3600.0, help="with --wait: seconds before giving up (default 1 day)")
     add_training_options(s.add_argument_group(
         "training topologies (lenet5-mixbp, alexnet-mixbp, lenet5-cumulative, lenet5-online)"))

@@ -111,10 +111,34 @@ def check_writable(path: str | None, flag: str) -> None:
         raise StreamnetError(f"{flag} {path}: directory {d} is not writable")
 
 
+class BadEnvironment:
+    """An environment default that does not parse: kept as it is (argparse would check a
+    string default against the flag's type and blame the flag), refused by connect()
+    naming the variable."""
+
+    def __init__(self, variable: str, value: str, why: str):
+        self.variable, self.value, self.why = variable, value, why
+
+    def error(self) -> StreamnetError:
+        return StreamnetError(f"${self.variable}: {self.why} (set it right, or pass the flag)")
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _zk_from_environment():
+    text = os.environ.get("STREAMNET_ZK") or None
+    if text is None:
+        return None
+    try:
+        return zk_hosts(text)
+    except argparse.ArgumentTypeError as e:
+        return BadEnvironment("STREAMNET_ZK", text, str(e))
+
+
 def add_cluster_options(p: argparse.ArgumentParser, zk_required: bool = True) -> None:
     # not argparse-required: $STREAMNET_ZK may supply it, and connect() says what is missing
-    p.add_argument("--zk", type=zk_hosts, metavar="HOST:PORT[,HOST:PORT...]",
-                   default=os.environ.get("STREAMNET_ZK") or None,
+    p.add_argument("--zk", type=zk_hosts, metavar="HOST:PORT[,HOST:PORT...]", default=_zk_from_environment(),
                    help="ZooKeeper ensemble (default: $STREAMNET_ZK)" + ("; required" if zk_required else ""))
     p.add_argument("--cluster", default=os.environ.get("STREAMNET_CLUSTER", "default"),
                    help="cluster name: several clusters share one ensemble (default: $STREAMNET_CLUSTER, else "
@@ -203,6 +227,8 @@ def connect(a: argparse.Namespace, worker: bool = False):
     global _warned_full_access
     if not a.zk:
         raise StreamnetError("no ZooKeeper ensemble given: pass --zk HOST:PORT (or set STREAMNET_ZK)")
+    if isinstance(a.zk, BadEnvironment):
+        raise a.zk.error()
     secret = read_secret(a.secret_file)
     role = roles.parse(secret)[0].role
     if worker and role != roles.WORKER:
@@ -225,7 +251,9 @@ def connect(a: argparse.Namespace, worker: bool = False):
 
 def error_exit(prog: str, e: StreamnetError) -> int:
     """One line on stderr for an error streamnet raised on purpose, and its exit code:
-    1 when the coordinator is away or has no quorum (not a usage error), else 2."""
+    1 when the coordinator is away or has no quorum, or a topology failed on the cluster
+    (not usage errors), else 2."""
+    from ..runtime.control import TopologyFailed
     from ..runtime.control.coordinator import ConnectionLostError
     print(f"{prog}: error: {e}", file=sys.stderr)
-    return 1 if isinstance(e, ConnectionLostError) else 2
+    return 1 if isinstance(e, (ConnectionLostError, TopologyFailed)) else 2

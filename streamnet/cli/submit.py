@@ -8,78 +8,76 @@ import sys
 from ..errors import StreamnetError
 from .common import (ENVIRONMENT, Parser, add_common_options, check_writable, error_exit, parse_set, positive_float,
                      positive_int)
-from .progress import ProgressLine, bar
+from .metrics_log import MetricsLog, add_option as add_metrics_log_option
+from .progress import RunProgress
 from .train_args import add_training_options, config_from_args
 
 
 def cmd_train(a: argparse.Namespace) -> int:
     cfg = config_from_args(a)
     check_writable(a.summary, "--summary")
+    check_writable(a.metrics_log, "--metrics-log")
     alg = cfg.algorithm
     where = "in this process" if a.in_process else f"on an embedded local cluster of {cfg.units} workers"
     print(f"training {cfg.model.name} on {cfg.data.dataset} with {alg.name} {where} "
           f"(units={cfg.units}, b={alg.batch}, H={alg.sync_period}, lr={alg.lr}, epochs={cfg.epochs})",
           file=sys.stderr)
-    line = ProgressLine()
     import signal
     signal.signal(signal.SIGTERM, signal.default_int_handler)   # SIGTERM stops as Ctrl-C does, and says so
-    if a.in_process:
-        from ..training import train_local
-        if a.checkpoint_dir or a.resume:
-            raise StreamnetError("--checkpoint-dir and --resume need the engine; drop --in-process")
-        if a.ui is not None:
-            raise StreamnetError("--ui shows the engine's cluster; drop --in-process")
-
-        def show(p):
-            if p.test_accuracy is not None:
-                line.line(f"epoch {p.epoch}/{p.epochs}  loss {p.loss:.4f}  test acc {p.test_accuracy:.2%}  "
-                          f"{p.samples_per_s:,.0f} samples/s")
-            else:
-                line.update(f"epoch {p.epoch}/{p.epochs} {bar(p.round / p.rounds)} round {p.round}/{p.rounds}  "
-                            f"loss {p.loss:.4f}  {p.samples_per_s:,.0f} samples/s")
-        summary = train_local(cfg, progress=show).summary
-    else:
-        from ..training.cluster_run import train_on_local_cluster
-        show = training_progress(line, cfg)
-        attach = None
-        if a.ui is not None:
-            from ..ui.server import for_local_cluster
-            attach = lambda cluster: for_local_cluster(cluster, a.ui_host, a.ui)  # noqa: E731
-        summary, _ = train_on_local_cluster(cfg, workers=cfg.units, threads=max(1, cfg.threads // cfg.units),
-                                            progress=show, checkpoint_dir=a.checkpoint_dir, resume=a.resume or False,
-                                            keep_checkpoints=a.keep_checkpoints,
-                                            attach=attach)
-        for h in (h for h in summary.history if h.epoch > show.shown):  # ended between two progress polls
-            line.line(f"epoch {h.epoch}/{cfg.epochs}  loss {h.train_loss:.4f}  test acc {h.test_accuracy:.2%}")
-        if summary.extra["resumed_from_step"] is not None:
-            print(f"resumed from step {summary.extra['resumed_from_step']}", file=sys.stderr)
-        if summary.extra["stopped_at"]:
-            ck = summary.extra["last_checkpoint"]
-            print(f"streamnet-submit: stopped by a signal at step {summary.extra['stopped_at']['step']} before "
-                  "the last epoch"
-                  + (f"; checkpoint {ck['path']}; continue with the same command and --resume" if ck else
-                     " (no --checkpoint-dir: nothing to resume from)"), file=sys.stderr)
+    if a.in_process and (a.checkpoint_dir or a.resume):
+        raise StreamnetError("--checkpoint-dir and --resume need the engine; drop --in-process")
+    if a.in_process and a.ui is not None:
+        raise StreamnetError("--ui shows the engine's cluster; drop --in-process")
+    log = MetricsLog(a.metrics_log) if a.metrics_log else None
+    progress = RunProgress(cfg.epochs, metrics_log=log)
+    try:
+        summary = _train(a, cfg, progress)
+    finally:
+        progress.close()
+        if log:
+            log.close()
     print(f"final test accuracy {summary.test_accuracy:.2%}  {summary.samples_per_s:,.0f} samples/s  "
           f"wall {summary.wall_s:.1f} s")
     if a.summary:
         summary.write(a.summary)
         print(f"summary written to {a.summary}", file=sys.stderr)
+    if a.metrics_log:
+        print(f"metrics written to {a.metrics_log} (draw them: streamnet-submit plot {a.metrics_log})",
+              file=sys.stderr)
     return 1 if summary.extra.get("stopped_at") else 0    # a run cut short did not succeed
 
 
-def training_progress(line: ProgressLine, cfg):
-    """Render the sync bolt's progress records; a permanent line per evaluated epoch."""
-    def show(p):
-        if "test_accuracy" in p:
-            show.shown = p["eval_epoch"]
-            line.line(f"epoch {p['eval_epoch']}/{cfg.epochs}  loss {p['loss']:.4f}  test acc {p['test_accuracy']:.2%}"
-                      f"  {p['samples_per_s']:,.0f} samples/s  {p['elapsed_s']:.0f} s")
-        else:
-            line.update(f"epoch {p['epoch']}/{cfg.epochs} {bar(p['round'] / max(p['epoch_rounds'], 1))} "
-                        f"round {p['round']}/{p['epoch_rounds']}  loss {p['loss']:.4f}  "
-                        f"{p['samples_per_s']:,.0f} samples/s")
-    show.shown = 0
-    return show
+def _train(a: argparse.Namespace, cfg, progress: RunProgress):
+    if a.in_process:
+        from ..training import train_local
+
+        def show(p):
+            progress.round(epoch=p.epoch, round=p.round, epoch_rounds=p.rounds, loss=p.loss,
+                           samples_per_s=p.samples_per_s)
+            if p.test_accuracy is not None:
+                progress.epoch(epoch=p.epoch, loss=p.loss, test_accuracy=p.test_accuracy,
+                               samples_per_s=p.samples_per_s)
+        return train_local(cfg, progress=show).summary
+    from ..training.cluster_run import train_on_local_cluster
+    attach = None
+    if a.ui is not None:
+        from ..ui.server import for_local_cluster
+        attach = lambda cluster: for_local_cluster(cluster, a.ui_host, a.ui)  # noqa: E731
+    summary, _ = train_on_local_cluster(cfg, workers=cfg.units, threads=max(1, cfg.threads // cfg.units),
+                                        progress=progress.record, checkpoint_dir=a.checkpoint_dir,
+                                        resume=a.resume or False, keep_checkpoints=a.keep_checkpoints,
+                                        attach=attach)
+    for h in summary.history:    # those that ended between two progress polls (each is shown once)
+        progress.epoch(epoch=h.epoch, loss=h.train_loss, test_accuracy=h.test_accuracy, test_loss=h.test_loss)
+    if summary.extra["resumed_from_step"] is not None:
+        print(f"resumed from step {summary.extra['resumed_from_step']}", file=sys.stderr)
+    if summary.extra["stopped_at"]:
+        ck = summary.extra["last_checkpoint"]
+        print(f"streamnet-submit: stopped by a signal at step {summary.extra['stopped_at']['step']} before "
+              "the last epoch"
+              + (f"; checkpoint {ck['path']}; continue with the same command and --resume" if ck else
+                 " (no --checkpoint-dir: nothing to resume from)"), file=sys.stderr)
+    return summary
 
 
 def cmd_run_example(a: argparse.Namespace) -> int:
@@ -112,6 +110,7 @@ def build_parser() -> Parser:
     t.add_argument("--in-process", action="store_true",
                    help="run the units in this process without the engine (the reference trainer)")
     t.add_argument("--summary", metavar="FILE", help="write a JSON run summary")
+    add_metrics_log_option(t)
     t.add_argument("--ui", type=int, metavar="PORT",
                    help="serve the web UI (cluster, topology graph, training curves) on this port while training")
     t.add_argument("--ui-host", default="127.0.0.1", metavar="ADDRESS",
@@ -128,6 +127,8 @@ def build_parser() -> Parser:
     e.set_defaults(func=cmd_run_example)
     from .cluster_commands import add_commands
     add_commands(sub)
+    from .file_commands import add_commands as add_file_commands
+    add_file_commands(sub)
     return p
 
 

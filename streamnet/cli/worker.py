@@ -27,7 +27,7 @@ import sys
 from ..errors import StreamnetError
 from ..runtime.control.coordinator import NodeExistsError
 from .common import (ENVIRONMENT, Parser, add_allow_option, add_cluster_options, add_common_options, allowed_modules,
-                     connect, port_number, positive_float, positive_int)
+                     connect, error_exit, port_number, positive_float, positive_int)
 
 
 def threads_option(text: str) -> int | str:
@@ -135,9 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("kazoo.client").setLevel(logging.WARNING if a.log_level != "DEBUG" else logging.DEBUG)
     try:
         return asyncio.run(serve(a))
-    except StreamnetError as e:
-        print(f"streamnet-worker: error: {e}", file=sys.stderr)
-        return 2
+    except StreamnetError as e:   # 1 for an ensemble out of reach (a service manager restarts), 2 otherwise
+        return error_exit("streamnet-worker", e)
     except KeyboardInterrupt:
         return 0
 

@@ -61,10 +61,13 @@ class _WorkerThread:
         self.thread.start()
 
     def stop(self, timeout: float = 30.0, crash: bool = False) -> None:
+        self.ask_to_stop(crash)
+        self.thread.join(timeout)
+
+    def ask_to_stop(self, crash: bool = False) -> None:
         self.crashed = self.crashed or crash
         if self.loop is not None and self._stop is not None and self.thread.is_alive():
             self.loop.call_soon_threadsafe(self._stop.set)
-        self.thread.join(timeout)
 
 
 class LocalCluster:
@@ -100,6 +103,11 @@ class LocalCluster:
         return self
 
     def __exit__(self, *exc) -> None:
+        # all at once: workers stopped one by one are each taken for dead by the others,
+        # which report them, move tasks and wait for peers' streams to close (with 100
+        # workers that took minutes)
+        for wt in self._threads:
+            wt.ask_to_stop()
         for wt in self._threads:
             wt.stop()
         for wt in self._threads:

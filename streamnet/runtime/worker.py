@@ -19,7 +19,7 @@ from aiohttp import web
 from . import codec, monitor
 from .assignment import Assignment
 from .dataplane.delivery import Delivery
-from .control.cluster_state import RUNNING, ClusterState
+from .control.cluster_state import REFUSED, RUNNING, ClusterState
 from .dataplane.compute import ComputePool
 from .control.coordinator import CoordinatorError
 from .prometheus import CONTENT_TYPE as PROMETHEUS_TYPE, prometheus
@@ -275,7 +275,7 @@ class Worker:
             return
         self.refused[name] = version
         log.error("worker %s refuses topology %s: %s", self.id, name, error)
-        self.publish(name, f"refused.{self.id}", str(error))
+        self.publish(name, f"{REFUSED}{self.id}", str(error))
 
     async def _on_status(self, name: str, status: str | None) -> None:
         if status == "stopping" and name in self.runtimes:

@@ -8,13 +8,37 @@ from contextlib import nullcontext
 from typing import Callable
 
 from ..errors import StreamnetError
-from ..runtime.control import ClusterTimeout, kill_topology, request_stop, wait_done
+from ..runtime.control import ClusterTimeout, TopologyFailed, kill_topology, request_stop, wait_done
 from .config import RunConfig
 from .nsmap import build_topology, default_name, resume_point
 from .run_stats import EVAL_HISTORY, PROGRESS
 from .summary_from_results import summarise
 
 log = logging.getLogger(__name__)
+
+
+class ProgressReader:
+    """A training topology's progress as its clients show it: the sync bolt's last
+    progress record with the run's epochs and elapsed time, plus `test_accuracy`,
+    `test_loss` and `eval_epoch` when an epoch was evaluated since the last read."""
+
+    def __init__(self, state, name: str, epochs: int):
+        self.state, self.name, self.epochs = state, name, epochs
+        self.t0 = time.monotonic()
+        self.seen_epochs = 0
+
+    def read(self) -> dict | None:
+        results = self.state.results(self.name)
+        p = results.get(PROGRESS)               # both absent until the first round / evaluation
+        hist = results.get(EVAL_HISTORY) or []
+        if not p:
+            return None
+        p = dict(p, epochs=self.epochs, elapsed_s=time.monotonic() - self.t0)
+        if len(hist) > self.seen_epochs:
+            last = hist[-1]
+            p.update(test_accuracy=last["test_accuracy"], test_loss=last["test_loss"], eval_epoch=last["epoch"])
+            self.seen_epochs = len(hist)
+        return p
 
 
 def follow(state, topology, cfg: RunConfig, progress: Callable[[dict], None] | None = None,
@@ -26,7 +50,7 @@ def follow(state, topology, cfg: RunConfig, progress: Callable[[dict], None] | N
     it finishes the round in flight, takes one more round that writes a checkpoint
     (when the topology has a checkpoint directory), and ends. A second Ctrl-C aborts."""
     t0 = time.monotonic()
-    seen_epochs = 0
+    reader = ProgressReader(state, topology.name, cfg.epochs)
     stopping = False
 
     def ask_to_stop(why: str):
@@ -43,19 +67,11 @@ def follow(state, topology, cfg: RunConfig, progress: Callable[[dict], None] | N
         return True
 
     def report(done: int, total: int):
-        nonlocal seen_epochs
         if not (progress or stop_when):
             return
-        results = state.results(topology.name)
-        p = results.get(PROGRESS)               # both absent until the first round / evaluation
-        hist = results.get(EVAL_HISTORY) or []
+        p = reader.read()
         if not p:
             return
-        p = dict(p, epochs=cfg.epochs, elapsed_s=time.monotonic() - t0)
-        if len(hist) > seen_epochs:
-            p["test_accuracy"] = hist[-1]["test_accuracy"]
-            p["eval_epoch"] = hist[-1]["epoch"]
-            seen_epochs = len(hist)
         if progress:
             progress(p)
         if stop_when and stop_when(p):
@@ -65,6 +81,9 @@ def follow(state, topology, cfg: RunConfig, progress: Callable[[dict], None] | N
         wait_done(state, topology.name, timeout, interval=poll_s, on_poll=report, on_interrupt=interrupted)
     except ClusterTimeout:
         raise StreamnetError(f"training did not finish within {timeout:.0f} s") from None
+    except TopologyFailed:     # a component could not start: the run would never end
+        kill_topology(state, topology.name, 60)
+        raise
     wall = time.monotonic() - t0
     return kill_topology(state, topology.name, 120), wall
 

@@ -53,7 +53,7 @@ class LossMeter:
 
 def progress_record(*, epoch: int, rnd: int, rounds: int, epoch_rounds: int, samples: int, loss: float,
                     samples_this_run: int, elapsed_s: float) -> dict:
-    """The progress a client shows (cli.submit.training_progress); `epoch`, `rnd` 0-based."""
+    """The progress a client shows (cli.progress.RunProgress.record); `epoch`, `rnd` 0-based."""
     return {"epoch": epoch + 1, "round": rnd + 1, "rounds": rounds, "epoch_rounds": epoch_rounds,
             "samples": samples, "loss": loss,
             "samples_per_s": samples_this_run / elapsed_s if elapsed_s else 0.0}

@@ -91,6 +91,14 @@ def check_recorded(spec: dict, pointer: dict | None) -> None:
                               f"{resume['sha256'][:12]}..., recorded {str(pointer.get('sha256'))[:12]}...): refusing it")
 
 
+def run_config_of(topology) -> RunConfig | None:
+    """The run configuration of an NS-Map topology (its data spout carries it); None for
+    any other topology."""
+    from .config import run_config_from_dict
+    spout = next((c for c in topology.components if c["class"] == f"{PKG}.data_spout:DataSpout"), None)
+    return run_config_from_dict(spout["config"]["run"]) if spout else None
+
+
 def _builder(setup: str):
     def build(name: str | None = None, checkpoint_dir: str | None = None, resume: bool | str | None = None,
               keep_checkpoints: int | None = None, **overrides):

@@ -7,19 +7,20 @@ import logging
 import signal
 import sys
 
-from ..cli.common import add_cluster_options, connect, error_exit
+from ..cli.common import (ENVIRONMENT, Parser, add_cluster_options, add_common_options, connect, error_exit,
+                          port_number, positive_float)
 from ..errors import StreamnetError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="streamnet-ui", description=__doc__)
+    p = Parser(prog="streamnet-ui", description=__doc__, epilog=ENVIRONMENT)
+    add_common_options(p, "WARNING")
     add_cluster_options(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for every interface)")
-    p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
-    p.add_argument("--poll", type=float, default=1.0, metavar="SECONDS",
+    p.add_argument("--port", type=port_number, default=8080, help="port to listen on (default 8080; 0: any free port)")
+    p.add_argument("--poll", type=positive_float, default=1.0, metavar="SECONDS",
                    help="how often the UI reads the cluster, in seconds (default 1)")
-    p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
 
@@ -37,9 +38,6 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     logging.basicConfig(level=a.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kazoo").setLevel(logging.ERROR)
-    if not 0 <= a.port <= 65535 or a.poll <= 0:
-        print("streamnet-ui: error: --port must be 0..65535 and --poll positive", file=sys.stderr)
-        return 2
     try:
         coord, state, _secret = connect(a)
     except StreamnetError as e:
@@ -48,8 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         asyncio.run(_serve(state, a.host, a.port, a.poll))
     except StreamnetError as e:
-        print(f"streamnet-ui: error: {e}", file=sys.stderr)
-        return 2
+        return error_exit("streamnet-ui", e)
     except KeyboardInterrupt:
         return 0
     finally:

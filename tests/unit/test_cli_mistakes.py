@@ -151,12 +151,13 @@ def follow(monkeypatch):
 
     from streamnet.cli import cluster_commands
     before = signal.getsignal(signal.SIGTERM)
-    a = argparse.Namespace(zk="zk1:2181", cluster="prod", secret_file="/etc/s", timeout=5.0, summary=None)
+    a = argparse.Namespace(zk="zk1:2181", cluster="prod", secret_file="/etc/s", timeout=5.0, summary=None,
+                           metrics_log=None)
 
     def run(wait_done=lambda *args, **kw: None, results=None):
         monkeypatch.setattr(cluster_commands, "wait_done", wait_done)
         monkeypatch.setattr(cluster_commands, "kill_topology", lambda *args: results or {})
-        return cluster_commands._follow(None, SimpleNamespace(name="t1"), None, a)
+        return cluster_commands._follow(None, SimpleNamespace(name="t1", components=[]), None, a)
     yield run
     signal.signal(signal.SIGTERM, before)
 

@@ -14,6 +14,9 @@ FROZEN = ["--balance", "--batch", "--checkpoint-dir", "--data", "--dataset", "--
 TRAIN_ONLY = {"-h", "--help", "--model", "--algorithm", "--local", "--in-process", "--summary", "--ui", "--ui-host"}
 SUBMIT_ONLY = {"-h", "--help", "--name", "--set", "--wait", "--summary", "--timeout", "--zk", "--cluster",
                "--secret-file", "--session-timeout"}
+# on both commands, but not part of the configuration: where the run's figures go
+TRAIN_ONLY |= {"--metrics-log"}
+SUBMIT_ONLY |= {"--metrics-log"}
 
 
 def _options(command: str) -> set[str]:

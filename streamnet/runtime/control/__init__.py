@@ -12,10 +12,10 @@ client.py       what clients do: wait, wait until done, stop, kill, drain
 
 The client calls are re-exported here: `from streamnet.runtime.control import wait_done`.
 """
-from .client import (ClusterTimeout, TopologyGone, drain_topology, is_done, kill_topology, request_stop,
+from .client import (ClusterTimeout, TopologyFailed, TopologyGone, drain_topology, is_done, kill_topology, request_stop,
                      retrying, spout_tasks, wait_done, wait_for)
 from .cluster_state import RUNNING, ClusterState, TopologyExistsError, UnknownTopologyError
 
-__all__ = ["ClusterTimeout", "TopologyGone", "drain_topology", "is_done", "kill_topology", "request_stop",
+__all__ = ["ClusterTimeout", "TopologyFailed", "TopologyGone", "drain_topology", "is_done", "kill_topology", "request_stop",
            "retrying", "spout_tasks", "wait_done", "wait_for", "RUNNING", "ClusterState", "TopologyExistsError",
            "UnknownTopologyError"]

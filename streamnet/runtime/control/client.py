@@ -22,6 +22,10 @@ class TopologyGone(StreamnetError):
     """The topology was killed or removed while we waited for it to finish."""
 
 
+class TopologyFailed(StreamnetError):
+    """A task of the topology could not start, or a worker refused it: it would never finish."""
+
+
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.01):
     """Poll predicate until it returns something truthy; ClusterTimeout after timeout s.
 
@@ -77,7 +81,9 @@ def wait_done(state: ClusterState, name: str, timeout: float, interval: float = 
 
     on_poll(done, total) runs after each look (progress, stop conditions). On Ctrl-C,
     on_interrupt() decides: True keeps waiting, False (or none given) re-raises.
-    TopologyGone if it is killed or removed first; ClusterTimeout after timeout s."""
+    TopologyGone if it is killed or removed first; TopologyFailed if a task could not
+    start or a worker refused it (the topology is left for the caller to kill);
+    ClusterTimeout after timeout s."""
     what = f"topology {name!r} to finish"
     spouts = spout_tasks(Topology.from_dict(retrying(lambda: state.topology(name), timeout, what)))
     deadline = time.monotonic() + timeout
@@ -86,6 +92,10 @@ def wait_done(state: ClusterState, name: str, timeout: float, interval: float = 
         done = len(spouts & state.done_tasks(name))
         if done < len(spouts) and state.status(name) not in RUNNING:
             raise TopologyGone(f"topology {name!r} was killed before it finished")
+        failures = state.failures(name)
+        if failures:
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            raise TopologyFailed(f"topology {name!r} failed: {next(iter(failures.values()))}{more}")
         if on_poll:
             on_poll(done, len(spouts))
         return done == len(spouts)
@@ -112,7 +122,10 @@ def drain_topology(state: ClusterState, name: str, timeout: float) -> dict:
     """Ask the spouts to stop cleanly (Spout.drain), wait until they report done, then
     kill the topology and return its results."""
     request_stop(state, name)
-    wait_done(state, name, timeout)    # UnknownTopologyError if it is not there
+    try:
+        wait_done(state, name, timeout)    # UnknownTopologyError if it is not there
+    except TopologyFailed as e:            # it cannot stop cleanly: a task never started
+        log.warning("%s; killing it without a clean stop", e)
     return kill_topology(state, name, timeout)
 
 

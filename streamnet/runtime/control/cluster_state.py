@@ -36,6 +36,10 @@ TOP_NODES = ("workers", "topologies", "assignments", "checkpoints", "leader", "u
 RUNNING = ("active", "stopping")
 
 
+#: result keys that say a topology cannot run: a task that could not start
+#: (failed.<task>), a worker that refuses the spec (refused.<worker>)
+FAILED, REFUSED = "failed.", "refused."
+
 #: how long an idempotent write (a done mark, a result) is sent again while the
 #: coordinator connection is lost: it must not be lost to a blip
 RESEND_S = 30.0
@@ -281,6 +285,20 @@ class ClusterState:
             return out
         for k in keys:
             out[k] = codec.decode(self.coord.get(self.path("topologies", name, "results", k))[0])
+        return out
+
+    def failures(self, name: str) -> dict[str, str]:
+        """The failed.* and refused.* results: why the topology cannot run, if it cannot."""
+        try:
+            keys = self.coord.children(self.path("topologies", name, "results"))
+        except NoNodeError:
+            return {}
+        out = {}
+        for k in sorted(k for k in keys if k.startswith((FAILED, REFUSED))):
+            try:
+                out[k] = codec.decode(self.coord.get(self.path("topologies", name, "results", k))[0])
+            except NoNodeError:
+                pass
         return out
 
     # -- assignments --------------------------------------------------------------

@@ -89,6 +89,27 @@ class Executor:
     async def run(self) -> None:
         raise NotImplementedError
 
+    def _start(self, setup, what: str) -> bool:
+        """open()/prepare(), then restore(): False if the component raised. A component
+        that cannot start would leave its topology waiting for ever, so the error goes to
+        the topology's results, where clients read it (and fail the run); the worker and
+        its other tasks go on."""
+        step = what
+        try:
+            setup()
+            if self.restored is not None:
+                step = "restore"
+                self.instance.restore(self.restored)
+            return True
+        except FencedError:
+            raise
+        except Exception as e:  # noqa: BLE001 - user code
+            self.metrics.errors += 1
+            log.exception("%s %s[%d] of %s: %s() failed", self.kind, self.cid, self.task, self.rt.name, step)
+            self.rt.task_failed(self.task, f"{self.kind} {self.cid!r} (task {self.task}) on worker "
+                                           f"{self.rt.worker.id}: {step}() raised {type(e).__name__}: {e}")
+            return False
+
     async def flush(self) -> None:
         out, self.out = self.out, []
         for target, msg in out:
@@ -179,9 +200,8 @@ class SpoutExecutor(Executor):
 
     async def run(self) -> None:
         spout: Spout = self.instance
-        spout.open(self.ctx, SpoutCollector(self))
-        if self.restored is not None:
-            spout.restore(self.restored)
+        if not self._start(lambda: spout.open(self.ctx, SpoutCollector(self)), "open"):
+            return
         await self.rt.wait_converged()
         idle = 0.001
         next_expiry_check = time.monotonic() + 0.1
@@ -288,9 +308,8 @@ class BoltExecutor(Executor):
 
     async def run(self) -> None:
         bolt: Bolt = self.instance
-        bolt.prepare(self.ctx, BoltCollector(self))
-        if self.restored is not None:
-            bolt.restore(self.restored)
+        if not self._start(lambda: bolt.prepare(self.ctx, BoltCollector(self)), "prepare"):
+            return
         tick = getattr(bolt, "tick_interval_s", None)
         next_tick = time.monotonic() + tick if tick else None
         try:

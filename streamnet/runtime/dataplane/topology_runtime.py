@@ -11,6 +11,7 @@ import logging
 import zlib
 
 from ..assignment import Assignment
+from ..control.cluster_state import FAILED
 from ..component import Context
 from ..messages import DataMsg, Message
 from . import fencing
@@ -215,6 +216,10 @@ class TopologyRuntime:
 
     def task_done(self, task: int) -> None:
         self.worker.mark_done(self.name, task)
+
+    def task_failed(self, task: int, error: str) -> None:
+        """A task could not start: its reason goes where clients look (client.wait_done)."""
+        self.worker.publish(self.name, f"{FAILED}{task}", error)
 
     MAX_PARKED = 10_000
 
