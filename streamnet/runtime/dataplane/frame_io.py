@@ -236,17 +236,19 @@ class FrameReader(asyncio.BufferedProtocol):
                 if self.direct is None and partial < codec.PREFIX.size:
                     raise StreamError(f"stream ended inside a frame prefix ({partial} bytes)")
                 raise StreamError("stream ended inside a frame")
-            self._waiter = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            self._waiter = loop.create_future()
+            timer = loop.call_later(self.read_timeout_s, self._wake)
             try:
-                await asyncio.wait_for(self._waiter, self.read_timeout_s)
-            except asyncio.TimeoutError:
-                silent = time.monotonic() - self.last_data
-                if silent >= self.read_timeout_s:
-                    where = f"inside a frame ({self.pending()} bytes of it read)" if self.pending() else \
-                        "between frames"
-                    raise StreamError(f"no data for {silent:.0f} s {where}: the peer stalled") from None
+                await self._waiter
             finally:
+                timer.cancel()
                 self._waiter = None
+            silent = time.monotonic() - self.last_data
+            if not (self.ready or self.error or self.eof) and silent >= self.read_timeout_s:
+                where = f"inside a frame ({self.pending()} bytes of it read)" if self.pending() else \
+                    "between frames"
+                raise StreamError(f"no data for {silent:.0f} s {where}: the peer stalled")
         frame = self.ready.popleft()
         self.ready_bytes -= len(frame)
         if self.paused and self.ready_bytes < MAX_READY_BYTES // 2:

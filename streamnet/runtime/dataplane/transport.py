@@ -242,6 +242,24 @@ class StreamServer:
                     return f"bad message: {e}"
 
 
+def _set(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class _LinkQueue(asyncio.Queue):
+    """A link's queue: also wakes `waiter` on every put (Delivery puts without awaiting)."""
+
+    def __init__(self, maxsize: int):
+        super().__init__(maxsize)
+        self.waiter: asyncio.Future | None = None
+
+    def _put(self, item) -> None:
+        super()._put(item)
+        if self.waiter is not None:
+            _set(self.waiter)
+
+
 CONNECT_FAILURES = 3   # refused connections in a row (about 0.35 s with the backoff) before reporting
 SMALL_FRAME = 64 << 10  # frames up to this size are joined and written with one call
 
@@ -253,7 +271,7 @@ class PeerLink:
                  limits: codec.Limits, max_queue: int = 1024):
         self.sender, self.peer, self.url, self.auth = sender, peer, url.rstrip("/"), auth
         self.session, self.limits = session, limits
-        self.queue: asyncio.Queue = asyncio.Queue(max_queue)
+        self.queue: asyncio.Queue = _LinkQueue(max_queue)
         self.connected = False
         self.frames_out = self.bytes_out = self.msgs_out = self.dropped = self.reconnects = 0
         self.last_error = ""
@@ -390,19 +408,22 @@ class PeerLink:
         if closed.done():
             raise ConnectionResetError("the peer closed the stream")
         if self.queue.empty():
-            get = asyncio.ensure_future(self.queue.get())
+            # wait for a message, the peer closing, or the heartbeat - without a task per wait
+            loop = asyncio.get_running_loop()
+            wake = self.queue.waiter = loop.create_future()
+            timer = loop.call_later(HEARTBEAT_S, _set, wake)
+            closed.add_done_callback(wake_on_close := lambda _: _set(wake))
             try:
-                await asyncio.wait((get, closed), timeout=HEARTBEAT_S, return_when=asyncio.FIRST_COMPLETED)
+                await wake
             finally:
-                get.cancel()         # a no-op once it has its message; Queue.get loses none when cancelled
-            try:
-                first = await get
-            except asyncio.CancelledError:
+                timer.cancel()
+                closed.remove_done_callback(wake_on_close)
+                self.queue.waiter = None
+            if self.queue.empty():
                 if closed.done():
-                    raise ConnectionResetError("the peer closed the stream") from None
+                    raise ConnectionResetError("the peer closed the stream")
                 return []
-        else:
-            first = self.queue.get_nowait()
+        first = self.queue.get_nowait()
         if first is _CLOSE:
             return None
         batch, budget = [first], _array_bytes(first)
