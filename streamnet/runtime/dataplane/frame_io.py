@@ -15,8 +15,13 @@ through a staging buffer, several per system call, and are copied out one by one
 a frame over DIRECT_BYTES gets a buffer of its own and the kernel writes its bytes
 straight there (after a large frame the reader asks for the next prefix alone, so
 a stream of large frames is never staged). Decoded arrays are read-only views of
-that buffer. Frames wait for the consumer up to MAX_READY_BYTES; past that, reading
-pauses and TCP pushes back on the sender.
+that buffer. The reader checks each frame's sequence number and tag before the
+frame is handed on (a large frame's tag is computed as its bytes arrive, while the
+rest are still on the way). Frames wait for the consumer up to MAX_READY_BYTES; past
+that, reading pauses and TCP pushes back on the sender.
+
+Sending (`send_buffers`): one sendmsg gathers a frame's header and its arrays' own
+buffers (a large frame's tag goes after it, computed while the receiver reads).
 """
 from __future__ import annotations
 
