@@ -172,9 +172,12 @@ def decode_body(header: bytes | memoryview, payload: bytes | memoryview, limits:
         return np.frombuffer(payload, dt, count=n, offset=offset).reshape(shape)
 
     n = limits.max_header_items
+    # every list or map entry takes at least one byte: a header no longer than the cap
+    # cannot hold more entries than it, and needs no count (a Python call per list)
+    hooks = {} if len(header) <= n else {"list_hook": count_items, "object_hook": count_items}
     try:
         obj = msgpack.unpackb(header, ext_hook=ext_hook, raw=False, strict_map_key=False,
-                              list_hook=count_items, object_hook=count_items, max_array_len=n, max_map_len=n)
+                              max_array_len=n, max_map_len=n, **hooks)
     except CodecError:
         raise
     except Exception as e:  # noqa: BLE001 - msgpack raises many types on garbage

@@ -152,20 +152,15 @@ def test_a_relay_that_injects_a_forged_ack_gets_the_stream_closed_and_nothing_de
     injected = []
 
     def inject_once(state, data):
-        """On the first POST /stream: a chunk of its own before the sender's first frame."""
-        if state.get("passed"):
+        """On the first stream, once upgraded: a frame of its own before the sender's first."""
+        if not state.get("passed"):
+            state["head"] += data
+            state["passed"] = b"\r\n\r\n" in state["head"]
             return data
-        state["head"] += data
-        head = state["head"]
-        if not b"POST /stream".startswith(head[:12]) or b"\r\n\r\n" in head:
-            state["passed"] = True
-            if head.startswith(b"POST /stream") and not injected:
-                injected.append(1)
-                headers, _, rest = head.partition(b"\r\n\r\n")
-                chunk = forged + TRAILER.pack(0, os.urandom(16))     # no key: a guessed tag
-                return headers + b"\r\n\r\n" + f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n" + rest
-            return head
-        return b""
+        if state["head"].startswith(b"POST /stream") and not injected:
+            injected.append(1)
+            return forged + TRAILER.pack(0, os.urandom(16)) + data     # no key: a guessed tag
+        return data
     (first, rejected1), (second, rejected2) = asyncio.run(_through_relay(inject_once, [_data(1), _data(2)]))
     assert not any(isinstance(m, AckMsg) for m in first + second)
     assert first == [] and rejected1 == 1

@@ -1,4 +1,4 @@
-"""Tuple streams between workers: one long-lived HTTP stream per (sender, receiver).
+"""Tuple streams between workers: one long-lived stream per (sender, receiver).
 
 Both ends prove they hold the cluster secret, and every frame is authenticated:
 
@@ -6,25 +6,37 @@ Both ends prove they hold the cluster secret, and every frame is authenticated:
     GET /hello?c=<client nonce>       ->
                                       <-     {nonce, worker, proof = MAC("hello"|nonce|c|receiver)}
     checks the proof: a receiver without the secret gets nothing
-    POST /stream  X-Streamnet-Auth = MAC("stream"|nonce|sender|receiver)
+    POST /stream  X-Streamnet-Auth = MAC("stream"|nonce|sender|receiver),
+                  Upgrade: streamnet-frames/2
                                              checks it (the nonce: issued here, fresh, unused)
-    frames:  codec frame | seq (u64) | tag   tag = HMAC-SHA256(key, seq | frame)[:16],
+                                      <-     101 Switching Protocols
+    frames:  codec frame | seq (u64) | tag   tag = AES-GMAC(key, nonce = seq, frame)  (frame_io.py)
                                              key = MAC("key"|nonce|sender|receiver)
 
-MAC is HMAC-SHA256 with the secret. The receiver checks each frame's sequence
-number and tag before decoding it, so a relay without the secret can neither alter,
-drop, reorder nor inject a frame (a forged ack). Small tuples queued together go out
-as one frame. The receiver hands each message to the worker, whose bounded task
-queues make a slow bolt push back through TCP on its senders.
+MAC is HMAC-SHA256 with the secret. After the 101 the connection carries frames
+only, with no HTTP framing: the sender writes a frame's header and its arrays' own
+buffers with one gathered system call, and the receiver reads a large frame straight
+into a buffer of its own (frame_io.py) - neither copies the payload. The receiver
+checks each frame's sequence number and tag before decoding it, so a relay without
+the secret can neither alter, drop, reorder nor inject a frame (a forged ack). Small
+tuples queued together go out as one frame. The receiver hands each message to the
+worker, whose bounded task queues make a slow bolt push back through TCP on its
+senders.
 
 Challenges are stateless (time, random, and a MAC over both): /hello keeps no table
 that a client without the secret could grow; a nonce is remembered once a stream
 authenticated with it, until it expires, so none is used twice.
 
-Anything wrong - a bad MAC, a reused nonce, a malformed, oversized or undecodable
-frame - closes that one connection with a logged reason and counts it (`rejected`);
-the worker goes on serving every other peer. A sender whose stream breaks reconnects
-with exponential backoff; what was in flight is lost and replayed by the spouts.
+Time limits: the sender's handshake must finish within HANDSHAKE_TIMEOUT_S; an idle
+sender sends an empty frame every HEARTBEAT_S; a receiver that is reading and gets
+no byte for READ_TIMEOUT_S - a peer silent, or stopped inside a frame - closes the
+stream (never while it has paused reading itself, to push back).
+
+Anything wrong - a bad tag, a reused nonce, a malformed, oversized or undecodable
+frame, a stalled peer - closes that one connection with a logged reason and counts
+it (`rejected`); the worker goes on serving every other peer. A sender whose stream
+breaks reconnects with exponential backoff; what was in flight is lost and replayed
+by the spouts.
 """
 from __future__ import annotations
 
@@ -33,9 +45,10 @@ import hashlib
 import hmac
 import logging
 import os
-import struct
+import socket
 import time
 from typing import Awaitable, Callable
+from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
@@ -43,17 +56,23 @@ from aiohttp import web
 
 from .. import codec
 from ..messages import DataMsg, Message, from_wire
+from .frame_io import TRAILER, FrameAuth, FrameReader, StreamError, send_buffers
+
+__all__ = ["Auth", "FrameAuth", "PeerAuthError", "PeerLink", "StreamServer", "TRAILER"]
 
 log = logging.getLogger(__name__)
 
 HELLO, STREAM = "/hello", "/stream"
+PROTOCOL = "streamnet-frames/2"    # what /stream upgrades to
+HANDSHAKE_TIMEOUT_S = 10.0         # /hello, connecting, and the answer to the upgrade
+HEARTBEAT_S = 5.0                  # an idle sender's empty frame
+READ_TIMEOUT_S = 30.0              # no byte for this long while reading: the peer stalled
 NONCE_TTL_S = 30.0
 MAX_BATCH_MSGS = 512
 MAX_BATCH_ARRAY_BYTES = 1 << 20
 _CLOSE = object()
 
 
-TRAILER = struct.Struct(">Q16s")   # after each frame: sequence number, truncated HMAC-SHA256
 MAX_AUTH_FIELD = 256               # characters in a nonce, worker id or MAC header
 
 
@@ -119,13 +138,6 @@ class Auth:
         return None
 
 
-def frame_tag(key: bytes, seq: int, buffers) -> bytes:
-    m = hmac.new(key, seq.to_bytes(8, "big"), hashlib.sha256)
-    for b in buffers:
-        m.update(b)
-    return m.digest()[:16]
-
-
 def _array_bytes(msg: Message) -> int:
     if isinstance(msg, DataMsg):
         return sum(v.nbytes for v in msg.values if isinstance(v, np.ndarray))
@@ -157,9 +169,12 @@ class StreamServer:
             answer["proof"] = self.auth.hello_proof(nonce, client_nonce, self.auth.worker_id)
         return web.json_response(answer)
 
-    def _reject(self, peer: str, reason: str, status: int = 400) -> web.Response:
+    def _count(self, peer: str, reason: str) -> None:
         self.rejected += 1
         log.warning("closing stream from %s: %s", peer, reason)
+
+    def _reject(self, peer: str, reason: str, status: int = 400) -> web.Response:
+        self._count(peer, reason)
         resp = web.Response(status=status, text=reason)
         resp.force_close()
         return resp
@@ -171,49 +186,82 @@ class StreamServer:
         reason = self.auth.verify(nonce, sender, request.headers.get("X-Streamnet-Auth", ""))
         if reason:
             return self._reject(peer if _clean(sender) else f"?@{request.remote}", reason, 403)
+        if request.headers.get("Upgrade", "").lower() != PROTOCOL:
+            return self._reject(peer, f"a stream must ask to upgrade to {PROTOCOL}", 426)
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            return web.Response(text="bye")
+        # From here the connection carries frames, read by our protocol (the client sends
+        # nothing before it has the 101, so the HTTP parser holds none of them).
         key = self.auth.session_key(nonce, sender, self.auth.worker_id)
-        seq = 0
-        content = request.content
+        reader = FrameReader(transport, transport.get_protocol(), self.limits, FrameAuth(key), READ_TIMEOUT_S)
+        transport.set_protocol(reader)
+        transport.write(f"HTTP/1.1 101 Switching Protocols\r\nUpgrade: {PROTOCOL}\r\n"
+                        "Connection: Upgrade\r\n\r\n".encode())
         self.open_streams += 1
         try:
-            while True:
-                try:
-                    prefix = await content.readexactly(codec.PREFIX.size)
-                except asyncio.IncompleteReadError as e:
-                    if e.partial:
-                        return self._reject(peer, f"stream ended inside a frame prefix ({len(e.partial)} bytes)")
-                    return web.Response(text="bye")
-                try:
-                    hlen, plen = codec.parse_prefix(prefix, self.limits)
-                    body = await content.readexactly(hlen + plen + TRAILER.size)
-                    view = memoryview(body)
-                    got_seq, tag = TRAILER.unpack(view[hlen + plen:])
-                    if got_seq != seq:
-                        return self._reject(peer, f"frame sequence number {got_seq}, expected {seq}")
-                    if not hmac.compare_digest(tag, frame_tag(key, seq, (prefix, view[:hlen + plen]))):
-                        return self._reject(peer, f"frame {seq}: bad MAC (altered or forged on the way)")
-                    seq += 1
-                    msgs = codec.decode_body(view[:hlen], view[hlen:hlen + plen], self.limits)
-                    if not isinstance(msgs, list):
-                        raise codec.CodecError("a frame must hold a list of messages")
-                except codec.CodecError as e:
-                    return self._reject(peer, str(e))
-                except asyncio.IncompleteReadError:
-                    return self._reject(peer, "stream ended inside a frame")
-                self.frames_in += 1
-                self.bytes_in += codec.PREFIX.size + hlen + plen
-                for msg in msgs:
-                    try:
-                        await self.dispatch(from_wire(msg), sender)
-                    except codec.CodecError as e:
-                        return self._reject(peer, f"bad message: {e}")
-        except (ConnectionResetError, aiohttp.ClientConnectionError):
-            return web.Response(text="bye")
+            reason = await self._frames(reader, sender)
+        except asyncio.CancelledError:
+            transport.abort()
+            raise
         finally:
             self.open_streams -= 1
+        if reason:
+            self._count(peer, reason)
+            transport.abort()
+        else:
+            transport.close()
+        # nothing is written: the connection is no longer HTTP (aiohttp sees it closed)
+        return web.Response(text="bye")
+
+    async def _frames(self, reader: FrameReader, sender: str) -> str | None:
+        """Decode and dispatch frames (the reader checked their sequence numbers and
+        tags) until the stream ends; the reason it must close, or None at a clean end."""
+        while True:
+            try:
+                frame = await reader.next_frame()
+            except StreamError as e:
+                return str(e)
+            if frame is None:
+                return None
+            hlen, plen = codec.parse_prefix(frame[:codec.PREFIX.size], self.limits)
+            end = codec.PREFIX.size + hlen + plen
+            try:
+                msgs = codec.decode_body(frame[codec.PREFIX.size:codec.PREFIX.size + hlen],
+                                         frame[codec.PREFIX.size + hlen:end], self.limits)
+                if not isinstance(msgs, list):
+                    raise codec.CodecError("a frame must hold a list of messages")
+            except codec.CodecError as e:
+                return str(e)
+            self.frames_in += 1
+            self.bytes_in += end
+            for msg in msgs:
+                try:
+                    await self.dispatch(from_wire(msg), sender)
+                except codec.CodecError as e:
+                    return f"bad message: {e}"
+
+
+def _set(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class _LinkQueue(asyncio.Queue):
+    """A link's queue: also wakes `waiter` on every put (Delivery puts without awaiting)."""
+
+    def __init__(self, maxsize: int):
+        super().__init__(maxsize)
+        self.waiter: asyncio.Future | None = None
+
+    def _put(self, item) -> None:
+        super()._put(item)
+        if self.waiter is not None:
+            _set(self.waiter)
 
 
 CONNECT_FAILURES = 3   # refused connections in a row (about 0.35 s with the backoff) before reporting
+SMALL_FRAME = 64 << 10  # frames up to this size are joined and written with one call
 
 
 class PeerLink:
@@ -223,7 +271,7 @@ class PeerLink:
                  limits: codec.Limits, max_queue: int = 1024):
         self.sender, self.peer, self.url, self.auth = sender, peer, url.rstrip("/"), auth
         self.session, self.limits = session, limits
-        self.queue: asyncio.Queue = asyncio.Queue(max_queue)
+        self.queue: asyncio.Queue = _LinkQueue(max_queue)
         self.connected = False
         self.frames_out = self.bytes_out = self.msgs_out = self.dropped = self.reconnects = 0
         self.last_error = ""
@@ -290,7 +338,8 @@ class PeerLink:
 
     async def _stream_once(self) -> None:
         client_nonce = os.urandom(16).hex()
-        async with self.session.get(self.url + HELLO, params={"c": client_nonce}) as r:
+        async with self.session.get(self.url + HELLO, params={"c": client_nonce},
+                                    timeout=aiohttp.ClientTimeout(total=HANDSHAKE_TIMEOUT_S)) as r:
             r.raise_for_status()
             hello = await r.json()
         if self.connect_failures >= CONNECT_FAILURES and self.on_unreachable:
@@ -302,41 +351,125 @@ class PeerLink:
             raise PeerAuthError(f"{self.url} did not prove that it is worker {self.peer} of this cluster "
                                 "(wrong cluster secret, or not a streamnet worker); sending it nothing")
         headers = {"X-Streamnet-From": self.sender, "X-Streamnet-Nonce": nonce,
-                   "X-Streamnet-Auth": self.auth.sign(nonce, self.sender, self.peer),
-                   "Content-Type": "application/x-streamnet-frames"}
-        self.connected = True
-        key = self.auth.session_key(nonce, self.sender, self.peer)
-        async with self.session.post(self.url + STREAM, data=self._body(key), headers=headers) as resp:
-            if resp.status != 200:
-                raise ConnectionError(f"peer refused the stream: {resp.status} {await resp.text()}")
+                   "X-Streamnet-Auth": self.auth.sign(nonce, self.sender, self.peer)}
+        sock = await asyncio.wait_for(self._upgrade(headers), HANDSHAKE_TIMEOUT_S)
+        try:
+            self.connected = True
+            await self._send_frames(sock, FrameAuth(self.auth.session_key(nonce, self.sender, self.peer)))
+            sock.shutdown(socket.SHUT_WR)    # the receiver reads to the end of the last frame
+        finally:
+            sock.close()
 
-    async def _body(self, key: bytes):
-        seq = 0
-        while True:
-            first = await self.queue.get()
-            if first is _CLOSE:
-                return
-            batch, budget = [first], _array_bytes(first)
-            while len(batch) < MAX_BATCH_MSGS and budget < MAX_BATCH_ARRAY_BYTES and not self.queue.empty():
-                msg = self.queue.get_nowait()
-                if msg is _CLOSE:
-                    self.queue.put_nowait(_CLOSE)  # finish this batch, then stop
+    async def _upgrade(self, headers: dict) -> socket.socket:
+        """A connection of our own to the peer's /stream, upgraded: the raw socket."""
+        loop = asyncio.get_running_loop()
+        url = urlsplit(self.url)
+        host, port = url.hostname, url.port or 80
+        if any(c in v for v in (*headers.values(), self.sender) for c in "\r\n"):
+            raise ValueError("a header value holds a line break")
+        sock, error = None, None
+        for family, kind, proto, _, addr in await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+            sock = socket.socket(family, kind, proto)
+            sock.setblocking(False)
+            try:
+                await loop.sock_connect(sock, addr)
+                break
+            except OSError as e:
+                sock.close()
+                sock, error = None, e
+        if sock is None:
+            raise error or ConnectionError(f"no address for {host}")
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            await loop.sock_sendall(sock, (f"POST {STREAM} HTTP/1.1\r\nHost: {url.netloc}\r\n{head}"
+                                           f"Connection: Upgrade\r\nUpgrade: {PROTOCOL}\r\n\r\n").encode())
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                chunk = await loop.sock_recv(sock, 4096)
+                if not chunk or len(answer) > 65536:
                     break
-                batch.append(msg)
-                budget += _array_bytes(msg)
+                answer += chunk
+            status_line, _, rest = answer.partition(b"\r\n")
+            parts = status_line.split(b" ", 2)
+            if len(parts) < 2 or parts[1] != b"101":
+                body = rest.partition(b"\r\n\r\n")[2][:300].decode("ascii", "replace")
+                raise ConnectionError(f"peer refused the stream: {b' '.join(parts[1:]).decode('ascii', 'replace')}"
+                                      f" {body}".rstrip())
+            if rest.partition(b"\r\n\r\n")[2]:
+                raise ConnectionError("peer sent data after its 101")
+            return sock
+        except BaseException:
+            sock.close()
+            raise
+
+    async def _next_batch(self, closed: asyncio.Future) -> list | None:
+        """Queued messages for one frame: [] after HEARTBEAT_S idle, None to stop."""
+        if closed.done():
+            raise ConnectionResetError("the peer closed the stream")
+        if self.queue.empty():
+            # wait for a message, the peer closing, or the heartbeat - without a task per wait
+            loop = asyncio.get_running_loop()
+            wake = self.queue.waiter = loop.create_future()
+            timer = loop.call_later(HEARTBEAT_S, _set, wake)
+            closed.add_done_callback(wake_on_close := lambda _: _set(wake))
+            try:
+                await wake
+            finally:
+                timer.cancel()
+                closed.remove_done_callback(wake_on_close)
+                self.queue.waiter = None
+            if self.queue.empty():
+                if closed.done():
+                    raise ConnectionResetError("the peer closed the stream")
+                return []
+        first = self.queue.get_nowait()
+        if first is _CLOSE:
+            return None
+        batch, budget = [first], _array_bytes(first)
+        while len(batch) < MAX_BATCH_MSGS and budget < MAX_BATCH_ARRAY_BYTES and not self.queue.empty():
+            msg = self.queue.get_nowait()
+            if msg is _CLOSE:
+                self.queue.put_nowait(_CLOSE)  # finish this batch, then stop
+                break
+            batch.append(msg)
+            budget += _array_bytes(msg)
+        return batch
+
+    async def _send_frames(self, sock: socket.socket, auth: FrameAuth) -> None:
+        # the receiver sends nothing after its 101: the socket turns readable only when
+        # the peer closes it (a rejected frame, a restart) - then reconnect at once
+        loop = asyncio.get_running_loop()
+        closed, fd = loop.create_future(), sock.fileno()
+
+        def readable():
+            loop.remove_reader(fd)          # level-triggered: once is enough
+            if not closed.done():
+                closed.set_result(None)
+        loop.add_reader(fd, readable)
+        try:
+            await self._send_until_closed(sock, auth, closed)
+        finally:
+            loop.remove_reader(fd)
+
+    async def _send_until_closed(self, sock: socket.socket, auth: FrameAuth, closed: asyncio.Future) -> None:
+        seq = 0
+        while (batch := await self._next_batch(closed)) is not None:
             try:
                 buffers = codec.encode([m.to_wire() for m in batch], self.limits)
             except codec.CodecError as e:
                 self.dropped += len(batch)
                 log.error("dropping %d message(s) to %s that cannot be encoded: %s", len(batch), self.peer, e)
                 continue
-            trailer = TRAILER.pack(seq, frame_tag(key, seq, buffers))
+            size = sum(len(b) for b in buffers)
+            if size <= SMALL_FRAME:                 # one buffer, tagged in one call, one write
+                frame = b"".join(buffers)
+                await send_buffers(sock, [frame, TRAILER.pack(seq, auth.tag(seq, [frame]))])
+            else:       # the bytes first: the receiver reads (and tags) them while we tag them here
+                await send_buffers(sock, buffers)
+                await send_buffers(sock, [TRAILER.pack(seq, auth.tag(seq, buffers))])
             seq += 1
-            for buf in buffers:
-                self.bytes_out += len(buf)
-                yield buf
-            self.bytes_out += len(trailer)
-            yield trailer
+            self.bytes_out += size + TRAILER.size
             self.frames_out += 1
             self.msgs_out += len(batch)
 

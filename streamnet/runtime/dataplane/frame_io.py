@@ -1,0 +1,295 @@
+"""Frames on an upgraded stream socket: the tag that authenticates each one, the
+receiving protocol that reads them into their own buffers, and a sender that hands
+a frame's buffers to the kernel without joining them.
+
+After its codec frame each frame carries TRAILER = sequence number (u64) | tag, where
+tag = AES-256-GMAC(stream key, nonce = sequence number, data = prefix|header|payload):
+AES-GCM with the frame as associated data and nothing to encrypt. The key is fresh
+for every stream and the sequence number never repeats on one, so GCM's nonce rule
+holds; a relay without the key can neither alter, drop, reorder nor inject a frame.
+GMAC runs at 5-7 GB/s here (AES-NI, carry-less multiply), against 0.5-1.2 GB/s for
+HMAC-SHA256, which capped the bulk rate before.
+
+Receiving (`FrameReader`): the socket is read with recv_into. Small frames arrive
+through a staging buffer, several per system call, and are copied out one by one;
+a frame over DIRECT_BYTES gets a buffer of its own and the kernel writes its bytes
+straight there (after a large frame the reader asks for the next prefix alone, so
+a stream of large frames is never staged). Decoded arrays are read-only views of
+that buffer. The reader checks each frame's sequence number and tag before the
+frame is handed on (a large frame's tag is computed as its bytes arrive, while the
+rest are still on the way). Frames wait for the consumer up to MAX_READY_BYTES; past
+that, reading pauses and TCP pushes back on the sender.
+
+Sending (`send_buffers`): one sendmsg gathers a frame's header and its arrays' own
+buffers (a large frame's tag goes after it, computed while the receiver reads).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import hmac
+import socket
+import struct
+import time
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from .. import codec
+
+TRAILER = struct.Struct(">Q16s")       # after each frame: sequence number, tag
+STAGE_BYTES = 256 << 10                # the staging buffer of small frames
+DIRECT_BYTES = 64 << 10                # frames larger than this are read into their own buffer
+MAX_READY_BYTES = 4 << 20              # received frames waiting for the consumer; reading pauses past it
+ONE_SHOT_BYTES = 64 << 10              # tag a single buffer up to this size in one call (2.5 us vs 15)
+IOV_MAX = 1024
+
+
+class FrameAuth:
+    """The tag of a frame under one stream's key (see the module docstring)."""
+
+    def __init__(self, key: bytes):
+        if len(key) != 32:
+            raise ValueError("a stream key is 32 bytes")
+        self._aead, self._aes = AESGCM(key), algorithms.AES(key)
+
+    def tag(self, seq: int, buffers) -> bytes:
+        nonce = seq.to_bytes(12, "big")
+        if len(buffers) == 1 and len(buffers[0]) <= ONE_SHOT_BYTES:
+            return self._aead.encrypt(nonce, b"", buffers[0])
+        e = Cipher(self._aes, modes.GCM(nonce)).encryptor()
+        for b in buffers:
+            e.authenticate_additional_data(b)
+        e.finalize()
+        return e.tag
+
+    def check(self, seq: int, buffers, tag: bytes) -> bool:
+        return hmac.compare_digest(self.tag(seq, buffers), tag)
+
+    def begin(self, seq: int):
+        """An incremental tag: authenticate_additional_data(chunk)..., then finalize() and .tag."""
+        return Cipher(self._aes, modes.GCM(seq.to_bytes(12, "big"))).encryptor()
+
+
+class StreamError(ConnectionError):
+    """The stream must close: malformed framing, a silent peer, or a lost connection."""
+
+
+class FrameReader(asyncio.BufferedProtocol):
+    """Reads whole frames (codec frame + trailer) off a stream socket and checks their
+    sequence numbers and tags; `next_frame()` hands out the good ones in order. A large
+    frame's tag is computed as its bytes arrive, while the rest are still on the way.
+    It replaces the HTTP server's protocol on the transport once the stream is
+    upgraded, and passes the connection's end on to it."""
+
+    def __init__(self, transport, previous, limits: codec.Limits, auth: FrameAuth, read_timeout_s: float):
+        self.transport, self.previous, self.limits, self.auth = transport, previous, limits, auth
+        self.read_timeout_s = read_timeout_s
+        self.seq = 0                        # the next frame's sequence number
+        self.stage = bytearray(STAGE_BYTES)
+        self.view = memoryview(self.stage)
+        self.start = self.end = 0           # unparsed bytes: stage[start:end]
+        self.direct = None                  # (buffer, filled) of a large frame being read
+        self.gmac = None                    # its tag so far, over its first `authed` bytes
+        self.authed = 0
+        self.prefix_only = False            # after a large frame: read the next prefix alone
+        self.ready: collections.deque = collections.deque()
+        self.ready_bytes = 0
+        self.paused = False
+        self.error: str | None = None
+        self.eof = False
+        self.last_data = time.monotonic()
+        self._waiter: asyncio.Future | None = None
+
+    # -- the transport's side ------------------------------------------------------------
+    def get_buffer(self, sizehint: int):
+        if self.direct is not None:
+            buf, filled = self.direct
+            return buf[filled:]
+        if self.prefix_only and self.end - self.start < codec.PREFIX.size:
+            if self.start + codec.PREFIX.size > len(self.stage):
+                self._compact()
+            return self.view[self.end:self.start + codec.PREFIX.size]
+        if self.end == len(self.stage):
+            self._compact()
+        return self.view[self.end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.last_data = time.monotonic()
+        if self.direct is not None:
+            buf, filled = self.direct
+            self.direct = (buf, filled + nbytes)
+            self._authenticate()
+            return
+        self.end += nbytes
+        self._parse()
+
+    def eof_received(self):
+        self.eof = True
+        self._wake()
+        return False                        # the transport closes itself
+
+    def connection_lost(self, exc) -> None:
+        self.eof = True
+        self._wake()
+        previous, self.previous = self.previous, None
+        if previous is not None:            # the HTTP server's protocol: its connection ended
+            previous.connection_lost(exc)
+
+    # -- framing ---------------------------------------------------------------------------
+    def _compact(self) -> None:
+        n = self.end - self.start
+        self.view[:n] = self.view[self.start:self.end]
+        self.start, self.end = 0, n
+
+    def _parse(self) -> None:
+        while self.error is None:
+            avail = self.end - self.start
+            if avail < codec.PREFIX.size:
+                break
+            try:
+                hlen, plen = codec.parse_prefix(bytes(self.view[self.start:self.start + codec.PREFIX.size]),
+                                                self.limits)
+            except codec.CodecError as e:
+                self._fail(str(e))
+                return
+            total = codec.PREFIX.size + hlen + plen + TRAILER.size
+            if total > DIRECT_BYTES:
+                buf = memoryview(np.empty(total, np.uint8))
+                take = min(avail, total)
+                buf[:take] = self.view[self.start:self.start + take]
+                self.start += take
+                self.prefix_only = True
+                self.direct, self.gmac, self.authed = (buf, take), self.auth.begin(self.seq), 0
+                self._authenticate()
+                if self.direct is not None:
+                    break                   # the stage is empty now: the rest goes straight there
+                continue
+            if avail < total:
+                if self.start + total > len(self.stage):
+                    self._compact()
+                self.prefix_only = False
+                break
+            frame = bytes(self.view[self.start:self.start + total])
+            self.start += total
+            self.prefix_only = False
+            body = len(frame) - TRAILER.size
+            self._accept(frame, self.auth.tag(self.seq, [memoryview(frame)[:body]]))
+        if self.start == self.end:
+            self.start = self.end = 0
+
+    def _authenticate(self) -> None:
+        """Feed a large frame's newly read bytes to its tag; at its end, accept or refuse it."""
+        buf, filled = self.direct
+        body = len(buf) - TRAILER.size
+        upto = min(filled, body)
+        if upto > self.authed:
+            self.gmac.authenticate_additional_data(buf[self.authed:upto])
+            self.authed = upto
+        if filled == len(buf):
+            self.direct = None
+            self.gmac.finalize()
+            self._accept(buf.toreadonly(), self.gmac.tag)
+            self.gmac = None
+
+    def _accept(self, frame, tag: bytes) -> None:
+        """A whole frame whose tag, computed here, is `tag`: ready if its trailer agrees."""
+        got_seq, got_tag = TRAILER.unpack(frame[len(frame) - TRAILER.size:])
+        if got_seq != self.seq:
+            self._fail(f"frame sequence number {got_seq}, expected {self.seq}")
+        elif not hmac.compare_digest(got_tag, tag):
+            self._fail(f"frame {self.seq}: bad MAC (altered or forged on the way)")
+        else:
+            self.seq += 1
+            self._push(frame)
+
+    def _push(self, frame) -> None:
+        self.ready.append(frame)
+        self.ready_bytes += len(frame)
+        if self.ready_bytes >= MAX_READY_BYTES and not self.paused:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def _fail(self, reason: str) -> None:
+        self.error = reason
+        self.transport.pause_reading()
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def pending(self) -> int:
+        """Bytes of a frame not yet complete."""
+        if self.direct is not None:
+            return self.direct[1]
+        return self.end - self.start
+
+    # -- the consumer's side ---------------------------------------------------------------
+    async def next_frame(self):
+        """The next whole frame (a read-only buffer), or None at a clean end of the
+        stream; raises StreamError when the stream must close."""
+        while not self.ready:
+            if self.error is not None:
+                raise StreamError(self.error)
+            if self.eof:
+                partial = self.pending()
+                if partial == 0:
+                    return None
+                if self.direct is None and partial < codec.PREFIX.size:
+                    raise StreamError(f"stream ended inside a frame prefix ({partial} bytes)")
+                raise StreamError("stream ended inside a frame")
+            loop = asyncio.get_running_loop()
+            self._waiter = loop.create_future()
+            timer = loop.call_later(self.read_timeout_s, self._wake)
+            try:
+                await self._waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+            silent = time.monotonic() - self.last_data
+            if not (self.ready or self.error or self.eof) and silent >= self.read_timeout_s:
+                where = f"inside a frame ({self.pending()} bytes of it read)" if self.pending() else \
+                    "between frames"
+                raise StreamError(f"no data for {silent:.0f} s {where}: the peer stalled")
+        frame = self.ready.popleft()
+        self.ready_bytes -= len(frame)
+        if self.paused and self.ready_bytes < MAX_READY_BYTES // 2:
+            self.paused = False
+            self.transport.resume_reading()
+        return frame
+
+
+async def send_buffers(sock: socket.socket, buffers) -> None:
+    """Write buffers to a non-blocking socket in order, gathered (sendmsg), without
+    joining or copying them; waits for room when the socket is full."""
+    views = [memoryview(b).cast("B") for b in buffers if len(b)]
+    i = 0
+    loop = None
+    while i < len(views):
+        try:
+            sent = sock.sendmsg(views[i:i + IOV_MAX])
+        except (BlockingIOError, InterruptedError):
+            loop = loop or asyncio.get_running_loop()
+            await _writable(loop, sock)
+            continue
+        while sent:
+            n = len(views[i])
+            if sent >= n:
+                sent -= n
+                i += 1
+            else:
+                views[i] = views[i][sent:]
+                sent = 0
+
+
+async def _writable(loop, sock: socket.socket) -> None:
+    fut = loop.create_future()
+    fd = sock.fileno()
+    loop.add_writer(fd, lambda: fut.done() or fut.set_result(None))
+    try:
+        await fut
+    finally:
+        loop.remove_writer(fd)

@@ -1,0 +1,255 @@
+"""A PeerLink streaming to a StreamServer on loopback (behind the worker's connection
+guard): what goes in comes out, read-only; silent and stalled peers are cut off; an
+idle stream stays open on heartbeats; a hung handshake is given up."""
+import asyncio
+import os
+import socket
+import time
+
+import aiohttp
+import numpy as np
+import pytest
+from aiohttp import web
+
+from streamnet.runtime import codec
+from streamnet.runtime.dataplane import transport
+from streamnet.runtime.dataplane.guard import ConnectionGuard, GuardedRunner
+from streamnet.runtime.dataplane.transport import PROTOCOL, Auth, PeerLink, StreamServer
+from streamnet.runtime.messages import AckMsg, DataMsg
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+async def _until(cond, what, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+class Receiver:
+    """A StreamServer on an aiohttp app behind a ConnectionGuard, recording what it gets."""
+
+    def __init__(self, secret: bytes):
+        self.got = []
+        self.server = StreamServer(Auth(secret, "w1"), self._dispatch, codec.DEFAULT_LIMITS)
+        self.guard = ConnectionGuard()
+
+    async def _dispatch(self, msg, sender):
+        self.got.append((msg, sender))
+
+    async def __aenter__(self):
+        app = web.Application()
+        app.add_routes(self.server.routes())
+        self.runner = GuardedRunner(app, self.guard, shutdown_timeout=1.0)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.runner.cleanup()
+
+
+async def _link(secret: bytes, port: int):
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+    link = PeerLink(sender="w0", peer="w1", url=f"http://127.0.0.1:{port}", auth=Auth(secret, "w0"),
+                    session=session, limits=codec.DEFAULT_LIMITS)
+    link.start()
+    return link, session
+
+
+def test_tuples_and_tensors_of_every_size_arrive_intact_and_read_only():
+    secret = os.urandom(32)
+    sizes = [0, 1, 1000, 62_000, 2_621_440]            # float32: up to a 10 MB tensor
+
+    async def go():
+        async with Receiver(secret) as rx:
+            link, session = await _link(secret, rx.port)
+            try:
+                for i in range(300):                  # small tuples, queued together: batched frames
+                    await link.send(DataMsg("t", 1, "default", 0, [i, "x"], [[i, i + 1]], 3))
+                for n in sizes:
+                    await link.send(DataMsg("t", 1, "default", 0, [np.arange(n, dtype=np.float32)], [], 3))
+                await link.send(AckMsg("t", 0, 5, 6))
+                await _until(lambda: len(rx.got) == 300 + len(sizes) + 1, "every message")
+                assert rx.guard.status()["open"] == 1 and rx.server.open_streams == 1
+                return [m for m, _ in rx.got], link.frames_out, rx.server.rejected
+            finally:
+                await link.close(1.0)
+                await session.close()
+    got, frames, rejected = asyncio.run(go())
+    assert rejected == 0 and frames < 300 + len(sizes) + 1
+    assert [m.values for m in got[:300]] == [[i, "x"] for i in range(300)]
+    assert [m.anchors for m in got[:300]] == [[[i, i + 1]] for i in range(300)]
+    for n, m in zip(sizes, got[300:]):
+        (x,) = m.values
+        assert x.dtype == np.float32 and np.array_equal(x, np.arange(n, dtype=np.float32))
+        assert not x.flags.writeable
+    assert got[-1] == AckMsg("t", 0, 5, 6)
+
+
+async def _upgraded(port: int, secret: bytes, sender: str = "w0"):
+    """A raw connection that authenticates as `sender` and is upgraded: (reader, writer, key)."""
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"http://127.0.0.1:{port}/hello") as r:
+            nonce = (await r.json())["nonce"]
+    auth = Auth(secret, sender)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"POST /stream HTTP/1.1\r\nHost: x\r\nX-Streamnet-From: {sender}\r\nX-Streamnet-Nonce: {nonce}\r\n"
+                 f"X-Streamnet-Auth: {auth.sign(nonce, sender, 'w1')}\r\nConnection: Upgrade\r\n"
+                 f"Upgrade: {PROTOCOL}\r\n\r\n".encode())
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return reader, writer, auth.session_key(nonce, sender, "w1")
+
+
+@pytest.mark.parametrize("sent", ["nothing", "half a frame"])
+def test_a_peer_that_goes_silent_or_stops_inside_a_frame_is_cut_off(monkeypatch, caplog, sent):
+    monkeypatch.setattr(transport, "READ_TIMEOUT_S", 0.5)
+    secret = os.urandom(32)
+
+    async def go():
+        async with Receiver(secret) as rx:
+            reader, writer, _ = await _upgraded(rx.port, secret)
+            try:
+                if sent == "half a frame":
+                    frame = codec.encode_bytes([DataMsg("t", 1, "s", 0, [np.zeros(50_000, np.float32)], [], 1)
+                                                .to_wire()])
+                    writer.write(frame[:len(frame) // 2])
+                    await writer.drain()
+                await _until(lambda: rx.server.open_streams == 1, "the stream to open")
+                # then nothing more: the worker closes the connection and forgets it
+                assert await asyncio.wait_for(reader.read(), 10) == b""
+                await _until(lambda: rx.guard.status()["open"] == 0, "the guard to forget the connection")
+                return rx.server.rejected, rx.server.open_streams, rx.got
+            finally:
+                writer.close()
+    caplog.set_level("WARNING", logger="streamnet.runtime.dataplane.transport")
+    rejected, still_open, got = asyncio.run(go())
+    assert rejected == 1 and still_open == 0 and got == []
+    where = "inside a frame" if sent == "half a frame" else "between frames"
+    assert any("no data for" in r.getMessage() and where in r.getMessage() for r in caplog.records)
+
+
+def test_an_idle_link_keeps_its_stream_open_with_heartbeats(monkeypatch):
+    monkeypatch.setattr(transport, "READ_TIMEOUT_S", 0.6)
+    monkeypatch.setattr(transport, "HEARTBEAT_S", 0.1)
+    secret = os.urandom(32)
+
+    async def go():
+        async with Receiver(secret) as rx:
+            link, session = await _link(secret, rx.port)
+            try:
+                await link.send(AckMsg("t", 0, 1, 1))
+                await _until(lambda: len(rx.got) == 1, "the first message")
+                frames = rx.server.frames_in
+                await _until(lambda: rx.server.frames_in >= frames + 15, "1.5 s of heartbeats (2.5x the timeout)")
+                await link.send(AckMsg("t", 0, 2, 2))
+                await _until(lambda: len(rx.got) == 2, "the second message")
+                return rx.server.rejected, link.reconnects, [m for m, _ in rx.got]
+            finally:
+                await link.close(1.0)
+                await session.close()
+    rejected, reconnects, got = asyncio.run(go())
+    assert rejected == 0 and reconnects == 0        # one stream throughout
+    assert got == [AckMsg("t", 0, 1, 1), AckMsg("t", 0, 2, 2)]
+
+
+def test_a_receiver_that_never_answers_the_upgrade_is_given_up(monkeypatch):
+    monkeypatch.setattr(transport, "HANDSHAKE_TIMEOUT_S", 0.3)
+    secret = os.urandom(32)
+
+    async def go():
+        receiver_auth = Auth(secret, "w1")
+        answered = asyncio.Event()
+
+        async def hello(request):      # a genuine proof, then a /stream that never answers
+            nonce = receiver_auth.challenge()
+            return web.json_response({"nonce": nonce, "worker": "w1",
+                                      "proof": receiver_auth.hello_proof(nonce, request.query["c"], "w1")})
+
+        async def stream(request):
+            await answered.wait()
+            return web.Response(text="never")
+        app = web.Application()
+        app.add_routes([web.get("/hello", hello), web.post("/stream", stream)])
+        runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        link, session = await _link(secret, site._server.sockets[0].getsockname()[1])
+        try:
+            await link.send(AckMsg("t", 0, 1, 1))
+            await _until(lambda: link.reconnects >= 2, "the link to give up twice and try again")
+            return link.last_error, link.connected
+        finally:
+            answered.set()
+            await link.close(0.2)
+            await session.close()
+            await runner.cleanup()
+    error, connected = asyncio.run(go())
+    assert error.startswith("TimeoutError") and not connected
+
+
+def test_the_sender_reconnects_at_once_when_the_receiver_closes_the_stream():
+    secret = os.urandom(32)
+
+    async def go():
+        async with Receiver(secret) as rx:
+            link, session = await _link(secret, rx.port)
+            try:
+                await link.send(AckMsg("t", 0, 1, 1))
+                await _until(lambda: len(rx.got) == 1, "the first message")
+                # the receiver ends the connection (as a rejected frame or a restart would)
+                for proto in list(rx.guard.open):
+                    proto.transport.abort()
+                await _until(lambda: link.reconnects == 1 and link.connected, "the link to reconnect")
+                await link.send(AckMsg("t", 0, 2, 2))   # not written into the dead socket
+                await _until(lambda: len(rx.got) == 2, "the second message")
+                return [m for m, _ in rx.got]
+            finally:
+                await link.close(1.0)
+                await session.close()
+    assert asyncio.run(go()) == [AckMsg("t", 0, 1, 1), AckMsg("t", 0, 2, 2)]
+
+
+def test_a_stream_that_does_not_ask_to_upgrade_is_refused():
+    secret = os.urandom(32)
+
+    async def go():
+        async with Receiver(secret) as rx:
+            async with aiohttp.ClientSession() as s:
+                async with s.get(f"http://127.0.0.1:{rx.port}/hello") as r:
+                    nonce = (await r.json())["nonce"]
+                auth = Auth(secret, "w0")
+                headers = {"X-Streamnet-From": "w0", "X-Streamnet-Nonce": nonce,
+                           "X-Streamnet-Auth": auth.sign(nonce, "w0", "w1")}
+                async with s.post(f"http://127.0.0.1:{rx.port}/stream", data=b"x", headers=headers) as r:
+                    return r.status, await r.text(), rx.server.rejected
+    status, text, rejected = asyncio.run(go())
+    assert status == 426 and PROTOCOL in text and rejected == 1
+
+
+def test_send_buffers_writes_everything_in_order_through_a_full_socket():
+    async def go():
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        b.setblocking(False)
+        loop = asyncio.get_running_loop()
+        parts = [os.urandom(n) for n in (10, 3_000_000, 0, 1, 700_000)] + [b"x"] * 2000   # > IOV_MAX buffers
+        received = bytearray()
+
+        async def drain():
+            while len(received) < sum(map(len, parts)):
+                received.extend(await loop.sock_recv(b, 1 << 16))
+        try:
+            await asyncio.gather(transport.send_buffers(a, parts), drain())
+        finally:
+            a.close()
+            b.close()
+        return bytes(received), b"".join(parts)
+    got, want = asyncio.run(go())
+    assert got == want
