@@ -134,9 +134,11 @@ class RunProgress:
         """A record of training.cluster_run.ProgressReader (train and submit --wait)."""
         self.round(epoch=p["epoch"], round=p["round"], epoch_rounds=p["epoch_rounds"], loss=p["loss"],
                    samples_per_s=p["samples_per_s"], step=p["rounds"], samples=p["samples"], elapsed_s=p["elapsed_s"])
-        if "test_accuracy" in p:
-            self.epoch(epoch=p["eval_epoch"], loss=p["loss"], test_accuracy=p["test_accuracy"],
-                       test_loss=p.get("test_loss"), samples_per_s=p["samples_per_s"], elapsed_s=p["elapsed_s"])
+        for e in p.get("evaluated", ()):          # in epoch order, even when two landed between reads
+            latest = e["epoch"] == p["eval_epoch"]
+            self.epoch(epoch=e["epoch"], loss=p["loss"] if latest else None, test_accuracy=e["test_accuracy"],
+                       test_loss=e.get("test_loss"), samples_per_s=p["samples_per_s"] if latest else None,
+                       elapsed_s=p["elapsed_s"] if latest else None)
 
     @staticmethod
     def _meter(bar: tqdm) -> str:

@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 class ProgressReader:
     """A training topology's progress as its clients show it: the sync bolt's last
     progress record with the run's epochs and elapsed time, plus `test_accuracy`,
-    `test_loss` and `eval_epoch` when an epoch was evaluated since the last read."""
+    `test_loss` and `eval_epoch` when an epoch was evaluated since the last read (the
+    latest), and `evaluated`: every evaluation record since the last read, in order."""
 
     def __init__(self, state, name: str, epochs: int):
         self.state, self.name, self.epochs = state, name, epochs
@@ -36,7 +37,9 @@ class ProgressReader:
         p = dict(p, epochs=self.epochs, elapsed_s=time.monotonic() - self.t0)
         if len(hist) > self.seen_epochs:
             last = hist[-1]
-            p.update(test_accuracy=last["test_accuracy"], test_loss=last["test_loss"], eval_epoch=last["epoch"])
+            # every evaluation since the last read, in order (two can land between reads)
+            p.update(test_accuracy=last["test_accuracy"], test_loss=last["test_loss"], eval_epoch=last["epoch"],
+                     evaluated=hist[self.seen_epochs:])
             self.seen_epochs = len(hist)
         return p
 

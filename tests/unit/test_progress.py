@@ -110,3 +110,21 @@ def test_metrics_log_path_is_checked_before_the_run(capsys):
     assert run_main(submit.main, ["train", "--dataset", "synthetic", "--metrics-log", "/no/such/dir/m.jsonl"]) == 2
     assert "--metrics-log /no/such/dir/m.jsonl: directory /no/such/dir does not exist" in \
         one_line_error(capsys, "streamnet-submit")
+
+
+def test_two_evaluations_landing_between_reads_are_logged_in_epoch_order(tmp_path):
+    from streamnet.training.cluster_run import ProgressReader
+    from streamnet.training.run_stats import EVAL_HISTORY, PROGRESS
+
+    class State:       # the results as a client reads them: both epochs evaluated since the last read
+        def results(self, name):
+            return {PROGRESS: {"epoch": 2, "round": 4, "rounds": 8, "epoch_rounds": 4, "samples": 256,
+                               "loss": 0.3, "samples_per_s": 50.0},
+                    EVAL_HISTORY: [{"epoch": 1, "test_accuracy": 0.6, "test_loss": 1.0},
+                                   {"epoch": 2, "test_accuracy": 0.7, "test_loss": 0.8}]}
+    path = str(tmp_path / "m.jsonl")
+    progress = RunProgress(2, stream=io.StringIO(), metrics_log=MetricsLog(path))
+    progress.record(ProgressReader(State(), "t", 2).read())
+    progress.close()
+    progress.log.close()
+    assert [(r["epoch"], r["test_accuracy"]) for r in read(path) if r["kind"] == "epoch"] == [(1, 0.6), (2, 0.7)]
