@@ -48,16 +48,23 @@ def _run(zk_hosts, cfg, workers: int, threads: int, pin: bool, on_progress=None)
         st.submit_topology(topo.name, topo.to_dict())
         t0 = time.monotonic()
 
+        log: list = []
+
         def progress(p):
             a = st.assignment(topo.name)[0]
+            loads = {w: (i.get("load") or {}) for w, i in st.workers().items()}
             row = {"t": time.monotonic() - t0, "rounds": p["rounds"], "samples": p["samples"],
                    "shares": [a.shares.get(t, 1.0) if a else 1.0 for t in topo.tasks("compute")],
-                   "placement": {str(t): a.tasks.get(t) for t in topo.tasks("compute")} if a else {}}
+                   "placement": {str(t): a.tasks.get(t) for t in topo.tasks("compute")} if a else {},
+                   # what the workers last published: each unit's speed (items/s) and others' load
+                   "speeds": {t: round(1 / spi) for rec in loads.values()
+                              for t, spi in rec.get("seconds_per_item", {}).get(topo.name, {}).items()},
+                   "foreign_busy": {w: rec.get("foreign_busy") for w, rec in loads.items()}}
             series.append(row)
+            log[:] = st.balance_log(topo.name)          # kept: the topology's nodes go when it ends
             if on_progress:
                 on_progress(row)
         results, wall = follow(st, topo, cfg, progress=progress, poll_s=0.2)
-        log = st.balance_log(topo.name)
     return summarise(cfg, results, workers=workers, wall_s=wall), series, log
 
 
@@ -102,7 +109,8 @@ class CoTenant:
 
 
 def _rounds_until(series, since, test) -> int | None:
-    """Rounds from the poll at time `since` to the first poll after it where test(row) holds."""
+    """Rounds from the poll at time `since` to the first poll after it where test(row) holds
+    (the sync task publishes its round count every 0.5 s: that is the resolution)."""
     if since is None:
         return None
     t0, r0 = since
@@ -110,6 +118,12 @@ def _rounds_until(series, since, test) -> int | None:
         if row["t"] >= t0 and test(row):
             return row["rounds"] - r0
     return None
+
+
+def _seconds_until(series, since, test) -> float | None:
+    if since is None:
+        return None
+    return next((round(row["t"] - since[0], 2) for row in series if row["t"] >= since[0] and test(row)), None)
 
 
 def cotenant(zk_hosts, train: int, epochs: int) -> dict:
@@ -133,6 +147,10 @@ def cotenant(zk_hosts, train: int, epochs: int) -> dict:
             run["rounds_to_follow"] = _rounds_until(series, hog.on, lambda r: all(
                 abs(r["shares"][k] - goal[k]) <= 0.1 * goal[k] for k in range(2)) and goal != [1.0, 1.0])
             run["rounds_to_return"] = _rounds_until(series, hog.off, lambda r: all(
+                abs(x - 1.0) <= 0.1 for x in r["shares"]))
+            run["seconds_to_follow"] = _seconds_until(series, hog.on, lambda r: all(
+                abs(r["shares"][k] - goal[k]) <= 0.1 * goal[k] for k in range(2)) and goal != [1.0, 1.0])
+            run["seconds_to_return"] = _seconds_until(series, hog.off, lambda r: all(
                 abs(x - 1.0) <= 0.1 for x in r["shares"]))
         out[balance] = run
         print(f"  {balance}: epochs {run['epoch_s']} s, accuracy {s.test_accuracy:.2%}, co-tenant "

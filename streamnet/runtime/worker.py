@@ -34,7 +34,7 @@ from .dataplane.transport import Auth, StreamServer
 log = logging.getLogger(__name__)
 
 READ_BUFSIZE = 4 << 20  # measured: large frames move fastest with a 4 MiB read buffer
-LOAD_SAMPLE_S = 0.5     # how often the worker samples its load (load.py decides what is published)
+LOAD_SAMPLE_S = 0.25    # how often the worker samples its load (load.py decides what is published)
 
 
 class Worker:

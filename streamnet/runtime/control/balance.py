@@ -31,7 +31,7 @@ from ..assignment import Assignment
 from ..topology import Topology
 
 CHANGE = 0.15          # a share moves only by more than this fraction
-MIN_INTERVAL_S = 2.0   # between two changes of a component's shares (or a worker's threads)
+MIN_INTERVAL_S = 1.0   # between two changes of a component's shares (or a worker's threads)
 MIN_SHARE = 0.1        # no task's share falls below this (it keeps a little work, and its speed is seen)
 THREAD_MARGIN = 0.75   # free cores must differ from the threads by this much before threads change
 SLOW = 0.5             # a task this far below its component's median speed is a candidate to move
