@@ -154,7 +154,8 @@ class SyncBolt(SyncRecovery, Bolt):
         self.unit_states = {}
         next_step = self.counts.next_step
         out = params.copy()  # receivers in this process share the array: never hand out the live one
-        self.collector.emit(row(PARAMS, step=next_step, slice=self.slice, params=out), stream="params", anchors=tuples)
+        self.collector.emit(row(PARAMS, step=next_step, slice=self.slice, params=out), stream="params",
+                            anchors=tuples)
         self.bytes_out += out.nbytes * len(self.compute_tasks)
         end = self.plans.epoch_end(epoch, rnd)
         if end:
