@@ -60,8 +60,8 @@ TRAINING_FLAGS: tuple[Flag, ...] = (
          help="load (default): each unit's batch share follows its measured speed, set live by the leader, "
               "and workers started with --threads auto get the cores other processes leave free; static: "
               "fixed shards and equal batches (deterministic)"),
-    Flag("--sync-tasks", "sync_tasks", int, "S: sync tasks, each combining one slice of the parameters (default: "
-         "one per worker hosting a unit, up to the number of units); the result does not depend on it"),
+    Flag("--sync-tasks", "sync_tasks", int, "sync tasks, each combining one slice of the parameters (default: "
+         "one per worker hosting a unit, up to the number of units); the result does not depend on it", metavar="S"),
     Flag("--checkpoint-dir", "checkpoint_dir", metavar="DIR",
          help="write a checkpoint at each epoch's end and when stopped cleanly (Ctrl-C, kill --checkpoint); "
               "on a cluster, a directory every worker can reach; not with --in-process"),

@@ -82,3 +82,19 @@ def test_both_commands_balance_by_load_unless_told():
 def test_a_refused_value_names_its_flag(command, capsys):
     assert main([*command, "--dataset", "synthetic", "--sync-period", "0"]) == 2
     assert "error: sync_period: must be >= 1; got 0 (from --sync-period 0)" in capsys.readouterr().err
+
+
+def test_more_sync_tasks_than_parameters_is_refused_naming_the_flag(capsys):
+    assert main(["submit", "lenet5-mixbp", "--zk", "127.0.0.1:1", "--dataset", "synthetic",
+                 "--sync-tasks", "100000"]) == 2
+    err = capsys.readouterr().err
+    assert "sync_tasks: 100000 slices of lenet5's 61706 parameters would leave some empty" in err
+    assert "(from --sync-tasks 100000)" in err
+
+
+def test_submits_default_sync_tasks_is_one_per_worker_hosting_a_unit():
+    from streamnet.training.nsmap import BUILDERS
+    build = BUILDERS["lenet5-mixbp"]
+    sync_tasks = lambda **o: len(build(dataset="synthetic", units=3, **o)[0].tasks("sync"))  # noqa: E731
+    assert [sync_tasks(live_workers=w) for w in (1, 2, 5)] == [1, 2, 3]      # up to the number of units
+    assert sync_tasks(live_workers=5, sync_tasks=2) == 2 and sync_tasks() == 1
