@@ -65,6 +65,8 @@ def merge_checkpoint_states(states: list[dict]) -> dict:
     """One checkpoint's state from the S sync tasks' parts: the outer momentum is
     sliced like the parameters; the units' states travel with slice 0; position,
     counters and configuration are the same in every slice (slice 0's are kept)."""
+    if len(states) == 1:
+        return states[0]
     first = states[0]
     units = {}
     for st in states:

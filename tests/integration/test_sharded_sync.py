@@ -109,8 +109,8 @@ def test_kill_checkpoint_then_submit_resume_with_two_sync_tasks(zk, tmp_path):
 
 @fault_scenario
 @pytest.mark.usefixtures("two_sync_tasks")
-def test_sigterm_to_the_workers_stops_with_a_checkpoint_with_two_sync_tasks(zk, tmp_path):
-    faults.test_sigterm_to_the_workers_stops_with_a_checkpoint(zk, tmp_path)
+def test_sigterm_to_the_workers_stops_with_a_checkpoint_with_two_sync_tasks(zk, tmp_path, monkeypatch):
+    faults.test_sigterm_to_the_workers_stops_with_a_checkpoint(zk, tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("victim", ["compute", "sync"])
