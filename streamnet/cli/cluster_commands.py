@@ -42,6 +42,11 @@ def build_topology(what: str, options: dict):
                          "or give module:function")
 
 
+def _is_training(what: str) -> bool:
+    from ..training.nsmap import BUILDERS
+    return what in BUILDERS
+
+
 def _check_options(example: str, options: dict) -> None:
     """An example's --set options against its builder's signature: a name it does not
     take, or a value of the wrong type, is one line listing what it does take."""
@@ -93,8 +98,11 @@ def cmd_submit(a) -> int:
         raise StreamnetError(f"topology {topo.name!r} would be refused by the workers: {e}") from None
     coord, state, _ = connect(a)
     try:
-        if not state.workers():
+        workers = state.workers()
+        if not workers:
             raise StreamnetError(f"no workers in cluster {a.cluster!r}; start streamnet-worker first")
+        if _is_training(a.topology) and "sync_tasks" not in opts:   # its default depends on the cluster
+            topo, check = build_topology(a.topology, {**opts, "live_workers": len(workers)})
         if getattr(a, "resume", None):
             from ..training.nsmap import check_recorded
             check_recorded(topo.to_dict(), state.checkpoint(topo.name))

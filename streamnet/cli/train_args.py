@@ -60,6 +60,8 @@ TRAINING_FLAGS: tuple[Flag, ...] = (
          help="load (default): each unit's batch share follows its measured speed, set live by the leader, "
               "and workers started with --threads auto get the cores other processes leave free; static: "
               "fixed shards and equal batches (deterministic)"),
+    Flag("--sync-tasks", "sync_tasks", int, "sync tasks, each combining one slice of the parameters (default: "
+         "one per worker hosting a unit, up to the number of units); the result does not depend on it", metavar="S"),
     Flag("--checkpoint-dir", "checkpoint_dir", metavar="DIR",
          help="write a checkpoint at each epoch's end and when stopped cleanly (Ctrl-C, kill --checkpoint); "
               "on a cluster, a directory every worker can reach; not with --in-process"),
@@ -104,7 +106,8 @@ def check_paths(given: dict) -> None:
 
 _NUMBER_TYPES = {"units": int, "threads": int, "epochs": int, "seed": int, "batch": int, "sync_period": int,
                  "train_limit": int, "test_limit": int, "input_size": int, "lr": float, "momentum": float,
-                 "outer_momentum": float, "outer_lr": float, "weight_decay": float}
+                 "outer_momentum": float, "outer_lr": float, "weight_decay": float,
+                 "sync_tasks": int}
 
 
 def check_set_types(options: dict) -> None:
@@ -134,6 +137,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     o = {k: v for k, v in given.items() if k not in RUN_ONLY}
     o.setdefault("threads", o.get("units", base.units))    # one compute thread per unit unless told
     o.setdefault("balance", DEFAULT_BALANCE)
+    o.setdefault("sync_tasks", o.get("units", base.units))  # train starts a worker per unit: a sync task on each
     try:
         return with_overrides(base, o)
     except ConfigError as e:

@@ -75,7 +75,8 @@ class Contribution:
     samples: int
     steps: int
     loss_sum: float          # sum over samples of the per-sample loss, for reporting
-    vector: np.ndarray       # gradient (no inner optimiser) or parameter change
+    vector: np.ndarray       # gradient (no inner optimiser) or parameter change (or one slice of it)
+    finite: bool | None = None   # the unit's verdict on its whole vector, when `vector` is a slice of it
 
     @property
     def mean_loss(self) -> float:
@@ -144,6 +145,11 @@ class ComputeUnit:
         self.model.set_params(params)
         self.start[...] = params
 
+    def receive_slice(self, lo: int, hi: int, part: np.ndarray) -> None:
+        """Continue from the synchronised parameters, one sync task's slice [lo, hi) at a time."""
+        self.model.params[lo:hi] = part
+        self.start[lo:hi] = part
+
     def state(self) -> dict:
         """What this unit carries from one round to the next besides the parameters."""
         return {"velocity": self.velocity.copy() if self.velocity is not None else None,
@@ -180,7 +186,7 @@ class Aggregator:
         for c in sorted(contributions, key=lambda c: c.unit):
             if c.samples == 0:
                 continue
-            if not K.all_finite(c.vector):
+            if c.finite is False or not K.all_finite(c.vector):   # a slice drops the unit the whole would
                 log.warning("refusing the contribution of unit %d to step %s: non-finite values (its %d "
                             "local step(s) diverged); the others are combined", c.unit, step, c.steps)
                 self.refused.append((c.unit, "non-finite"))

@@ -1,11 +1,13 @@
 """The checkpoint bolt: writes each checkpoint round's state (checkpoint.py) and
-records the pointer in the coordinator."""
+records the pointer in the coordinator. The sync tasks send their slices of the
+parameters and of the state; one complete checkpoint is written from all of them."""
 from __future__ import annotations
 
 import logging
 
 from ..runtime import Bolt
 from .run_stats import CheckpointReport
+from .slices import Gather, joined, merge_checkpoint_states, slice_index
 
 log = logging.getLogger(__name__)
 
@@ -19,23 +21,37 @@ class CheckpointBolt(Bolt):
         self.dir = self.config.get("dir")
         self.errors = 0
         self.last = None
+        self.gather = Gather(len(ctx.component_tasks("sync")))
 
     async def execute(self, tup):
+        problem = slice_index(tup["slice"], self.gather.slices)
+        if problem:
+            log.warning("checkpoint bolt refuses a part of the checkpoint of step %s: %s", tup["step"], problem)
+            self.collector.fail(tup)
+            return
+        whole, replaced = self.gather.add(tup["step"], tup["slice"], tup)
+        if replaced is not None:
+            self.collector.ack(replaced)       # a replay sent this slice again
+        if whole is None:
+            return
+        stale = self.gather.drop_through(tup["step"])
         if self.dir:
             from functools import partial
 
             from .checkpoint import DEFAULT_KEEP, CheckpointError, write_checkpoint
             try:
                 write = partial(write_checkpoint, keep=self.config.get("keep", DEFAULT_KEEP))
+                state = merge_checkpoint_states([t["state"] for t in whole])
                 pointer = await self.ctx.compute(write, self.dir, self.ctx.topology, tup["step"],
-                                                 tup["params"], tup["state"])
+                                                 joined([t["params"] for t in whole]), state)
                 pointer["epoch"] = tup["epoch"]
                 self.ctx.put_checkpoint(pointer)
                 self.last = pointer
             except CheckpointError as e:
                 self.errors += 1
                 log.error("checkpoint failed, training goes on with the previous one: %s", e)
-        self.collector.ack(tup)
+        for t in whole + stale:
+            self.collector.ack(t)
 
     def close(self):
         self.ctx.publish("checkpoints", CheckpointReport(last=self.last, errors=self.errors).to_dict())

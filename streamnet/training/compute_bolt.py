@@ -6,11 +6,13 @@ import time
 
 import numpy as np
 
+from .. import kernels as K
 from ..runtime import Bolt
 from .bp import ComputeUnit, plan_for
 from .config import run_config_from_dict
 from .run_stats import UnitTiming
 from .schedule import dataset_for, make_model
+from .slices import bounds, slice_index
 from .streams import APPLIED, CONTRIBUTION, OK, REPLICA, RESYNC, row
 from .sync_recovery import vector_problem
 
@@ -32,11 +34,15 @@ def batches_problem(batches, train_size: int) -> str | None:
 class ComputeBolt(Bolt):
     """One model replica: runs a unit's round on the worker's compute threads.
 
-    It knows which step its parameters start (`params_step`): work for that step is
-    computed; work for an earlier step was already combined and applied (a replay
-    after a failure) and is answered "applied"; work for a later step means this
-    replica is new or missed a broadcast, so it asks the sync bolt for the current
-    parameters and holds the work until they come.
+    The parameters come in slices, one from each sync task (slices.py), and each
+    slice knows its step; `params_step`, the oldest of them, is the step this
+    replica's parameters start once every slice of it has come. Work for that step
+    is computed and each slice of the result sent to its sync task; work for an
+    earlier step was already combined and applied (a replay after a failure) and is
+    answered "applied"; work for a later step means this replica is new or missed a
+    broadcast, so it asks the sync tasks for their slices and holds the work until
+    they come. (Only after a fault can a slice be ahead of the work while another is
+    not: that slice is answered "applied", the others computed.)
     """
     outputs = {"default": list(CONTRIBUTION), "resync": list(RESYNC), "replica": list(REPLICA)}
 
@@ -49,12 +55,19 @@ class ComputeBolt(Bolt):
         self.ds = dataset_for(self.cfg)
         self.unit = ComputeUnit(ctx.task_index, make_model(self.cfg, self.ds.num_classes), plan_for(self.cfg.algorithm))
         self.size = self.unit.model.input_shape[-1]
-        self.params_step = 0          # a new replica holds the seeded initial parameters: step 0's
+        self.sync_tasks = ctx.component_tasks("sync")
+        self.slices = bounds(self.unit.model.num_params, len(self.sync_tasks))
+        self.slice_steps = [0] * len(self.slices)   # a new replica holds the seeded initial parameters: step 0's
         self.stash: list = []
         self.compute_s = self.wait_s = 0.0
         self.samples = 0
         self._sent_at: float | None = None
-        self._asked_at = 0.0
+        self._asked_at = -float("inf")
+
+    @property
+    def params_step(self) -> int:
+        """The step that every slice of the parameters has reached."""
+        return min(self.slice_steps)
 
     def _round(self, batches, scale):
         self.unit.set_threads(self.ctx.compute_share())   # the threads this worker gives the unit now
@@ -65,16 +78,15 @@ class ComputeBolt(Bolt):
     async def _work(self, tup):
         step = tup["step"]
         if step > self.params_step:
-            if not self.stash:
+            if not self.stash and time.monotonic() - self._asked_at > self.RESYNC_S:
                 log.warning("unit %d holds parameters of step %d, work is for step %d: asking for them",
                             self.ctx.task_index, self.params_step, step)
                 self._ask_for_params()
-            self.stash.append(tup)
+            self.stash.append(tup)         # tick() asks again if they do not come
             return
-        work = {f: tup[f] for f in ("unit", "epoch", "round", "step", "lr_scale", "checkpoint")}
         if step < self.params_step:
-            self.collector.emit(row(CONTRIBUTION, **work, samples=0, steps=0, loss_sum=0.0,
-                                    vector=np.zeros(0, np.float32), status=APPLIED, unit_state=None), anchors=tup)
+            for s in range(len(self.slices)):
+                self._contribute(tup, s)
         else:
             problem = batches_problem(tup["batches"], len(self.ds.train))
             if problem:
@@ -87,10 +99,25 @@ class ComputeBolt(Bolt):
             self.samples += c.samples
             self._report()
             state = self.unit.state() if tup["checkpoint"] else None   # for a checkpoint that resumes exactly
-            self.collector.emit(row(CONTRIBUTION, **work, samples=c.samples, steps=c.steps, loss_sum=c.loss_sum,
-                                    vector=c.vector, status=OK, unit_state=state), anchors=tup)
+            finite = bool(K.all_finite(c.vector))
+            for s, (lo, hi) in enumerate(self.slices):
+                if self.slice_steps[s] > step:
+                    self._contribute(tup, s)
+                else:                                  # the unit's state travels with slice 0
+                    self._contribute(tup, s, samples=c.samples, steps=c.steps, loss_sum=c.loss_sum,
+                                     vector=c.vector[lo:hi], finite=finite, status=OK,
+                                     unit_state=state if s == 0 else None)
             self._sent_at = time.perf_counter()
         self.collector.ack(tup)
+
+    def _contribute(self, work, s: int, **result) -> None:
+        """Slice s of this unit's result for the round of `work`, to its sync task;
+        without a result, the answer that the step is combined and applied already."""
+        result = result or dict(samples=0, steps=0, loss_sum=0.0, vector=np.zeros(0, np.float32), finite=True,
+                                status=APPLIED, unit_state=None)
+        head = {f: work[f] for f in ("unit", "epoch", "round", "step", "lr_scale", "checkpoint")}
+        self.collector.emit(row(CONTRIBUTION, **head, slice=s, **result), anchors=work,
+                            direct_task=self.sync_tasks[s])
 
     def _report(self):
         """This unit's figures for /status and /metrics (the UI's per-worker bars)."""
@@ -108,7 +135,7 @@ class ComputeBolt(Bolt):
         self._asked_at = time.monotonic()
 
     def tick(self):
-        # the request is a single unanchored tuple: it is lost if the sync bolt moves
+        # the request is a single unanchored tuple: it is lost if a sync task moves
         # meanwhile (and ignored while a new one rebuilds): ask again rather than wait
         if self.stash and time.monotonic() - self._asked_at > self.RESYNC_S:
             log.warning("unit %d: still no parameters for step %d after %.1f s; asking again",
@@ -119,29 +146,41 @@ class ComputeBolt(Bolt):
         if tup.source == "data":
             await self._work(tup)
             return
+        problem = slice_index(tup["slice"], len(self.slices))
+        if problem:
+            log.warning("unit %d refuses a %s tuple from %s: %s", self.ctx.task_index, tup.stream, tup.source, problem)
+            self.collector.fail(tup)
+            return
+        s = tup["slice"]
+        lo, hi = self.slices[s]
         if tup.stream == "state_request":
-            self.collector.emit(row(REPLICA, task=self.ctx.task, step=self.params_step,
-                                    params=self.unit.model.params.copy()), stream="replica")
-        elif tup["step"] >= self.params_step:  # parameters: broadcast or sent to us alone
-            problem = vector_problem(tup["params"], self.unit.model.num_params)
+            self.collector.emit(row(REPLICA, task=self.ctx.task, slice=s, step=self.slice_steps[s],
+                                    params=self.unit.model.params[lo:hi].copy()),
+                                stream="replica", direct_task=self.sync_tasks[s])
+            self.collector.ack(tup)
+            return
+        before = self.params_step
+        if tup["step"] >= self.slice_steps[s]:   # a slice of parameters: broadcast or sent to us alone
+            problem = vector_problem(tup["params"], hi - lo)
             if problem:
-                # failing the tree makes the sync bolt answer the replay with its parameters again
+                # failing the tree makes the sync task answer the replay with its slice again
                 log.warning("unit %d refuses parameters for step %s from %s: %s", self.ctx.task_index,
                             tup["step"], tup.source, problem)
                 self.collector.fail(tup)
                 return
+            self.unit.receive_slice(lo, hi, tup["params"])
+            self.slice_steps[s] = tup["step"]
+            if tup.stream == "direct_params" and tup["unit_state"] is not None:
+                self.unit.set_state(tup["unit_state"])   # resuming from a checkpoint
+        self.collector.ack(tup)
+        if self.params_step > before:          # every slice of a newer step is in
             if self._sent_at is not None:
                 self.wait_s += time.perf_counter() - self._sent_at
                 self._sent_at = None
                 self._report()
-            self.unit.receive(tup["params"])
-            self.params_step = tup["step"]
-            if tup.stream == "direct_params" and tup["unit_state"] is not None:
-                self.unit.set_state(tup["unit_state"])   # resuming from a checkpoint
-        self.collector.ack(tup)
-        stash, self.stash = self.stash, []
-        for work in stash:
-            await self._work(work)
+            stash, self.stash = self.stash, []
+            for work in stash:
+                await self._work(work)
 
     def close(self):
         self.unit.close()

@@ -109,6 +109,7 @@ class RunConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     units: int = 1          # compute units (model replicas)
     threads: int = 1        # compute threads running the units
+    sync_tasks: int = 1     # S: the sync bolt's parallelism, each task owning one slice of the parameters
     epochs: int = 5
     seed: int = 0
     eval_every_epochs: int = 1
@@ -124,6 +125,7 @@ class RunConfig:
                                               self.algorithm.unit_sync_periods is None), "balance",
                  "load sets each unit's batch by its speed; per-unit batches or sync periods need 'static'")
         _require(self.threads >= 1, "threads", f"must be >= 1; got {self.threads}")
+        _require(self.sync_tasks >= 1, "sync_tasks", f"must be >= 1; got {self.sync_tasks}")
         _require(self.epochs >= 1, "epochs", f"must be >= 1; got {self.epochs}")
         for name in ("unit_batches", "unit_sync_periods"):
             v = getattr(self.algorithm, name)
@@ -155,7 +157,7 @@ def run_config_from_dict(d: dict) -> RunConfig:
 
 ALG_KEYS = ("batch", "sync_period", "lr", "momentum", "weight_decay", "lr_schedule", "outer_lr", "outer_momentum")
 DATA_KEYS = ("dataset", "data_dir", "train_limit", "test_limit")
-RUN_KEYS = ("epochs", "units", "threads", "seed", "balance")
+RUN_KEYS = ("epochs", "units", "threads", "seed", "balance", "sync_tasks")
 MODEL_KEYS = ("input_size",)     # model options
 
 

@@ -1,6 +1,7 @@
 """The evaluation bolt: test accuracy and loss of the parameters at each epoch's end."""
 from __future__ import annotations
 
+import logging
 import time
 
 from ..runtime import Bolt
@@ -8,12 +9,18 @@ from .config import run_config_from_dict
 from .evaluate import evaluate
 from .run_stats import Evaluation
 from .schedule import dataset_for, make_model
+from .slices import Gather, joined, slice_index
+from .sync_recovery import vector_problem
+
+log = logging.getLogger(__name__)
 
 
 class EvalBolt(Bolt):
     """Keeps one result per epoch (a replayed epoch end is evaluated again and replaces
     the first), saved in the coordinator so that it survives this worker, and
-    published as `eval.0.history` after each evaluation and when the topology ends."""
+    published as `eval.0.history` after each evaluation and when the topology ends.
+    The parameters come from the sync tasks in slices, gathered before evaluating;
+    the slices' tuples are acked once the evaluation is done."""
     outputs = []
 
     def prepare(self, ctx, collector):
@@ -22,6 +29,7 @@ class EvalBolt(Bolt):
         self.ds = dataset_for(self.cfg)
         self.model = make_model(self.cfg, self.ds.num_classes)
         self.history: list[dict] = []
+        self.gather = Gather(len(ctx.component_tasks("sync")))
 
     def restore(self, state):
         self.history = list(state)
@@ -31,7 +39,26 @@ class EvalBolt(Bolt):
         return evaluate(self.model, self.ds, self.ds.test, self.cfg.data.test_limit)
 
     async def execute(self, tup):
-        acc, loss = await self.ctx.compute(self._evaluate, tup["params"])
+        problem = slice_index(tup["slice"], self.gather.slices)
+        if problem:
+            log.warning("eval bolt refuses parameters of epoch %s: %s", tup["epoch"], problem)
+            self.collector.fail(tup)
+            return
+        key = (tup["epoch"], tup["step"])
+        parts, replaced = self.gather.add(key, tup["slice"], tup)
+        if replaced is not None:
+            self.collector.ack(replaced)       # a replay sent this slice again
+        if parts is None:
+            return
+        stale = self.gather.drop_through(key)
+        params = joined([t["params"] for t in parts])
+        problem = vector_problem(params, self.model.num_params, finite=False)
+        if problem:
+            log.warning("eval bolt refuses the parameters of epoch %s: %s", tup["epoch"], problem)
+            for t in parts + stale:
+                self.collector.fail(t)
+            return
+        acc, loss = await self.ctx.compute(self._evaluate, params)
         self.history = [h for h in self.history if h["epoch"] != tup["epoch"]]  # a recomputed epoch end
         self.history.append(Evaluation(epoch=tup["epoch"], step=tup["step"], test_accuracy=acc, test_loss=loss,
                                        time=time.time()).to_dict())
@@ -40,7 +67,8 @@ class EvalBolt(Bolt):
         self.ctx.figure("training_test_accuracy", acc, help="Test accuracy after the last evaluated epoch")
         self.ctx.figure("training_test_loss", loss, help="Test loss after the last evaluated epoch")
         self.ctx.figure("training_evaluated_epoch", tup["epoch"], help="The last evaluated epoch (1-based)")
-        self.collector.ack(tup)
+        for t in parts + stale:
+            self.collector.ack(t)
 
     def close(self):
         # a run stopped before its first epoch's end has evaluated nothing: say so, so

@@ -6,7 +6,7 @@ import os
 from ..errors import ConfigError
 from ..runtime import TopologyBuilder
 from .config import SETUPS, RunConfig, run_config_to_dict, with_overrides
-from .schedule import load_data
+from .schedule import load_data, make_model
 
 PKG = "streamnet.training"
 
@@ -27,12 +27,16 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
         raise ConfigError(f"keep_checkpoints: must be an integer >= 0 (0 keeps all); got {keep_checkpoints!r}")
     if train_size is None:
         train_size = len(load_data(cfg.data, cfg.seed).train)
+    num_params = make_model(cfg).num_params
+    if cfg.sync_tasks > num_params:
+        raise ConfigError(f"sync_tasks: {cfg.sync_tasks} slices of {cfg.model.name}'s {num_params} parameters "
+                          "would leave some empty; use at most one per parameter (a few per worker is plenty)")
     run = run_config_to_dict(cfg)
     name = name or default_name(cfg)
     b = TopologyBuilder(name)
     alg = cfg.algorithm
     about = (f"{cfg.model.name} on {cfg.data.dataset}: {alg.name} b={alg.batch} H={alg.sync_period} lr={alg.lr}, "
-             f"{cfg.units} units x {cfg.epochs} epochs, balance {cfg.balance}")
+             f"{cfg.units} units x {cfg.epochs} epochs, balance {cfg.balance}, {cfg.sync_tasks} sync task(s)")
     if resume:
         about += f", resumed at step {resume['step']}"
     b.add_spout("data", f"{PKG}.data_spout:DataSpout", about=about, run=run, train_size=train_size,
@@ -40,8 +44,10 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
     (b.add_bolt("compute", f"{PKG}.compute_bolt:ComputeBolt", parallelism=cfg.units, run=run)
         .direct("data").all("sync", stream="params").direct("sync", stream="direct_params")
         .all("sync", stream="state_request"))
-    (b.add_bolt("sync", f"{PKG}.sync_bolt:SyncBolt", run=run, resume=resume).global_("compute")
-        .global_("compute", stream="resync").global_("compute", stream="replica"))
+    # sync task s owns slice s of the parameters: each unit sends it that slice of its
+    # contribution (direct), every sync task answers a resync, a replica goes to its asker
+    (b.add_bolt("sync", f"{PKG}.sync_bolt:SyncBolt", parallelism=cfg.sync_tasks, run=run, resume=resume)
+        .direct("compute").all("compute", stream="resync").direct("compute", stream="replica"))
     b.add_bolt("eval", f"{PKG}.eval_bolt:EvalBolt", run=run).all("sync", stream="eval")
     b.add_bolt("checkpoint", f"{PKG}.checkpoint_bolt:CheckpointBolt", dir=checkpoint_dir,
               keep=keep).all("sync", stream="checkpoint")
@@ -51,6 +57,12 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
     # assignment changes.
     return b.build(allow_cycles=True, max_spout_pending=cfg.units, message_timeout_s=message_timeout_s,
                    queue_size=64, balance=cfg.balance)
+
+
+def default_sync_tasks(cfg: RunConfig, workers: int) -> int:
+    """One sync task per worker hosting a unit (the scheduler spreads the units over the
+    workers), up to the number of units."""
+    return max(1, min(cfg.units, workers))
 
 
 def resume_point(cfg: RunConfig, checkpoint_dir: str | None, name: str, path: str | None = None) -> dict:
@@ -67,7 +79,7 @@ def resume_point(cfg: RunConfig, checkpoint_dir: str | None, name: str, path: st
         if not ck.get("state"):
             raise CheckpointError(f"{path} holds parameters only (not a resumable checkpoint)")
     saved, now = ck["state"]["config"], run_config_to_dict(cfg)
-    free = {"epochs", "threads"}    # may change; everything else decides the arithmetic
+    free = {"epochs", "threads", "sync_tasks"}    # may change; everything else decides the arithmetic
     differ = sorted(k for k in set(saved) | set(now) if k not in free and saved.get(k) != now.get(k))
     if differ:
         raise CheckpointError(f"{path} was written by a run with different {', '.join(differ)}: "
@@ -101,9 +113,13 @@ def run_config_of(topology) -> RunConfig | None:
 
 def _builder(setup: str):
     def build(name: str | None = None, checkpoint_dir: str | None = None, resume: bool | str | None = None,
-              keep_checkpoints: int | None = None, **overrides):
+              keep_checkpoints: int | None = None, live_workers: int | None = None, **overrides):
+        """`live_workers` (submit gives the cluster's) sets the default sync_tasks: one per
+        worker hosting a unit, up to the number of units."""
         from .summary_from_results import summarise
         cfg = with_overrides(SETUPS[setup](), overrides)
+        if live_workers and "sync_tasks" not in overrides:
+            cfg = with_overrides(cfg, {"sync_tasks": default_sync_tasks(cfg, live_workers)})
         point = None
         if resume:
             point = resume_point(cfg, checkpoint_dir, name or default_name(cfg), None if resume is True else resume)

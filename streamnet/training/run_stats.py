@@ -8,6 +8,10 @@ as a `SyncStats`, so producer and reader share one declaration.
 
 Only `data.0.stopped_at` may be absent: the spout publishes it when a drain stopped
 the run, and its absence means the run went to its last epoch.
+
+With S sync tasks (sharded synchronisation) each publishes its slice's account as
+`sync.<s>.stats`; `RunStats.sync` is their merge (`SyncStats.merged`), and each
+`sync.<s>.params` is that task's slice of the final parameters (`final_params`).
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from dataclasses import dataclass, fields
 from ..errors import StreamnetError
 
 SYNC_STATS = "sync.0.stats"
+SYNC_STATS_OF = "sync.{}.stats"     # slice s's account
+SYNC_PARAMS_OF = "sync.{}.params"
 PROGRESS = "sync.0.progress"   # while the run goes: epoch_clock.progress_record
 EVAL_HISTORY = "eval.0.history"
 REPLAYED = "data.0.replayed"
@@ -77,7 +83,8 @@ class EpochSpan:
 
 @dataclass(frozen=True)
 class SyncStats:
-    """The sync bolt's account of the run (published as `sync.0.stats`)."""
+    """A sync task's account of the run, for its slice (published as `sync.<s>.stats`),
+    or all slices' merged."""
     sync_rounds: int
     samples_processed: int            # counted in the parameters, resumed runs included
     samples_this_run: int
@@ -92,7 +99,8 @@ class SyncStats:
     barrier_s: dict[int, float]       # unit -> seconds its contributions waited for the round
     epoch_train_loss: dict[int, float]
     epoch_clock: dict[int, EpochSpan]
-    num_params: int
+    num_params: int                   # of the whole model
+    slices: int                       # sync tasks: the run's S
     resumed_from_step: int | None
     quarantined: dict                 # split -> {"count", ...}
     wall_s: float
@@ -106,16 +114,78 @@ class SyncStats:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "SyncStats":
-        v = _take(cls, d, SYNC_STATS)
+    def from_dict(cls, d: dict, where: str = SYNC_STATS) -> "SyncStats":
+        v = _take(cls, d, where)
         for key in ("epoch_samples", "barrier_s", "epoch_train_loss"):
             v[key] = _by_epoch(v[key])
-        v["epoch_clock"] = _by_epoch(v["epoch_clock"], lambda c: EpochSpan.from_dict(c, f"{SYNC_STATS} epoch_clock"))
+        v["epoch_clock"] = _by_epoch(v["epoch_clock"], lambda c: EpochSpan.from_dict(c, f"{where} epoch_clock"))
         return cls(**v)
 
     @property
     def bytes_total(self) -> int:
         return self.bytes_sent + self.bytes_received
+
+    @classmethod
+    def merged(cls, parts: list["SyncStats"]) -> "SyncStats":
+        """The run's account from its S slices' accounts. Every slice counts every round
+        and sample: a sample is in the parameters once when every slice counted it once,
+        so the counts are each epoch's least over the slices, and the run counted each
+        sample once only if every slice did and all agree. Bytes and recoveries add up;
+        a replayed or refused contribution is answered by every slice and is counted once
+        (the most of any slice); barrier waits are the longest of any slice."""
+        if len(parts) == 1:
+            return parts[0]
+        first = parts[0]
+        epochs = sorted({e for p in parts for e in p.epoch_samples})
+        agree = all(p.epoch_samples == first.epoch_samples for p in parts)
+        clock = {}
+        for e in sorted({e for p in parts for e in p.epoch_clock}):
+            spans = [p.epoch_clock[e] for p in parts if e in p.epoch_clock]
+            ends = [s.end for s in spans]
+            clock[e] = EpochSpan(start=min(s.start for s in spans), end=None if None in ends else max(ends),
+                                 samples=min(s.samples for s in spans))
+        miscounted = {}
+        for s, p in enumerate(parts):
+            for e, entry in p.miscounted.items():
+                miscounted.setdefault(e, {**entry, "slices": []})["slices"].append(s)
+        return cls(
+            sync_rounds=min(p.sync_rounds for p in parts), samples_processed=min(p.samples_processed for p in parts),
+            samples_this_run=min(p.samples_this_run for p in parts), duplicates=max(p.duplicates for p in parts),
+            bytes_received=sum(p.bytes_received for p in parts), bytes_sent=sum(p.bytes_sent for p in parts),
+            refused=max(p.refused for p in parts), recoveries=sum(p.recoveries for p in parts),
+            epoch_samples={e: min(p.epoch_samples.get(e, 0) for p in parts) for e in epochs},
+            each_sample_counted_once=agree and all(p.each_sample_counted_once for p in parts),
+            miscounted=miscounted,
+            barrier_s={u: max(p.barrier_s.get(u, 0.0) for p in parts) for u in first.barrier_s},
+            epoch_train_loss=first.epoch_train_loss, epoch_clock=clock, num_params=first.num_params,
+            slices=first.slices, resumed_from_step=first.resumed_from_step, quarantined=first.quarantined,
+            wall_s=max(p.wall_s for p in parts), started=min(p.started for p in parts))
+
+
+def sync_stats_of(results: dict) -> list[SyncStats]:
+    """Each sync task's account, in slice order; a missing one is a ResultsError naming it."""
+    if SYNC_STATS not in results:
+        raise ResultsError(f"the run's results lack {SYNC_STATS!r} (have: {', '.join(sorted(results)) or 'none'})")
+    first = SyncStats.from_dict(results[SYNC_STATS])
+    parts = [first]
+    for s in range(1, first.slices):
+        key = SYNC_STATS_OF.format(s)
+        if key not in results:
+            raise ResultsError(f"the run's results lack {key!r}: {first.slices} sync tasks published "
+                               f"{sum(SYNC_STATS_OF.format(i) in results for i in range(first.slices))} accounts")
+        parts.append(SyncStats.from_dict(results[key], key))
+    return parts
+
+
+def final_params(results: dict):
+    """The run's final parameters, joined from the sync tasks' slices (None when the model
+    was too large to publish them)."""
+    import numpy as np
+    slices = SyncStats.from_dict(results[SYNC_STATS]).slices if SYNC_STATS in results else 1
+    parts = [results.get(SYNC_PARAMS_OF.format(s)) for s in range(slices)]
+    if any(p is None for p in parts):
+        return None
+    return parts[0] if slices == 1 else np.concatenate(parts)
 
 
 @dataclass(frozen=True)
@@ -187,7 +257,7 @@ class RunStats:
                 timings.append(UnitTiming(**_take(UnitTiming, results[key], key)))
         history = need(EVAL_HISTORY)
         stopped = results[STOPPED_AT] if STOPPED_AT in results else None
-        return cls(sync=SyncStats.from_dict(need(SYNC_STATS)),
+        return cls(sync=SyncStats.merged(sync_stats_of(results)),
                    history=tuple(Evaluation(**_take(Evaluation, h, f"{EVAL_HISTORY} entry")) for h in history),
                    timings=tuple(sorted(timings, key=lambda t: t.unit)),
                    replayed=need(REPLAYED),

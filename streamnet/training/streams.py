@@ -9,16 +9,19 @@ from __future__ import annotations
 
 # data -> compute (direct): one unit's work for one round
 WORK = ("unit", "epoch", "round", "step", "lr_scale", "batches", "checkpoint")
-# compute -> sync (default): the unit's result for that round
-CONTRIBUTION = ("unit", "epoch", "round", "step", "lr_scale", "samples", "steps", "loss_sum", "vector",
-                "status", "checkpoint", "unit_state")
-RESYNC = ("task",)                                   # compute -> sync: send me the current parameters
-REPLICA = ("task", "step", "params")                 # compute -> sync: my replica, for a new sync task
-PARAMS = ("step", "params")                          # sync -> every compute task
-DIRECT_PARAMS = ("step", "params", "unit_state")     # sync -> one compute task (its resync)
-STATE_REQUEST = ("nonce",)                           # sync -> every compute task: send your replica
-EVAL = ("epoch", "step", "params")                   # sync -> eval, at an epoch's end
-CHECKPOINT = ("epoch", "step", "params", "state")    # sync -> checkpoint, in a checkpoint round
+# With S sync tasks, sync task s owns slice s of the flat vector (slices.py): every
+# stream that carries a vector or a part of it names its slice.
+# compute -> sync s (direct): the unit's result for that round, slice s of its vector;
+# `finite` is the unit's verdict on the whole vector (every slice drops a diverged unit)
+CONTRIBUTION = ("unit", "epoch", "round", "step", "lr_scale", "samples", "steps", "loss_sum", "slice", "vector",
+                "finite", "status", "checkpoint", "unit_state")
+RESYNC = ("task",)                                   # compute -> every sync task: send me your slice
+REPLICA = ("task", "slice", "step", "params")        # compute -> sync s (direct): my slice s, for a new sync task
+PARAMS = ("step", "slice", "params")                 # sync s -> every compute task
+DIRECT_PARAMS = ("step", "slice", "params", "unit_state")   # sync s -> one compute task (its resync)
+STATE_REQUEST = ("nonce", "slice")                   # sync s -> every compute task: send your slice s
+EVAL = ("epoch", "step", "slice", "params")          # sync s -> eval, at an epoch's end
+CHECKPOINT = ("epoch", "step", "slice", "params", "state")   # sync s -> checkpoint, in a checkpoint round
 
 # a contribution's status: computed now, or the step was already combined (a replay)
 OK, APPLIED = "ok", "applied"

@@ -54,6 +54,7 @@ def summary_of(cfg: RunConfig, run: RunStats, workers: int | None, wall_s: float
         "each_sample_counted_once": stats.each_sample_counted_once,
         "epoch_samples": {str(e): n for e, n in stats.epoch_samples.items()},
         "miscounted": stats.miscounted,
+        "sync_tasks": stats.slices,
         "sync_recoveries": stats.recoveries,
         "refused_contributions": stats.refused,
         "resumed_from_step": stats.resumed_from_step,

@@ -1,18 +1,22 @@
 """The sync bolt: receives the units' contributions and combines each round once.
 
-One round, for every unit k with work in it:
+The bolt has a parallelism S: sync task s owns slice s of the flat parameter
+vector (slices.py) and does all of the below for that slice alone, with its own
+counters, ledger and recovery; S = 1 is the whole vector. One round, for every
+unit k with work in it:
 
     data --work(k, epoch, round, batches)--> compute[k]          (direct; root of k's tree)
-    compute[k] --contribution(k, vector)--> sync                 (anchored to the work)
-    sync, once every expected unit of the round has reported:
-        combine (weighted, in unit order) and one outer step
-        --params--> every compute task (all), and at epoch ends --params--> eval, checkpoint
-        (anchored to all of the round's contributions), then ack the contributions
-    compute[j] sets the params, acks.
+    compute[k] --contribution(k, slice s of its vector)--> sync[s], for each s   (direct; anchored to the work)
+    sync[s], once every expected unit of the round has reported:
+        combine (weighted, in unit order) and one outer step, on slice s
+        --params(slice s)--> every compute task (all), and at epoch ends --> eval, checkpoint,
+        which gather the S slices (anchored to all of the round's contributions), then ack them
+    compute[j] sets the slice, acks.
 
-So unit k's tree completes only when every replica holds the new parameters (and,
-at an epoch's end, the evaluation is done); the spout's max_spout_pending equals
-the number of units, which makes the tree completion the synchronisation barrier.
+So unit k's tree completes only when every replica holds every slice of the new
+parameters (and, at an epoch's end, the evaluation is done); the spout's
+max_spout_pending equals the number of units, which makes the tree completion the
+synchronisation barrier.
 A lost tuple fails the tree and the spout replays the unit's work; the sync bolt
 counts each (epoch, round, unit) once (SyncState, SampleLedger) and answers a replay
 of a round it already combined by sending the current parameters again
@@ -29,6 +33,7 @@ from .config import run_config_from_dict
 from .epoch_clock import LossMeter, progress_record
 from .run_stats import SyncStats
 from .schedule import EpochPlans, dataset_for, make_model, schedule_for
+from .slices import bounds
 from .streams import APPLIED, CHECKPOINT, DIRECT_PARAMS, EVAL, PARAMS, STATE_REQUEST, row
 from .sync_recovery import SyncRecovery, vector_problem
 from .sync_state import SyncState
@@ -54,7 +59,12 @@ class SyncBolt(SyncRecovery, Bolt):
         self.cfg = run_config_from_dict(self.config["run"])
         ds = dataset_for(self.cfg)
         self.train_size = len(ds.train)
-        self.agg = Aggregator(make_model(self.cfg, ds.num_classes).params, plan_for(self.cfg.algorithm))
+        params = make_model(self.cfg, ds.num_classes).params
+        self.num_params = params.size
+        self.slices = len(ctx.component_tasks("sync"))
+        self.slice = ctx.task_index
+        self.lo, self.hi = bounds(params.size, self.slices)[self.slice]
+        self.agg = Aggregator(params[self.lo:self.hi], plan_for(self.cfg.algorithm))
         self.plans = EpochPlans(schedule_for(self.cfg, self.train_size))
         self.compute_tasks = ctx.component_tasks("compute")
         self.counts = SyncState(units=len(self.compute_tasks))
@@ -107,6 +117,8 @@ class SyncBolt(SyncRecovery, Bolt):
         unit = tup["unit"]
         if not (isinstance(unit, int) and 0 <= unit < len(self.compute_tasks)):
             return f"no unit {unit!r} among {len(self.compute_tasks)}"
+        if tup["slice"] != self.slice:
+            return f"slice {tup['slice']!r} sent to the sync task of slice {self.slice}"
         if tup["status"] == APPLIED:
             return None          # a replay's answer carries an empty vector
         return vector_problem(tup["vector"], self.agg.params.size, finite=False)
@@ -122,7 +134,8 @@ class SyncBolt(SyncRecovery, Bolt):
             for t in tuples:            # stale after a recovery: answer like replays
                 self._answer_replay(t)
             return
-        contributions = [Contribution(t["unit"], t["samples"], t["steps"], t["loss_sum"], t["vector"]) for t in tuples]
+        contributions = [Contribution(t["unit"], t["samples"], t["steps"], t["loss_sum"], t["vector"], t["finite"])
+                         for t in tuples]
         done = time.perf_counter()
         for u in slot:
             self.barrier_s[u] += done - self.arrived[u]
@@ -141,13 +154,15 @@ class SyncBolt(SyncRecovery, Bolt):
         self.unit_states = {}
         next_step = self.counts.next_step
         out = params.copy()  # receivers in this process share the array: never hand out the live one
-        self.collector.emit(row(PARAMS, step=next_step, params=out), stream="params", anchors=tuples)
+        self.collector.emit(row(PARAMS, step=next_step, slice=self.slice, params=out), stream="params",
+                            anchors=tuples)
         self.bytes_out += out.nbytes * len(self.compute_tasks)
         end = self.plans.epoch_end(epoch, rnd)
         if end:
-            self.collector.emit(row(EVAL, epoch=epoch + 1, step=step, params=out), stream="eval", anchors=tuples)
+            self.collector.emit(row(EVAL, epoch=epoch + 1, step=step, slice=self.slice, params=out), stream="eval",
+                                anchors=tuples)
         if flagged:
-            values = row(CHECKPOINT, epoch=epoch + 1 if end else epoch, step=next_step, params=out,
+            values = row(CHECKPOINT, epoch=epoch + 1 if end else epoch, step=next_step, slice=self.slice, params=out,
                          state=self._checkpoint_state(tuples, (epoch + 1, 0) if end else (epoch, rnd + 1)))
             self.last_checkpoint = (step, values)
             self.collector.emit(values, stream="checkpoint", anchors=tuples)
@@ -156,7 +171,7 @@ class SyncBolt(SyncRecovery, Bolt):
             self.collector.ack(t)
         self._report(epoch)
         now = time.perf_counter()
-        if now - self._published > self.PUBLISH_S:
+        if self.slice == 0 and now - self._published > self.PUBLISH_S:   # every slice counts the same rounds
             self._publish_progress(epoch, rnd)
             self._published = now
 
@@ -169,7 +184,8 @@ class SyncBolt(SyncRecovery, Bolt):
             log.warning("sync bolt could not save its counters: %s", e)
 
     def _checkpoint_state(self, tuples, position) -> dict:
-        """Everything besides the parameters that the run needs to continue exactly."""
+        """Everything besides the parameters that the run needs to continue exactly (this
+        slice's part: slices.merge_checkpoint_states joins the parts)."""
         return {"position": {"epoch": position[0], "round": position[1], "step": self.counts.next_step},
                 "outer": self.agg.state(),
                 "units": {str(t["unit"]): t["unit_state"] for t in tuples if t["unit_state"] is not None},
@@ -186,9 +202,9 @@ class SyncBolt(SyncRecovery, Bolt):
         fig("training_samples_per_second", (c.samples - c.samples_before) / max(time.perf_counter() - self.t0, 1e-9),
             help="Samples combined per second since this run started")
         fig("training_sync_received_bytes_total", self.bytes_in, counter=True,
-            help="Bytes of contributions the sync bolt received")
+            help="Bytes of contributions this sync task received (for its slice)")
         fig("training_sync_sent_bytes_total", self.bytes_out, counter=True,
-            help="Bytes of parameters the sync bolt sent to the units")
+            help="Bytes of parameters this sync task sent to the units (its slice)")
         fig("training_duplicate_contributions_total", c.duplicates, counter=True,
             help="Contributions answered as replays or replaced by a newer copy")
         fig("training_recoveries_total", c.recoveries, counter=True, help="Times a new sync task took over")
@@ -218,9 +234,11 @@ class SyncBolt(SyncRecovery, Bolt):
             each_sample_counted_once=all(n == self.train_size and c.ledger.clean(e) for e, n in finished.items()),
             miscounted=c.ledger.report(lambda e: self.plans.plan(e - 1)),
             barrier_s=dict(self.barrier_s), epoch_train_loss=self.loss.per_epoch(), epoch_clock=dict(c.clock.spans),
-            num_params=int(self.agg.params.size), resumed_from_step=c.resumed_from,
+            num_params=int(self.num_params), slices=self.slices, resumed_from_step=c.resumed_from,
             quarantined=dataset_for(self.cfg).quarantined, wall_s=time.perf_counter() - self.t0, started=c.started)
 
     def close(self):
+        """Publish this slice's account and, for a model of at most 512 KB, its slice of the
+        parameters (run_stats.final_params joins them)."""
         self.ctx.publish("stats", self.stats().to_dict())
-        self.ctx.publish("params", self.agg.params if self.agg.params.nbytes <= 512 << 10 else None)
+        self.ctx.publish("params", self.agg.params if self.num_params * 4 <= 512 << 10 else None)

@@ -14,6 +14,8 @@ it has already combined.
 
 A mixin over the SyncBolt's state (sync_bolt.py holds the receiving and combining
 half): the two halves share the aggregator, the counters and the pending rounds.
+With S sync tasks each recovers its own slice: from the checkpoint's vector, or
+from the replicas' copies of that slice.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import numpy as np
 
 from .. import kernels as K
 from .bp import Aggregator
+from .slices import slice_of_outer_state
 from .streams import APPLIED, DIRECT_PARAMS, EVAL, PARAMS, STATE_REQUEST, row
 
 log = logging.getLogger(__name__)
@@ -72,10 +75,11 @@ class SyncRecovery:
         from .checkpoint import load_checkpoint
         ck = load_checkpoint(where["path"], where.get("sha256"))
         st = ck["state"]
-        self.agg = Aggregator(ck["params"], self.agg.plan)
-        self.agg.set_state(st["outer"])
+        self.agg = Aggregator(ck["params"][self.lo:self.hi], self.agg.plan)
+        self.agg.set_state(slice_of_outer_state(st["outer"], self.lo, self.hi))
         self.counts.resume(ck["step"], st["counters"])
-        self.unit_states = {int(k): v for k, v in st["units"].items()}
+        if self.slice == 0:     # the units' states travel with slice 0
+            self.unit_states = {int(k): v for k, v in st["units"].items()}
         log.warning("sync bolt resumes from %s at step %d", where["path"], self.counts.next_step)
 
     def restore(self, state):
@@ -86,10 +90,10 @@ class SyncRecovery:
         self._request_replicas()
 
     def _request_replicas(self) -> None:
-        log.warning("sync bolt starting over at step %d: asking the %d replicas for their parameters",
-                    self.counts.next_step, len(self.compute_tasks))
+        log.warning("sync task of slice %d starting over at step %d: asking the %d replicas for their parameters",
+                    self.slice, self.counts.next_step, len(self.compute_tasks))
         self.adoption = Adoption(since=time.monotonic())
-        self.collector.emit(row(STATE_REQUEST, nonce=time.time_ns()), stream="state_request")
+        self.collector.emit(row(STATE_REQUEST, nonce=time.time_ns(), slice=self.slice), stream="state_request")
 
     def _maybe_new(self, tup) -> None:
         """A sync task with no saved state that gets work past step 0 replaced one that
@@ -102,8 +106,8 @@ class SyncRecovery:
         """A compute unit asks for the current parameters (it is new, or missed them)."""
         if self.adoption is None:
             unit = self.compute_tasks.index(tup["task"])
-            self.collector.emit(row(DIRECT_PARAMS, step=self.counts.next_step, params=self.agg.params.copy(),
-                                    unit_state=self.unit_states.get(unit)),
+            self.collector.emit(row(DIRECT_PARAMS, step=self.counts.next_step, slice=self.slice,
+                                    params=self.agg.params.copy(), unit_state=self.unit_states.get(unit)),
                                 stream="direct_params", direct_task=tup["task"])
         self.collector.ack(tup)
 
@@ -112,6 +116,8 @@ class SyncRecovery:
         if self.adoption is None:
             return
         problem = vector_problem(tup["params"], self.agg.params.size)
+        if tup["slice"] != self.slice:
+            problem = f"slice {tup['slice']!r}, not {self.slice}"
         if problem:
             log.warning("sync bolt refuses the replica of task %s (step %s): %s", tup["task"], tup["step"], problem)
             return
@@ -128,8 +134,8 @@ class SyncRecovery:
 
     async def _adopt(self) -> None:
         step, params = self.adoption.newest()
-        log.warning("sync bolt adopts the parameters of step %d from %d replica(s); outer momentum restarts",
-                    step, len(self.adoption.replies))
+        log.warning("sync task of slice %d adopts the parameters of step %d from %d replica(s); outer momentum "
+                    "restarts", self.slice, step, len(self.adoption.replies))
         self.agg = Aggregator(params, self.agg.plan)
         last = self.counts.last_round
         if self.counts.next_step > step and last and last.step == step:
@@ -139,7 +145,7 @@ class SyncRecovery:
         self.counts.next_step = step
         self.adoption = None
         # replicas behind the newest one catch up before they compute again
-        self.collector.emit(row(PARAMS, step=step, params=self.agg.params.copy()), stream="params")
+        self.collector.emit(row(PARAMS, step=step, slice=self.slice, params=self.agg.params.copy()), stream="params")
         for key in sorted(self.pending):   # what arrived while we were rebuilding
             slot = self.pending[key]
             for unit, t in sorted(slot.items()):
@@ -158,11 +164,11 @@ class SyncRecovery:
         self.counts.duplicates += 1
         next_step = self.counts.next_step
         params = self.agg.params.copy()
-        self.collector.emit(row(PARAMS, step=next_step, params=params), stream="params", anchors=tup)
+        self.collector.emit(row(PARAMS, step=next_step, slice=self.slice, params=params), stream="params", anchors=tup)
         epoch, rnd = tup["epoch"], tup["round"]
         if tup["step"] == next_step - 1:
             if self.plans.epoch_end(epoch, rnd):
-                self.collector.emit(row(EVAL, epoch=epoch + 1, step=tup["step"], params=params),
+                self.collector.emit(row(EVAL, epoch=epoch + 1, step=tup["step"], slice=self.slice, params=params),
                                     stream="eval", anchors=tup)
             if tup["checkpoint"]:
                 if self.last_checkpoint and self.last_checkpoint[0] == tup["step"]:

@@ -63,7 +63,7 @@ def test_describe_prints_the_nsmap_topology():
                         "dataset=synthetic"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     for part in ("spout data", "bolt  compute", "<- data [direct]", "<- sync stream 'params' [all]",
-                 "bolt  sync", "<- compute [global]", "bolt  eval", "bolt  checkpoint"):
+                 "bolt  sync", "<- compute [direct]", "bolt  eval", "bolt  checkpoint"):
         assert part in r.stdout, part
 
 

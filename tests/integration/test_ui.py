@@ -197,7 +197,7 @@ def test_ui_in_a_browser_during_training():
               lambda d: {n.get_attribute("data-id") for n in
                          d.find_elements(By.CSS_SELECTOR, "[data-topology='ui-run'] svg.graph g.node")}
               == NSMAP_COMPONENTS)
-        until(driver, "the groupings as edge labels", lambda d: {"direct", "all [params]", "global"} <= {
+        until(driver, "the groupings as edge labels", lambda d: {"direct", "all [params]", "all [resync]"} <= {
             t.text for t in d.find_elements(By.CSS_SELECTOR, "svg.graph text.edge-label")})
         until(driver, "per-component figures", lambda d: d.find_element(
             By.CSS_SELECTOR, "[data-component='compute'] td:nth-child(4)").text not in ("", "–", "0"))

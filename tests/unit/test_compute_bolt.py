@@ -1,6 +1,7 @@
 """The compute bolt as the engine builds it (ComputeBolt(**config), prepare(ctx,
 collector)): work ahead of its parameters is held and the request for them repeated
-until they come; work already applied is answered by field name."""
+until they come; work already applied is answered by field name; with sharded
+synchronisation, a round is computed only once every slice of its parameters came."""
 import asyncio
 
 import numpy as np
@@ -21,10 +22,11 @@ class Recorder:
     """Stands where the bolt's executor stands behind the real BoltCollector."""
 
     def __init__(self):
-        self.emitted, self.acked = [], []
+        self.emitted, self.acked, self.direct = [], [], []
 
     def emit(self, values, stream, anchors, direct_task):
         self.emitted.append((stream, values))
+        self.direct.append(direct_task)
         return []
 
     def ack(self, tup):
@@ -38,12 +40,13 @@ async def _compute(fn, *args):
     return fn(*args)
 
 
-def _bolt():
+def _bolt(sync_tasks=1):
     """A compute bolt for unit 1 (task 7), as topology_runtime.make_executor makes it."""
     bolt = ComputeBolt(run=run_config_to_dict(CFG))
     recorder = Recorder()
+    tasks = {"compute": range(6, 8), "sync": range(8, 8 + sync_tasks)}
     ctx = Context(topology="t", component="compute", task=7, task_index=1, parallelism=2, worker="w0", config={},
-                  component_config=bolt.config, component_tasks=lambda c: range(6, 8), compute=_compute,
+                  component_config=bolt.config, component_tasks=tasks.__getitem__, compute=_compute,
                   publish=lambda k, v: None, save_state=lambda v: None)
     bolt.prepare(ctx, BoltCollector(recorder))
     return bolt, recorder
@@ -56,8 +59,8 @@ def _work(step: int) -> Tuple:
     return Tuple(values, list(WORK), "default", "data", 0, {})
 
 
-def _params(step: int, params: np.ndarray) -> Tuple:
-    return Tuple(row(PARAMS, step=step, params=params), list(PARAMS), "params", "sync", 5, {})
+def _params(step: int, params: np.ndarray, s: int = 0) -> Tuple:
+    return Tuple(row(PARAMS, step=step, slice=s, params=params), list(PARAMS), "params", "sync", 8 + s, {})
 
 
 def test_work_ahead_of_the_parameters_is_held_and_the_request_repeated_until_they_come():
@@ -95,3 +98,36 @@ def test_work_already_applied_is_answered_by_field_name():
     given = work.as_dict()
     assert {k: sent[k] for k in given if k != "batches"} == {k: v for k, v in given.items() if k != "batches"}
     assert (sent["status"], sent["samples"], sent["unit_state"]) == (APPLIED, 0, None)
+
+
+def test_a_round_waits_for_every_slice_and_each_slice_of_the_result_goes_to_its_sync_task():
+    bolt, out = _bolt(sync_tasks=3)
+    (a, b), (c, d), (e, f) = bolt.slices
+    assert a == 0 and b == c and d == e and f == bolt.unit.model.num_params
+    asyncio.run(bolt.execute(_work(2)))
+    assert [s for s, _ in out.emitted] == ["resync"]                  # asked every sync task (all grouping)
+    new = bolt.unit.model.params + 0.5
+    asyncio.run(bolt.execute(_params(2, new[a:b], 0)))
+    asyncio.run(bolt.execute(_params(2, new[e:f], 2)))
+    assert bolt.params_step == 0 and len(out.emitted) == 1            # slice 1 still missing: nothing computed
+    asyncio.run(bolt.execute(_params(2, new[c:d], 1)))
+    assert bolt.params_step == 2
+    np.testing.assert_array_equal(bolt.unit.model.params, new)
+    sent = [dict(zip(CONTRIBUTION, v)) for _, v in out.emitted[1:]]
+    assert [(c["slice"], c["step"], c["status"], c["vector"].size) for c in sent] == [
+        (0, 2, OK, b - a), (1, 2, OK, d - c), (2, 2, OK, f - e)]
+    assert out.direct[1:] == [8, 9, 10] and all(c["finite"] is True for c in sent)
+    # a fault left slice 0 ahead: the replayed round is computed for the others only
+    asyncio.run(bolt.execute(_params(3, new[a:b], 0)))
+    asyncio.run(bolt.execute(_work(2)))
+    again = [dict(zip(CONTRIBUTION, v)) for _, v in out.emitted[4:]]
+    assert [(c["slice"], c["status"]) for c in again] == [(0, APPLIED), (1, OK), (2, OK)]
+
+
+def test_a_parameter_slice_that_is_not_one_of_the_sync_tasks_is_refused():
+    bolt, out = _bolt(sync_tasks=2)
+    failed = []
+    out.fail = failed.append                                           # expected here: record, not raise
+    tup = _params(1, np.zeros(10, np.float32), s=2)
+    asyncio.run(bolt.execute(tup))
+    assert failed == [tup] and out.acked == [] and bolt.params_step == 0

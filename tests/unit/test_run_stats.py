@@ -16,7 +16,7 @@ def _stats(**over) -> SyncStats:
              epoch_train_loss={1: 2.0, 2: 1.5},
              epoch_clock={1: EpochSpan(start=100.0, end=110.0, samples=200),
                           2: EpochSpan(start=110.0, end=None, samples=100)},
-             num_params=61706, resumed_from_step=None, quarantined={"train": {"count": 2}}, wall_s=10.0,
+             num_params=61706, slices=1, resumed_from_step=None, quarantined={"train": {"count": 2}}, wall_s=10.0,
              started=100.0)
     v.update(over)
     return SyncStats(**v)
@@ -92,6 +92,29 @@ def test_stopped_at_is_the_one_optional_record():
 
 def test_a_tuple_is_laid_out_by_field_name_and_every_field_must_be_given():
     from streamnet.training.streams import PARAMS, row
-    assert row(PARAMS, params="p", step=3) == [3, "p"]
+    assert row(PARAMS, params="p", slice=1, step=3) == [3, 1, "p"]
     with pytest.raises(KeyError, match=r"missing \['params'\], unknown \['parms'\]"):
-        row(PARAMS, step=3, parms="p")
+        row(PARAMS, step=3, slice=0, parms="p")
+
+
+def test_the_slices_accounts_merge_into_the_runs():
+    """With S sync tasks each publishes its slice's account: bytes and recoveries add up,
+    counts are what every slice counted, and one slice's fault makes the run's."""
+    from streamnet.training.run_stats import final_params
+    import numpy as np
+    r = _results()
+    r["sync.0.stats"] = _stats(slices=2).to_dict()
+    with pytest.raises(ResultsError, match=r"lack 'sync\.1\.stats': 2 sync tasks published 1 accounts"):
+        RunStats.from_results(r)
+    r["sync.1.stats"] = _stats(slices=2, bytes_received=500, recoveries=0, duplicates=3,
+                               barrier_s={0: 0.75, 1: 0.0}).to_dict()
+    s = RunStats.from_results(r).sync
+    assert (s.bytes_received, s.bytes_sent, s.recoveries, s.duplicates) == (1500, 6000, 1, 3)
+    assert s.barrier_s == {0: 0.75, 1: 0.25} and s.each_sample_counted_once and s.epoch_samples == {1: 200, 2: 200}
+    r["sync.1.stats"] = _stats(slices=2, epoch_samples={1: 200, 2: 150}, each_sample_counted_once=False,
+                               miscounted={"2": {"missed_samples": 50}}).to_dict()
+    s = RunStats.from_results(r).sync
+    assert not s.each_sample_counted_once and s.epoch_samples == {1: 200, 2: 150}
+    assert s.miscounted == {"2": {"missed_samples": 50, "slices": [1]}}
+    r["sync.0.params"], r["sync.1.params"] = np.arange(3, dtype=np.float32), np.arange(3, 5, dtype=np.float32)
+    np.testing.assert_array_equal(final_params(r), np.arange(5))

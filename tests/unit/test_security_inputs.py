@@ -91,7 +91,7 @@ def _prepared(cls, component: str, task_index: int):
 
 def _contribution(unit, vector, step=0, status=OK) -> Tuple:
     values = row(CONTRIBUTION, unit=unit, epoch=0, round=step, step=step, lr_scale=1.0, samples=4, steps=1,
-                 loss_sum=1.0, vector=vector, status=status, checkpoint=False, unit_state=None)
+                 loss_sum=1.0, slice=0, vector=vector, finite=True, status=status, checkpoint=False, unit_state=None)
     return Tuple(values, list(CONTRIBUTION), "default", "compute", 1, {})
 
 
@@ -131,8 +131,8 @@ def test_a_replica_of_the_wrong_shape_is_not_adopted(caplog):
     assert bolt.adoption is not None and out.emitted[-1][0] == "state_request"
     with caplog.at_level(logging.WARNING):
         for task, params in ((1, np.zeros(99, np.float32)), (2, np.full(P, np.inf, np.float32))):
-            replica = Tuple(row(REPLICA, task=task, step=3, params=params), list(REPLICA), "replica", "compute",
-                            task, {})
+            replica = Tuple(row(REPLICA, task=task, slice=0, step=3, params=params), list(REPLICA), "replica",
+                            "compute", task, {})
             asyncio.run(bolt.execute(replica))
     assert bolt.adoption.replies == {}
     assert "replica of task 1" in caplog.text and "non-finite values" in caplog.text
@@ -142,7 +142,8 @@ def test_a_replica_of_the_wrong_shape_is_not_adopted(caplog):
 def test_parameters_of_the_wrong_shape_are_refused_by_a_compute_unit(caplog):
     bolt, out = _prepared(ComputeBolt, "compute", 1)
     before = bolt.unit.model.params.copy()
-    tup = Tuple(row(PARAMS, step=1, params=np.zeros(1 << 20, np.float32)), list(PARAMS), "params", "sync", 3, {})
+    tup = Tuple(row(PARAMS, step=1, slice=0, params=np.zeros(1 << 20, np.float32)), list(PARAMS), "params", "sync",
+                3, {})
     with caplog.at_level(logging.WARNING):
         asyncio.run(bolt.execute(tup))
     np.testing.assert_array_equal(bolt.unit.model.params, before)

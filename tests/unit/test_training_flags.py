@@ -10,7 +10,7 @@ from streamnet.training.config import SETUPS, with_overrides
 FROZEN = ["--balance", "--batch", "--checkpoint-dir", "--data", "--dataset", "--epochs", "--input-size",
           "--keep-checkpoints", "--lr",
           "--lr-schedule", "--momentum", "--outer-momentum", "--resume", "--seed", "--sync-period",
-          "--test-limit", "--threads", "--train-limit", "--workers"]
+          "--sync-tasks", "--test-limit", "--threads", "--train-limit", "--workers"]
 TRAIN_ONLY = {"-h", "--help", "--model", "--algorithm", "--local", "--in-process", "--summary", "--ui", "--ui-host"}
 SUBMIT_ONLY = {"-h", "--help", "--name", "--set", "--wait", "--summary", "--timeout", "--zk", "--cluster",
                "--secret-file", "--session-timeout"}
@@ -37,7 +37,7 @@ def test_train_and_submit_take_the_same_training_flags():
 ALL = ["--epochs", "3", "--workers", "4", "--threads", "2", "--batch", "16", "--sync-period", "4", "--lr", "0.1",
        "--momentum", "0.5", "--outer-momentum", "0.3", "--lr-schedule", "constant", "--input-size", "32",
        "--dataset", "synthetic", "--data", "/nowhere", "--train-limit", "100", "--test-limit", "50",
-       "--seed", "7", "--balance", "static"]
+       "--seed", "7", "--balance", "static", "--sync-tasks", "2"]
 
 
 def test_every_flag_lands_in_the_configuration_the_same_way_for_both_commands():
@@ -46,7 +46,7 @@ def test_every_flag_lands_in_the_configuration_the_same_way_for_both_commands():
     cfg = config_from_args(train)
     assert cfg == with_overrides(SETUPS["lenet5-mixbp"](), given_options(submit))
     alg = cfg.algorithm
-    assert (cfg.epochs, cfg.units, cfg.threads, cfg.seed, cfg.balance) == (3, 4, 2, 7, "static")
+    assert (cfg.epochs, cfg.units, cfg.threads, cfg.seed, cfg.balance, cfg.sync_tasks) == (3, 4, 2, 7, "static", 2)
     assert (alg.batch, alg.sync_period, alg.lr, alg.momentum, alg.outer_momentum, alg.lr_schedule) == \
         (16, 4, 0.1, 0.5, 0.3, "constant")
     assert cfg.model.input_size == 32
@@ -54,16 +54,18 @@ def test_every_flag_lands_in_the_configuration_the_same_way_for_both_commands():
         ("synthetic", "/nowhere", 100, 50)
 
 
-def test_flags_not_given_leave_the_setup_and_train_runs_a_thread_per_unit():
+def test_flags_not_given_leave_the_setup_and_train_runs_a_thread_and_a_sync_task_per_unit():
     cfg = config_from_args(build_parser().parse_args(["train", "--workers", "3"]))
-    assert cfg == with_overrides(SETUPS["lenet5-mixbp"](), {"units": 3, "threads": 3, "balance": "load"})
+    assert cfg == with_overrides(SETUPS["lenet5-mixbp"](), {"units": 3, "threads": 3, "balance": "load",
+                                                          "sync_tasks": 3})
     assert cfg.data.dataset == "fashion-mnist" and cfg.seed == 0
 
 
 def test_run_options_are_not_configuration():
     a = build_parser().parse_args(["train", "--checkpoint-dir", "/tmp/x", "--resume"])
     assert given_options(a) == {"checkpoint_dir": "/tmp/x", "resume": True}
-    assert config_from_args(a) == with_overrides(SETUPS["lenet5-mixbp"](), {"threads": 2, "balance": "load"})
+    assert config_from_args(a) == with_overrides(SETUPS["lenet5-mixbp"](), {"threads": 2, "balance": "load",
+                                                                          "sync_tasks": 2})
 
 
 def test_both_commands_balance_by_load_unless_told():
@@ -80,3 +82,19 @@ def test_both_commands_balance_by_load_unless_told():
 def test_a_refused_value_names_its_flag(command, capsys):
     assert main([*command, "--dataset", "synthetic", "--sync-period", "0"]) == 2
     assert "error: sync_period: must be >= 1; got 0 (from --sync-period 0)" in capsys.readouterr().err
+
+
+def test_more_sync_tasks_than_parameters_is_refused_naming_the_flag(capsys):
+    assert main(["submit", "lenet5-mixbp", "--zk", "127.0.0.1:1", "--dataset", "synthetic",
+                 "--sync-tasks", "100000"]) == 2
+    err = capsys.readouterr().err
+    assert "sync_tasks: 100000 slices of lenet5's 61706 parameters would leave some empty" in err
+    assert "(from --sync-tasks 100000)" in err
+
+
+def test_submits_default_sync_tasks_is_one_per_worker_hosting_a_unit():
+    from streamnet.training.nsmap import BUILDERS
+    build = BUILDERS["lenet5-mixbp"]
+    sync_tasks = lambda **o: len(build(dataset="synthetic", units=3, **o)[0].tasks("sync"))  # noqa: E731
+    assert [sync_tasks(live_workers=w) for w in (1, 2, 5)] == [1, 2, 3]      # up to the number of units
+    assert sync_tasks(live_workers=5, sync_tasks=2) == 2 and sync_tasks() == 1

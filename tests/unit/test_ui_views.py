@@ -38,7 +38,7 @@ def test_the_nsmap_graph_has_every_component_in_layers_and_labelled_edges():
     assert layers == {"data": 0, "compute": 1, "sync": 2, "eval": 3, "checkpoint": 3}
     assert {n["id"]: n["parallelism"] for n in g["nodes"]}["compute"] == 2
     edges = {(e["from"], e["to"], e["label"]) for e in g["edges"]}
-    assert {("data", "compute", "direct"), ("sync", "compute", "all [params]"), ("compute", "sync", "global"),
+    assert {("data", "compute", "direct"), ("sync", "compute", "all [params]"), ("compute", "sync", "direct"),
             ("sync", "eval", "all [eval]")} <= edges
 
 
