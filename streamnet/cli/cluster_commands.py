@@ -11,11 +11,11 @@ from ..errors import ConfigError, StreamnetError
 from ..runtime.control import (ClusterTimeout, TopologyFailed, TopologyGone, drain_topology, is_done, kill_topology,
                                wait_done)
 from ..runtime.topology import Topology, TopologyError, resolve
-from ..training.run_stats import CHECKPOINTS, EVAL_HISTORY, STOPPED_AT
+from ..training.run_stats import CHECKPOINTS, EVAL_HISTORY, STOPPED_AT, STRAGGLERS
 from .common import (add_cluster_options, allowed_modules, check_writable, connect, parse_set, read_secret,
                      write_secret)
 from .metrics_log import MetricsLog, add_option as add_metrics_log_option
-from .progress import ProgressLine, RunProgress
+from .progress import ProgressLine, RunProgress, stragglers_line
 from .train_args import (DEFAULT_BALANCE, add_training_options, check_paths, check_set_types, given_options,
                          naming_the_flag)
 
@@ -294,6 +294,9 @@ def cmd_status(a) -> int:
                     share = f"  share {asg.shares[int(t)]:.2f}" if asg and int(t) in asg.shares else ""
                     print(f"    task {t:>3s} {m['component']:<12s} on {w:<12s} executed {m['executed']:>8d}  "
                           f"acked {m['acked']:>8d}  failed {m['failed']:>5d}  {extra}  ~{rate:,.0f}/s busy{share}")
+            held = stragglers_line(state.results(n).get(STRAGGLERS))
+            if held:
+                print(f"  {held}")
             decisions = state.balance_log(n)
             if decisions:
                 print(f"  load balancing: last {min(len(decisions), 5)} of {len(decisions)} decisions kept")

@@ -159,3 +159,15 @@ class RunProgress:
             if b is not None:
                 b.close()
         self.epoch_bar = self.run_bar = None
+
+
+def stragglers_line(record: dict | None) -> str | None:
+    """One line naming the units that held the most rounds, and why (training/stragglers.py)."""
+    if not record or not record.get("top"):
+        return None
+    parts = []
+    for t in record["top"]:
+        why = ", ".join(f"{r} {n}" for r, n in t["reasons"].items() if n)
+        waited = f"{t['held_s']:.1f} s" if t["held_s"] >= 1 else f"{t['held_s'] * 1000:.0f} ms"
+        parts.append(f"unit {t['unit']} on {t['worker']} held {t['rounds']} ({why}; the others waited {waited})")
+    return f"stragglers over {record['rounds_judged']} rounds: " + "; ".join(parts)

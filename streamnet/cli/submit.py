@@ -9,7 +9,7 @@ from ..errors import StreamnetError
 from .common import (ENVIRONMENT, Parser, add_common_options, check_writable, error_exit, parse_set, positive_float,
                      positive_int)
 from .metrics_log import MetricsLog, add_option as add_metrics_log_option
-from .progress import RunProgress
+from .progress import RunProgress, stragglers_line
 from .train_args import add_training_options, config_from_args
 
 
@@ -38,6 +38,9 @@ def cmd_train(a: argparse.Namespace) -> int:
             log.close()
     print(f"final test accuracy {summary.test_accuracy:.2%}  {summary.samples_per_s:,.0f} samples/s  "
           f"wall {summary.wall_s:.1f} s")
+    held = stragglers_line(summary.extra.get("stragglers"))
+    if held:
+        print(held, file=sys.stderr)
     if a.summary:
         summary.write(a.summary)
         print(f"summary written to {a.summary}", file=sys.stderr)

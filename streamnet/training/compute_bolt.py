@@ -73,7 +73,7 @@ class ComputeBolt(Bolt):
         self.unit.set_threads(self.ctx.compute_share())   # the threads this worker gives the unit now
         t0 = time.perf_counter()
         c = self.unit.run_round((self.ds.batch(self.ds.train, idx, self.size) for idx in batches), scale)
-        return c, time.perf_counter() - t0
+        return c, time.perf_counter() - t0, t0
 
     async def _work(self, tup):
         step = tup["step"]
@@ -93,7 +93,9 @@ class ComputeBolt(Bolt):
                 log.warning("unit %d refuses its work for step %s: %s", self.ctx.task_index, step, problem)
                 self.collector.fail(tup)
                 return
-            c, seconds = await self.ctx.compute(self._round, tup["batches"], tup["lr_scale"])
+            received = time.perf_counter()
+            c, seconds, started = await self.ctx.compute(self._round, tup["batches"], tup["lr_scale"])
+            timing = {"compute_s": seconds, "queue_s": max(0.0, started - received), "worker": self.ctx.worker}
             self.compute_s += seconds
             self.ctx.report_work(c.samples, seconds)      # this unit's speed, for load balancing
             self.samples += c.samples
@@ -106,7 +108,7 @@ class ComputeBolt(Bolt):
                 else:                                  # the unit's state travels with slice 0
                     self._contribute(tup, s, samples=c.samples, steps=c.steps, loss_sum=c.loss_sum,
                                      vector=c.vector[lo:hi], finite=finite, status=OK,
-                                     unit_state=state if s == 0 else None)
+                                     unit_state=state if s == 0 else None, timing=timing)
             self._sent_at = time.perf_counter()
         self.collector.ack(tup)
 
@@ -114,7 +116,7 @@ class ComputeBolt(Bolt):
         """Slice s of this unit's result for the round of `work`, to its sync task;
         without a result, the answer that the step is combined and applied already."""
         result = result or dict(samples=0, steps=0, loss_sum=0.0, vector=np.zeros(0, np.float32), finite=True,
-                                status=APPLIED, unit_state=None)
+                                status=APPLIED, unit_state=None, timing=None)
         head = {f: work[f] for f in ("unit", "epoch", "round", "step", "lr_scale", "checkpoint")}
         self.collector.emit(row(CONTRIBUTION, **head, slice=s, **result), anchors=work,
                             direct_task=self.sync_tasks[s])

@@ -86,7 +86,7 @@ def resume_point(cfg: RunConfig, checkpoint_dir: str | None, name: str, path: st
                               f"{ {k: saved.get(k) for k in differ} }; resume with the same settings")
     pos = ck["state"]["position"]
     return {"path": os.path.abspath(path), "sha256": ck["sha256"], "step": pos["step"], "epoch": pos["epoch"],
-            "round": pos["round"]}
+            "round": pos["round"], "shares": pos.get("shares")}    # the load balancer's, with --balance load
 
 
 def check_recorded(spec: dict, pointer: dict | None) -> None:

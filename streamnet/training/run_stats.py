@@ -28,6 +28,7 @@ REPLAYED = "data.0.replayed"
 STOPPED_AT = "data.0.stopped_at"
 CHECKPOINTS = "checkpoint.0.checkpoints"
 TIMING = "timing"          # compute.<unit>.timing, one per compute task
+STRAGGLERS = "sync.0.stragglers"   # stragglers.py: the units that held rounds, and why
 
 
 class ResultsError(StreamnetError):
@@ -241,6 +242,7 @@ class RunStats:
     replayed: int                        # work tuples the spout replayed
     stopped_at: StoppedAt | None         # None: the run went to its last epoch
     checkpoints: CheckpointReport
+    stragglers: dict | None = None       # {"rounds_judged", "top", "last"}; absent in runs of older versions
 
     @classmethod
     def from_results(cls, results: dict) -> "RunStats":
@@ -262,4 +264,5 @@ class RunStats:
                    timings=tuple(sorted(timings, key=lambda t: t.unit)),
                    replayed=need(REPLAYED),
                    stopped_at=StoppedAt(**_take(StoppedAt, stopped, STOPPED_AT)) if stopped is not None else None,
-                   checkpoints=CheckpointReport(**_take(CheckpointReport, need(CHECKPOINTS), CHECKPOINTS)))
+                   checkpoints=CheckpointReport(**_take(CheckpointReport, need(CHECKPOINTS), CHECKPOINTS)),
+                   stragglers=results.get(STRAGGLERS))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 REASONS = ("compute", "communication", "queueing")
 MIN_LATE_S = 0.002      # later than the others' median arrival by less than this: no straggler
@@ -46,8 +47,7 @@ class UnitRecord:
                 "reasons": dict(self.reasons)}
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     unit: int
     worker: str
     late_s: float

@@ -13,8 +13,9 @@ WORK = ("unit", "epoch", "round", "step", "lr_scale", "batches", "checkpoint")
 # stream that carries a vector or a part of it names its slice.
 # compute -> sync s (direct): the unit's result for that round, slice s of its vector;
 # `finite` is the unit's verdict on the whole vector (every slice drops a diverged unit)
+# `timing`: {"compute_s", "queue_s", "worker"} of the round (straggler attribution), None in a replay's answer
 CONTRIBUTION = ("unit", "epoch", "round", "step", "lr_scale", "samples", "steps", "loss_sum", "slice", "vector",
-                "finite", "status", "checkpoint", "unit_state")
+                "finite", "status", "checkpoint", "unit_state", "timing")
 RESYNC = ("task",)                                   # compute -> every sync task: send me your slice
 REPLICA = ("task", "slice", "step", "params")        # compute -> sync s (direct): my slice s, for a new sync task
 PARAMS = ("step", "slice", "params")                 # sync s -> every compute task

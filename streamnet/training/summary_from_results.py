@@ -64,5 +64,6 @@ def summary_of(cfg: RunConfig, run: RunStats, workers: int | None, wall_s: float
         "quarantined": stats.quarantined,
         "samples_quarantined": sum(q["count"] for q in stats.quarantined.values()),
         "per_worker": per_worker,
+        "stragglers": run.stragglers,
     })
     return s

@@ -36,6 +36,7 @@ from .schedule import EpochPlans, dataset_for, make_model, schedule_for
 from .slices import bounds
 from .streams import APPLIED, CHECKPOINT, DIRECT_PARAMS, EVAL, PARAMS, STATE_REQUEST, row
 from .sync_recovery import SyncRecovery, vector_problem
+from .stragglers import Arrival, Stragglers
 from .sync_state import SyncState
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,9 @@ class SyncBolt(SyncRecovery, Bolt):
         self.bytes_in = self.bytes_out = 0
         self.barrier_s = dict.fromkeys(range(len(self.compute_tasks)), 0.0)   # unit -> s waited for the round
         self.arrived: dict[int, float] = {}
+        # which unit held each round, and why (stragglers.py): judged by slice 0's task alone
+        self.stragglers = Stragglers() if self.slice == 0 else None
+        self.round_started: float | None = None     # when this task sent the last round's parameters
         self.t0 = time.perf_counter()
         self._published = 0.0
         self.prepare_recovery()
@@ -139,6 +143,8 @@ class SyncBolt(SyncRecovery, Bolt):
         done = time.perf_counter()
         for u in slot:
             self.barrier_s[u] += done - self.arrived[u]
+        if self.stragglers is not None:
+            self.stragglers.judge(self.round_started, [a for a in map(self._arrival, tuples) if a is not None])
         step = tuples[0]["step"]
         params = await self.ctx.compute(self.agg.combine, contributions, tuples[0]["lr_scale"], step)
         del self.pending[key]
@@ -156,6 +162,7 @@ class SyncBolt(SyncRecovery, Bolt):
         out = params.copy()  # receivers in this process share the array: never hand out the live one
         self.collector.emit(row(PARAMS, step=next_step, slice=self.slice, params=out), stream="params",
                             anchors=tuples)
+        self.round_started = time.perf_counter()
         self.bytes_out += out.nbytes * len(self.compute_tasks)
         end = self.plans.epoch_end(epoch, rnd)
         if end:
@@ -175,6 +182,18 @@ class SyncBolt(SyncRecovery, Bolt):
             self._publish_progress(epoch, rnd)
             self._published = now
 
+    def _arrival(self, tup) -> Arrival | None:
+        """A contribution's arrival and timing for straggler attribution; None when it
+        carries no usable timing (a replay's answer, or a malformed one: ignored)."""
+        t = tup["timing"]
+        try:
+            compute_s, queue_s, worker = float(t["compute_s"]), float(t["queue_s"]), str(t["worker"])
+        except (TypeError, KeyError, ValueError):
+            return None
+        if not (0 <= compute_s < float("inf") and 0 <= queue_s < float("inf")):
+            return None
+        return Arrival(tup["unit"], worker, self.arrived[tup["unit"]], compute_s, queue_s)
+
     def _save(self):
         try:
             self.ctx.save_state(self.counts.saved())
@@ -186,7 +205,12 @@ class SyncBolt(SyncRecovery, Bolt):
     def _checkpoint_state(self, tuples, position) -> dict:
         """Everything besides the parameters that the run needs to continue exactly (this
         slice's part: slices.merge_checkpoint_states joins the parts)."""
-        return {"position": {"epoch": position[0], "round": position[1], "step": self.counts.next_step},
+        samples = [t["samples"] for t in tuples]
+        # the units' batch shares in this round (load balancing): a resumed run starts from them
+        shares = [round(n * len(samples) / sum(samples), 3) for n in samples] \
+            if self.cfg.balance == "load" and all(samples) else None
+        return {"position": {"epoch": position[0], "round": position[1], "step": self.counts.next_step,
+                             "shares": shares},
                 "outer": self.agg.state(),
                 "units": {str(t["unit"]): t["unit_state"] for t in tuples if t["unit_state"] is not None},
                 "counters": self.counts.checkpoint_counters(),
@@ -211,8 +235,21 @@ class SyncBolt(SyncRecovery, Bolt):
         for unit, s in self.barrier_s.items():
             fig("training_barrier_wait_seconds_total", s, counter=True, unit=str(unit),
                 help="Seconds a unit's contributions waited at the sync bolt for the round's others")
+        for rec in (self.stragglers.units.values() if self.stragglers else ()):
+            fig("training_straggler_held_seconds_total", rec.held_s, counter=True, unit=str(rec.unit),
+                help="Seconds the other units waited for this unit in rounds it held (it arrived last)")
+            for reason, n in rec.reasons.items():
+                fig("training_straggler_rounds_total", n, counter=True, unit=str(rec.unit), reason=reason,
+                    help="Rounds this unit held, by reason: compute (slow node), communication (slow link), "
+                         "queueing (busy worker)")
+
+    def _publish_stragglers(self):
+        st = self.stragglers
+        self.ctx.publish("stragglers", {"rounds_judged": st.rounds, "top": st.top(),
+                                        "last": st.last._asdict() if st.last else None})
 
     def _publish_progress(self, epoch, rnd):
+        self._publish_stragglers()
         c = self.counts
         plan = self.plans.cached(epoch) or []
         self.ctx.publish("progress", progress_record(
@@ -241,4 +278,6 @@ class SyncBolt(SyncRecovery, Bolt):
         """Publish this slice's account and, for a model of at most 512 KB, its slice of the
         parameters (run_stats.final_params joins them)."""
         self.ctx.publish("stats", self.stats().to_dict())
+        if self.stragglers is not None:
+            self._publish_stragglers()
         self.ctx.publish("params", self.agg.params if self.num_params * 4 <= 512 << 10 else None)

@@ -85,6 +85,8 @@ def test_shares_follow_a_co_tenant_and_every_sample_counts_once(zk):
     assert len(log) >= 2 and all("compute shares" in e["decision"] for e in log)
     s = summarise(cfg, results, workers=2)
     assert s.extra["each_sample_counted_once"] is True
+    held = {t["unit"]: t for t in s.extra["stragglers"]["top"]}
+    assert held.get(slow, {}).get("reasons", {}).get("compute", 0) >= 1, s.extra["stragglers"]  # before shares moved
     counted = results["sync.0.stats"]["epoch_samples"]
     last = max(map(int, counted))
     assert last >= 2 and all(counted[str(e)] == 6000 for e in range(1, last)), counted   # the last one stopped early

@@ -91,7 +91,8 @@ def _prepared(cls, component: str, task_index: int):
 
 def _contribution(unit, vector, step=0, status=OK) -> Tuple:
     values = row(CONTRIBUTION, unit=unit, epoch=0, round=step, step=step, lr_scale=1.0, samples=4, steps=1,
-                 loss_sum=1.0, slice=0, vector=vector, finite=True, status=status, checkpoint=False, unit_state=None)
+                 loss_sum=1.0, slice=0, vector=vector, finite=True, status=status, checkpoint=False, unit_state=None,
+                 timing=None)
     return Tuple(values, list(CONTRIBUTION), "default", "compute", 1, {})
 
 

@@ -41,3 +41,13 @@ def test_the_top_stragglers_are_those_that_held_the_most_time():
     assert top[1] == {"unit": 1, "worker": "w1", "rounds": 3, "held_s": 1.5,
                       "reasons": {"compute": 3, "communication": 0, "queueing": 0}}
     assert s.rounds == 4
+
+
+def test_the_line_a_client_prints():
+    from streamnet.cli.progress import stragglers_line
+    s = Stragglers()
+    for _ in range(2):
+        s.judge(0.0, [A(0, 1.0, 0.9), A(1, 2.5, 2.4)])
+    line = stragglers_line({"rounds_judged": s.rounds, "top": s.top(), "last": None})
+    assert line == "stragglers over 2 rounds: unit 1 on w1 held 2 (compute 2; the others waited 3.0 s)"
+    assert stragglers_line(None) is None and stragglers_line({"rounds_judged": 5, "top": []}) is None
