@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -125,12 +126,101 @@ class ZooKeeper:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class Relay:
+    """A TCP relay on a port of its own to 127.0.0.1:`target`, which a test can cut and
+    heal: while cut, the connections through it are closed and new ones closed as soon
+    as they are accepted - its clients find the far end unreachable while it runs on
+    (a ZooKeeper that its workers cannot reach, e.g. to let it expire their sessions)."""
+
+    def __init__(self, target: int):
+        self.target = target
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.1)
+        self.port = self._listener.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        self._lock = threading.Lock()
+        self._socks: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        self._cut = self._closed = False
+        self._spawn(self._accept)
+
+    def _spawn(self, fn, *args) -> None:
+        t = threading.Thread(target=fn, args=args, name=f"relay-{self.port}", daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except (socket.timeout, BlockingIOError):
+                continue
+            except OSError:
+                return
+            client.settimeout(None)
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=2)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._cut or self._closed:
+                    client.close()
+                    upstream.close()
+                    continue
+                self._socks |= {client, upstream}
+            self._spawn(self._pump, client, upstream)
+            self._spawn(self._pump, upstream, client)
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        self._drop(src, dst)
+
+    def _drop(self, *socks: socket.socket) -> None:
+        with self._lock:
+            for s in socks:
+                self._socks.discard(s)
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)   # wakes the pump blocked on it
+                s.close()
+
+    def cut(self) -> None:
+        self._cut = True
+        with self._lock:
+            socks = list(self._socks)
+        self._drop(*socks)
+
+    def heal(self) -> None:
+        self._cut = False
+
+    def close(self) -> None:
+        self._closed = True
+        self.cut()
+        for t in self._threads:
+            t.join(5)
+        self._listener.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class Cluster:
     """N streamnet-worker processes in a fresh cluster namespace."""
 
     def __init__(self, zk_hosts: str, workers: int = 3, threads: int = 1, secret: bytes | None = None,
-                 session_timeout: float = SESSION_TIMEOUT, pin_cores: bool = False):
+                 session_timeout: float = SESSION_TIMEOUT, pin_cores: bool = False, zk_relays: bool = False):
         self.zk_hosts = zk_hosts
+        #: zk_relays: each worker reaches the (one) ZooKeeper through a Relay of its own,
+        #: relays[name], which a test can cut to take that worker off ZooKeeper alone
+        self.relays: dict[str, Relay] | None = {} if zk_relays else None
         self.session_timeout = session_timeout
         self.name = "t" + uuid.uuid4().hex[:8]
         self.tmp = tempfile.mkdtemp(prefix="streamnet-cluster-")
@@ -146,15 +236,22 @@ class Cluster:
         for i in range(workers):
             self.start_worker(f"w{i}")
 
-    def args(self) -> list[str]:
-        return ["--zk", self.zk_hosts, "--cluster", self.name, "--secret-file", self.secret_file,
+    def args(self, zk_hosts: str | None = None) -> list[str]:
+        return ["--zk", zk_hosts or self.zk_hosts, "--cluster", self.name, "--secret-file", self.secret_file,
                 "--session-timeout", str(self.session_timeout)]
 
     def start_worker(self, name: str, extra: list[str] = ()) -> subprocess.Popen:
         log = os.path.join(self.tmp, f"{name}.log")
         self.logs[name] = log
         pin = ["taskset", "-c", str(len(self.procs) % (os.cpu_count() or 1))] if self.pin_cores else []
-        p = subprocess.Popen([*pin, sys.executable, "-m", "streamnet.cli.worker", *self.args(), "--name", name,
+        zk = None
+        if self.relays is not None:
+            host, _, port = self.zk_hosts.partition(":")
+            if "," in self.zk_hosts or host not in ("127.0.0.1", "localhost"):
+                raise ValueError(f"zk_relays needs one local ZooKeeper server; got {self.zk_hosts}")
+            self.relays[name] = Relay(int(port))
+            zk = self.relays[name].address
+        p = subprocess.Popen([*pin, sys.executable, "-m", "streamnet.cli.worker", *self.args(zk), "--name", name,
                               "--port", "0", "--threads", str(self.threads), *extra],
                              stdout=open(log, "ab"), stderr=subprocess.STDOUT, cwd=ROOT)
         self.procs[name] = p
@@ -164,11 +261,12 @@ class Cluster:
         return subprocess.run([sys.executable, "-m", "streamnet.cli.submit", *args[:1], *args[1:], *self.args()],
                               capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
-    def state(self):
+    def state(self, zk_hosts: str | None = None):
+        """A client ClusterState, on the workers' ZooKeeper or on `zk_hosts`."""
         from streamnet.runtime.control.cluster_state import ClusterState
         from streamnet.runtime.control.zk import ZkCoordinator
         with open(self.secret_file, "rb") as f:
-            coord = ZkCoordinator(self.zk_hosts, f.read().strip(), session_timeout=SESSION_TIMEOUT)
+            coord = ZkCoordinator(zk_hosts or self.zk_hosts, f.read().strip(), session_timeout=SESSION_TIMEOUT)
         return ClusterState(coord, self.name)
 
     def wait_registered(self, n: int, state, timeout: float = 60):
@@ -176,14 +274,7 @@ class Cluster:
                         interval=0.1)
 
     def status(self, state, worker: str) -> dict | None:
-        info = state.workers().get(worker)
-        if not info:
-            return None
-        try:
-            with urllib.request.urlopen(f"http://{info['host']}:{info['port']}/status", timeout=3) as r:
-                return json.load(r)
-        except OSError:
-            return None
+        return worker_status(state, worker)
 
     def leader(self, state) -> str | None:
         for w in state.workers():
@@ -207,14 +298,17 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(5)
+        for relay in (self.relays or {}).values():
+            relay.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def dump_logs(self) -> str:
         out = []
         for name, path in self.logs.items():
             try:
-                with open(path) as f:
-                    out.append(f"--- {name}\n" + f.read()[-3000:])
+                with open(path) as f:   # without kazoo's line per reconnection attempt
+                    text = "".join(line for line in f if "kazoo.client: Connection dropped" not in line)
+                out.append(f"--- {name}\n" + text[-6000:])
             except OSError:
                 pass
         return "\n".join(out)
@@ -222,9 +316,10 @@ class Cluster:
 
 @contextlib.contextmanager
 def running_cluster(zk_hosts: str, workers: int = 3, threads: int = 1, session_timeout: float = SESSION_TIMEOUT,
-                    pin_cores: bool = False):
+                    pin_cores: bool = False, zk_relays: bool = False):
     """A registered cluster and a client ClusterState; worker logs are printed on failure."""
-    c = Cluster(zk_hosts, workers=workers, threads=threads, session_timeout=session_timeout, pin_cores=pin_cores)
+    c = Cluster(zk_hosts, workers=workers, threads=threads, session_timeout=session_timeout, pin_cores=pin_cores,
+                zk_relays=zk_relays)
     state = None
     try:
         state = c.state()
@@ -274,12 +369,14 @@ class LocalHandle:
 
 
 @contextlib.contextmanager
-def cluster_in_mode(mode: str, zk_hosts: str | None, workers: int = 3, threads: int = 1):
+def cluster_in_mode(mode: str, zk_hosts: str | None, workers: int = 3, threads: int = 1,
+                    session_timeout: float = SESSION_TIMEOUT):
     """(cluster, ClusterState) in `mode`: "local" (LocalCluster) or "zk" (streamnet-worker
-    processes on the ZooKeeper at zk_hosts). Both offer kill9(worker), leader(state),
-    status(state, worker)."""
+    processes on the ZooKeeper at zk_hosts, with ZooKeeper sessions of `session_timeout`).
+    Both offer kill9(worker), leader(state), status(state, worker)."""
     if mode == "zk":
-        with running_cluster(zk_hosts, workers=workers, threads=threads) as (c, state):
+        with running_cluster(zk_hosts, workers=workers, threads=threads,
+                             session_timeout=session_timeout) as (c, state):
             yield c, state
         return
     if mode != "local":
@@ -289,6 +386,35 @@ def cluster_in_mode(mode: str, zk_hosts: str | None, workers: int = 3, threads: 
         yield h, h.state
     finally:
         h.close()
+
+
+def worker_status(state, worker: str) -> dict | None:
+    """A registered worker's /status (None if it is not registered or does not answer)."""
+    info = state.workers().get(worker)
+    if not info:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{info['host']}:{info['port']}/status", timeout=3) as r:
+            return json.load(r)
+    except OSError:
+        return None
+
+
+def stale_dropped(state, name: str) -> int:
+    """Tuples of topology `name` from superseded task instances that the registered
+    workers dropped so far (fencing of the data plane: `stale` in each /status)."""
+    return sum((worker_status(state, w) or {}).get("topologies", {}).get(name, {}).get("stale", 0)
+               for w in state.workers())
+
+
+def worker_sessions(state) -> dict[str, int]:
+    """worker -> the ZooKeeper session that holds its registration (ephemeral) node."""
+    out = {}
+    for w in state.workers():
+        stat = state.coord.zk.exists(state.path("workers", w))
+        if stat is not None:
+            out[w] = stat.ephemeralOwner
+    return out
 
 
 def placement(state, name: str) -> dict[int, str]:

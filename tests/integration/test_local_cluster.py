@@ -11,6 +11,7 @@ from streamnet.examples import flood, tensor_pipe, wordcount
 from streamnet.runtime import Bolt, LocalCluster, Spout, TopologyBuilder, wait_for
 from streamnet.runtime.codec import ARRAY_EXT, MAGIC, PREFIX
 from streamnet.runtime.dataplane.transport import PROTOCOL, TRAILER, Auth, FrameAuth
+from streamnet.testing import placement
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -74,8 +75,11 @@ def _tcp_buffer_max() -> int:
 def test_slow_bolt_across_workers_memory_stays_bounded():
     pad = 1000
     with LocalCluster(workers=2) as c:
-        # the spout lands on w0 and the bolt on w1: tuples cross the socket
-        c.submit(flood.topology(delay_s=0.002, queue_size=64, pad=pad))
+        topo = flood.topology(delay_s=0.002, queue_size=64, pad=pad)
+        c.submit(topo)
+        # the spout and the bolt on different workers: tuples cross the socket
+        tasks = wait_for(lambda: placement(c.state, "flood"), 30, "the assignment")
+        assert tasks[topo.tasks("numbers")[0]] != tasks[topo.tasks("slow")[0]], tasks
         gaps = []
 
         def through(n):

@@ -8,7 +8,7 @@ from streamnet.examples import wordcount
 from streamnet.runtime import wait_for
 from streamnet.runtime.control.zk import ZkCoordinator
 
-from streamnet.testing import (SESSION_TIMEOUT, ZooKeeper, cluster_in_mode, finish, placement, running_cluster,
+from streamnet.testing import (ZooKeeper, cluster_in_mode, finish, placement, running_cluster,
                                zookeeper_installed)
 
 pytestmark = pytest.mark.skipif(not zookeeper_installed(),
@@ -45,44 +45,28 @@ def _slow_wordcount(count=4000):
                               message_timeout_s=5)
 
 
-def test_kill9_of_a_worker_mid_topology(mode, zk_hosts):
-    with cluster_in_mode(mode, zk_hosts) as (c, state):
-        _kill_a_worker_mid_topology(c, state)
-
-
-def _kill_a_worker_mid_topology(c, state):
-    topo = _slow_wordcount()
-    state.submit_topology(topo.name, topo.to_dict())
-    wait_for(lambda: placement(state, topo.name), 30, "the first assignment")
-
-    def counted():
-        return sum(m["executed"] for w in state.workers() for m in
-                   ((c.status(state, w) or {}).get("topologies", {}).get(topo.name, {}).get("tasks", {}).values())
-                   if m["component"] == "count")
-    wait_for(lambda: counted() > 500, 60, "the count bolts to get going", interval=0.1)
-    leader = c.leader(state)
-    victim = next(w for w in sorted(state.assignment(topo.name)[0].workers) if w != leader)
-    t_kill = time.monotonic()
-    c.kill9(victim)
-    wait_for(lambda: victim not in placement(state, topo.name).values(),
-             SESSION_TIMEOUT + 5, "the dead worker's tasks to be reassigned", interval=0.05)
-    reassigned_after = time.monotonic() - t_kill
-    results = finish(state, topo.name)
-    assert reassigned_after <= SESSION_TIMEOUT + 1.0, reassigned_after
-    assert wordcount.merge_counts(results) == wordcount.expected_counts(4000, 0)
+def _counted(c, state, name: str) -> int:
+    """Words counted so far, over the count tasks of every worker that answers."""
+    return sum(m["executed"] for w in state.workers() for m in
+               ((c.status(state, w) or {}).get("topologies", {}).get(name, {}).get("tasks", {}).values())
+               if m["component"] == "count")
 
 
 @pytest.mark.parametrize("who", ["follower", "leader"])
-def test_dead_worker_found_by_refused_connections_before_its_session_ends(zk, who):
-    """With a 10 s session (the most the test ZooKeeper's 500 ms tick allows), a SIGKILLed
-    worker is found by its peers' refused connections and a probe: its tasks move within
-    a few seconds, before the session ends. A dead leader is deposed by the next
-    candidate in line the same way."""
-    with running_cluster(zk, workers=3, session_timeout=10.0) as (c, state):
+def test_kill9_mid_topology_moves_its_tasks_and_counts_stay_exact(mode, zk_hosts, who):
+    """SIGKILL of a worker mid-topology - a follower, or the leader (the scheduler):
+    its tasks move to the survivors, a survivor leads, and the counts are exact. On
+    worker processes the ZooKeeper session is 10 s (the most the test ZooKeeper's 500 ms
+    tick allows) and the dead worker must be found by its peers' refused connections and
+    the leader's probe, so its tasks move while its session still holds its registration;
+    a dead leader is deposed by the next candidate in line the same way. (The embedded
+    cluster ends a crashed worker's session at once.)"""
+    with cluster_in_mode(mode, zk_hosts, session_timeout=10.0) as (c, state):
         topo = _slow_wordcount(3000)
         state.submit_topology(topo.name, topo.to_dict())
         wait_for(lambda: placement(state, topo.name), 30, "the first assignment")
-        leader = c.leader(state)
+        wait_for(lambda: _counted(c, state, topo.name) > 300, 60, "the count bolts to get going", interval=0.1)
+        leader = wait_for(lambda: c.leader(state), 30, "a leader")
         workers = sorted(state.assignment(topo.name)[0].workers)
         victim = leader if who == "leader" else next(w for w in workers if w != leader)
         # the peers must be talking to it (links open) for its death to show as refused connections
@@ -90,32 +74,25 @@ def test_dead_worker_found_by_refused_connections_before_its_session_ends(zk, wh
                              for w in state.workers() if w != victim), 60, "links to the victim", interval=0.1)
         t_kill = time.monotonic()
         c.kill9(victim)
-        wait_for(lambda: victim not in placement(state, topo.name).values(), 20,
+        wait_for(lambda: victim not in placement(state, topo.name).values(), 30,
                  "the dead worker's tasks to be reassigned", interval=0.05)
-        reassigned_after = time.monotonic() - t_kill
-        print(f"tasks of the {who} {victim} moved {reassigned_after:.1f} s after SIGKILL (session timeout 10 s)")
-        assert reassigned_after < 6.0      # inside: the worker logs are printed if it fails
-        logs = "".join(open(c.logs[w]).read() for w in workers if w != victim)
-        assert "is unreachable" in logs
-        assert (f"the leader {victim} is unreachable" in logs) == (who == "leader")
+        registered_at_move = victim in state.workers()
+        print(f"tasks of the {who} {victim} moved {time.monotonic() - t_kill:.1f} s after SIGKILL "
+              f"({'before' if registered_at_move else 'after'} its session ended)")
+        new_leader = wait_for(lambda: (lambda w: w if w not in (None, victim) else None)(c.leader(state)), 30,
+                              "a survivor to lead")
+        if mode == "zk":
+            assert registered_at_move, "the tasks moved only when the session ended, not on refused connections"
+            logs = "".join(open(c.logs[w]).read() for w in workers if w != victim)
+            assert "is unreachable" in logs
+            assert (f"the leader {victim} is unreachable" in logs) == (who == "leader")
         results = finish(state, topo.name)
-    assert wordcount.merge_counts(results) == wordcount.expected_counts(3000, 0)
-
-
-def test_kill9_of_the_leader(cluster):
-    c, state = cluster
-    leader = wait_for(lambda: c.leader(state), 30, "a leader")
-    t_kill = time.monotonic()
-    c.kill9(leader)
-    new = wait_for(lambda: (lambda w: w if w and w != leader else None)(c.leader(state)),
-                   SESSION_TIMEOUT + 5, "a new leader", interval=0.05)
-    elected_after = time.monotonic() - t_kill
-    assert new != leader and elected_after <= SESSION_TIMEOUT + 2.0, (new, elected_after)
-    # and scheduling continues: a new topology is placed on the survivors and completes
-    topo = wordcount.topology(count=1000)
-    state.submit_topology(topo.name, topo.to_dict())
-    results = finish(state, topo.name, 60)
-    assert wordcount.merge_counts(results) == wordcount.expected_counts(1000, 0)
+        assert wordcount.merge_counts(results) == wordcount.expected_counts(3000, 0)
+        if who == "leader":     # the new leader places a new topology too
+            assert new_leader != leader
+            topo = wordcount.topology(count=1000)
+            state.submit_topology(topo.name, topo.to_dict())
+            assert wordcount.merge_counts(finish(state, topo.name, 60)) == wordcount.expected_counts(1000, 0)
 
 
 def test_wrong_secret_can_neither_join_read_nor_change(cluster, tmp_path):
@@ -160,25 +137,6 @@ def test_rebalance_changes_parallelism_live_without_losing_tuples(cluster):
     assert wordcount.merge_counts(results) == wordcount.expected_counts(3000, 0)
 
 
-def test_zookeeper_restart_mid_run():
-    server = ZooKeeper().start()
-    try:
-        with running_cluster(server.hosts, workers=2) as (c, state):
-            topo = _slow_wordcount(3000)
-            state.submit_topology(topo.name, topo.to_dict())
-            wait_for(lambda: placement(state, topo.name), 30, "the first assignment")
-            server.kill()
-            # down for a while (less than the session timeout, as a restart usually is)
-            deadline = time.monotonic() + 2.0
-            wait_for(lambda: time.monotonic() >= deadline, 5, "the outage", interval=0.1)
-            server.restart()
-            results = finish(state, topo.name)
-            assert wordcount.merge_counts(results) == wordcount.expected_counts(3000, 0)
-            assert all(p.poll() is None for p in c.procs.values())
-    finally:
-        server.stop()
-
-
 @pytest.mark.slow
 def test_cluster_trains_lenet5_to_completion(cluster, tmp_path):
     c, _ = cluster
@@ -215,29 +173,6 @@ def test_lenet5_mixbp_on_two_workers_reaches_89_percent(zk, tmp_path):
         print("LeNet-5 MixBP, 2 worker processes on ZooKeeper:",
               {k: s[k] for k in ("test_accuracy", "samples_per_s", "wall_s", "epochs", "sync_rounds", "bytes_sent")})
         assert s["test_accuracy"] >= 0.89
-
-
-def test_a_paused_worker_whose_session_expired_rejoins(cluster):
-    """SIGSTOP a worker past the session timeout (a long GC pause, a frozen VM): its
-    session expires, its tasks move; on SIGCONT it registers again and the topology
-    still completes exactly."""
-    c, state = cluster
-    topo = _slow_wordcount(3000)
-    state.submit_topology(topo.name, topo.to_dict())
-    wait_for(lambda: placement(state, topo.name), 30, "the first assignment")
-    leader = c.leader(state)
-    victim = next(w for w in sorted(state.assignment(topo.name)[0].workers) if w != leader)
-    import signal
-    c.procs[victim].send_signal(signal.SIGSTOP)
-    try:
-        wait_for(lambda: victim not in state.workers(), SESSION_TIMEOUT + 5, "the session to expire", interval=0.1)
-        wait_for(lambda: victim not in placement(state, topo.name).values(), 10,
-                 "its tasks to move", interval=0.1)
-    finally:
-        c.procs[victim].send_signal(signal.SIGCONT)
-    wait_for(lambda: victim in state.workers(), 30, "the paused worker to register again", interval=0.1)
-    results = finish(state, topo.name)
-    assert wordcount.merge_counts(results) == wordcount.expected_counts(3000, 0)
 
 
 def test_without_a_quorum_clients_get_a_clear_error_and_workers_keep_their_tasks():
