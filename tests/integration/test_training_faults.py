@@ -198,9 +198,14 @@ def test_training_survives_a_zookeeper_restart(expire):
                 finally:
                     direct.coord.close()
                 relay.heal()
+
+            def registered():
+                now = worker_sessions(state)
+                renewed = not expire or set(now.values()).isdisjoint(before.values())
+                return now if len(now) == 2 and renewed else None
+            after = wait_for(registered, 30, "every worker registered" + (" again in a new session" if expire else ""),
+                             interval=0.2)
             results = finish(state, topo.name, timeout=600)
-            after = wait_for(lambda: (lambda s: s if len(s) == 2 else None)(worker_sessions(state)), 30,
-                             "both workers registered")
             assert all(p.poll() is None for p in c.procs.values()), "a worker exited"
             restarted = [w for w, path in c.logs.items() if "new ZooKeeper session" in open(path).read()]
     finally:

@@ -175,6 +175,7 @@ def test_lenet5_mixbp_on_two_workers_reaches_89_percent(zk, tmp_path):
         assert s["test_accuracy"] >= 0.89
 
 
+@pytest.mark.slow     # a 3-server ensemble and its outage: about a minute
 def test_without_a_quorum_clients_get_a_clear_error_and_workers_keep_their_tasks():
     """Two of three ensemble members die mid-topology: `streamnet-submit list` says there
     is no quorum and exits 1 instead of blocking; the workers stay up with their tasks
