@@ -45,9 +45,9 @@ test: $(VENV)/.test
 unit: $(VENV)/.test
 	$(BIN)/python -m pytest -ra tests/unit $(PYTEST_ARGS)
 
-# `make test` without the tests marked slow (training on the real dataset; ZooKeeper, ensemble
-# and network faults during training): the part a developer runs between commits (under 5
-# minutes on 2 idle cores); CI runs `make test`, all of it
+# `make test` without the tests marked slow (training on the real dataset; faults on worker
+# processes, ZooKeeper and the network): the part a developer runs between commits; CI runs
+# `make test`, all of it
 fast: PYTEST_ARGS += -m "not slow"
 fast: test
 

@@ -52,6 +52,8 @@ def _counted(c, state, name: str) -> int:
                if m["component"] == "count")
 
 
+# on worker processes (zk) with the faults: make fast keeps the embedded cluster's run of the same body
+@pytest.mark.parametrize("mode", ["local", pytest.param("zk", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("who", ["follower", "leader"])
 def test_kill9_mid_topology_moves_its_tasks_and_counts_stay_exact(mode, zk_hosts, who):
     """SIGKILL of a worker mid-topology - a follower, or the leader (the scheduler):
