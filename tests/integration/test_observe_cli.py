@@ -70,6 +70,6 @@ def test_submit_wait_shows_the_training_progress_and_writes_the_metrics_log(zk, 
         r = c.submit_cli("submit", "lenet5-mixbp", *SMALL, "--wait", "--metrics-log", log, "--timeout", "240",
                          timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "epoch 1/2  loss" in r.stderr and "test acc" in r.stderr and "samples/s" in r.stderr, r.stderr
+    assert "epoch 1/2  " in r.stderr and "test acc" in r.stderr and "samples/s" in r.stderr, r.stderr   # (see above)
     assert "spouts done" not in r.stderr
     check_metrics_log(log, 2)
