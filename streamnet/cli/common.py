@@ -5,10 +5,10 @@ import argparse
 import json
 import logging
 import os
-import stat
 import sys
 
 from ..errors import StreamnetError
+from ..private_file import read_private
 
 
 ENVIRONMENT = """environment: STREAMNET_ZK, STREAMNET_CLUSTER and STREAMNET_SECRET_FILE are the defaults of
@@ -176,21 +176,7 @@ def read_secret(path: str | None) -> bytes:
     if not path:
         raise StreamnetError("a cluster secret is required: pass --secret-file FILE (make one with "
                              "`streamnet-submit new-secret FILE`)")
-    try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            secret = f.read().strip()
-    except FileNotFoundError:
-        raise StreamnetError(f"secret file {path} does not exist (make one with "
-                             f"`streamnet-submit new-secret {path}`)") from None
-    except OSError as e:
-        raise StreamnetError(f"cannot read secret file {path}: {e.strerror}") from None
-    if st.st_mode & 0o077:
-        raise StreamnetError(f"secret file {path} has mode {stat.S_IMODE(st.st_mode):04o}: others may read or "
-                             f"change it; run: chmod 600 {path}")
-    if st.st_uid != os.getuid():
-        raise StreamnetError(f"secret file {path} belongs to uid {st.st_uid}, not to this user ({os.getuid()}); "
-                             f"run: chown {os.getuid()} {path}")
+    secret = read_private(path, "secret file", f" (make one with `streamnet-submit new-secret {path}`)")
     if len(secret) < MIN_SECRET_BYTES:
         raise StreamnetError(f"secret file {path} holds {len(secret)} bytes; use at least {MIN_SECRET_BYTES} "
                              f"(`streamnet-submit new-secret FILE` writes one)")

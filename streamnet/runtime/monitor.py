@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import hmac
 import os
-import stat
 
 from aiohttp import web
 
 from ..errors import StreamnetError
+from ..private_file import read_private
 
 MIN_TOKEN_CHARS = 16
 ENV = "STREAMNET_MONITOR_TOKEN_FILE"
@@ -28,20 +28,7 @@ ENV = "STREAMNET_MONITOR_TOKEN_FILE"
 
 def read_token(path: str) -> str:
     """The token in `path`; StreamnetError (naming the file and the fix) otherwise."""
-    try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            raw = f.read().strip()
-    except FileNotFoundError:
-        raise StreamnetError(f"monitor token file {path} does not exist") from None
-    except OSError as e:
-        raise StreamnetError(f"cannot read monitor token file {path}: {e.strerror}") from None
-    if st.st_mode & 0o077:
-        raise StreamnetError(f"monitor token file {path} has mode {stat.S_IMODE(st.st_mode):04o}: others may "
-                             f"read or change it; run: chmod 600 {path}")
-    if st.st_uid != os.getuid():
-        raise StreamnetError(f"monitor token file {path} belongs to uid {st.st_uid}, not to this user "
-                             f"({os.getuid()}); run: chown {os.getuid()} {path}")
+    raw = read_private(path, "monitor token file")
     try:
         token = raw.decode("ascii")
     except UnicodeDecodeError:
