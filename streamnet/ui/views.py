@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..training.run_stats import EVAL_HISTORY, PROGRESS
+from ..training.run_stats import EVAL_HISTORY, PROGRESS, STRAGGLERS
+
+DECISIONS = 12       # scheduler decisions shown on the cluster page
+SUMMED = {"training_sync_received_bytes_total", "training_sync_sent_bytes_total"}   # over the sync tasks
 
 
 @dataclass
@@ -51,7 +54,11 @@ def cluster_view(snap: Snapshot) -> dict:
             "error": snap.unreachable.get(w),
         })
     leader = next((r["id"] for r in rows if r["leader"]), None)
-    return {"workers": rows, "leader": leader, "coordinator_error": snap.coordinator_error, "taken": snap.taken}
+    # the leader's recent load-balancing decisions, with their numbers (newest first)
+    balance = (snap.statuses.get(leader) or {}).get("balance") or {} if leader else {}
+    decisions = sorted((e for history in balance.values() for e in history), key=lambda e: -e["time"])[:DECISIONS]
+    return {"workers": rows, "leader": leader, "coordinator_error": snap.coordinator_error, "taken": snap.taken,
+            "decisions": decisions}
 
 
 def graph(spec: dict) -> dict:
@@ -145,6 +152,8 @@ def training_view(snap: Snapshot, name: str) -> dict:
                     u["round_trip_s"] = v
                 elif fname == "training_barrier_wait_seconds_total":
                     u["barrier_s"] = v
+            elif fname in SUMMED:           # one per sync task (each has its slice)
+                run[fname] = run.get(fname, 0.0) + v
             else:
                 run[fname] = v
     per_unit = []
@@ -161,7 +170,7 @@ def training_view(snap: Snapshot, name: str) -> dict:
             "replayed_samples": run.get("training_replayed_samples_total", 0),
             "bytes_moved": run.get("training_sync_received_bytes_total", 0) + run.get("training_sync_sent_bytes_total", 0),
             "recoveries": run.get("training_recoveries_total", 0),
-            "per_unit": per_unit}
+            "per_unit": per_unit, "stragglers": results.get(STRAGGLERS)}
 
 
 def record_loss(snap: Snapshot, previous: dict[str, list], keep: int = 5000) -> None:

@@ -69,3 +69,20 @@ def test_a_loss_curve_gains_a_point_only_for_a_new_round():
     snap = _snapshot([_fig("training_loss", 0.5), _fig("training_sync_rounds_total", 7)])
     views.record_loss(snap, {"run": [[7, 0.5]]})
     assert snap.loss_curves["run"] == [[7, 0.5]]
+
+
+def test_decisions_stragglers_and_bytes_over_every_sync_task():
+    snap = _snapshot([_fig("training_sync_received_bytes_total", 100.0),
+                      _fig("training_sync_sent_bytes_total", 50.0)])
+    second = {"component": "sync", "executed": 1, "emitted": 1, "acked": 1, "failed": 0, "execute_s_total": 0.1,
+              "execute_ms_p99": 1.0, "figures": [_fig("training_sync_received_bytes_total", 100.0),
+                                                 _fig("training_sync_sent_bytes_total", 50.0)]}
+    snap.statuses["w0"]["topologies"]["run"]["tasks"]["4"] = second          # slice 1's sync task
+    snap.statuses["w0"]["balance"] = {"run": [{"time": 1.0, "topology": "run", "decision": "older"},
+                                              {"time": 2.0, "topology": "run", "decision": "compute shares ..."}]}
+    top = [{"unit": 1, "worker": "w1", "rounds": 3, "held_s": 0.2,
+            "reasons": {"compute": 3, "communication": 0, "queueing": 0}}]
+    snap.topologies["run"]["results"]["sync.0.stragglers"] = {"rounds_judged": 9, "top": top, "last": None}
+    assert [d["decision"] for d in views.cluster_view(snap)["decisions"]] == ["compute shares ...", "older"]
+    r = views.training_view(snap, "run")
+    assert r["bytes_moved"] == 300.0 and r["stragglers"]["top"] == top

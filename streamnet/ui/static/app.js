@@ -73,6 +73,9 @@ function renderCluster(d) {
       <td>${pct(w.busy_ratio)}</td><td>${num(w.tasks)}</td><td>${duration(w.uptime_s)}</td>
       <td class="error">${w.error ? "unreachable: " + esc(w.error) : ""}</td>
     </tr>`).join("") || '<tr><td colspan="8" class="muted">no worker registered</td></tr>';
+  document.getElementById("decisions").innerHTML = d.decisions.map((e) => `<li>
+    <span class="muted">${new Date(e.time * 1000).toLocaleTimeString()} ${esc(e.topology)}</span>
+    ${esc(e.decision)}</li>`).join("") || '<li class="muted">none yet (load balancing decides with --balance load)</li>';
 }
 
 // -- topologies ------------------------------------------------------------------------
@@ -164,7 +167,8 @@ function renderTraining(d) {
       ${lineChart("loss", "training loss per round", r.loss, {xLabel: "round"})}
       ${lineChart("accuracy", "test accuracy per epoch", r.accuracy, {xLabel: "epoch", percent: true, yMin: 0, yMax: 1})}
       ${unitBars(r.per_unit)}
-    </div></div>`).join("");
+    </div>
+    ${stragglers(r.stragglers)}</div>`).join("");
 }
 
 function lineChart(id, title, points, opt) {
@@ -192,6 +196,16 @@ function lineChart(id, title, points, opt) {
     <text x="${L}" y="${H - B + 16}">${num(x0)}</text><text x="${W - R}" y="${H - B + 16}" text-anchor="end">${num(x1)}</text>
     <text x="${(L + W - R) / 2}" y="${H - 6}" text-anchor="middle">${esc(opt.xLabel)}</text>
     <path class="line" d="${line}" stroke="#3b6fd1"/>${dots}</svg>`;
+}
+
+function stragglers(s) {
+  if (!s || !s.top || !s.top.length) return '<p class="muted" data-stragglers="none">no straggler yet</p>';
+  const rows = s.top.map((t) => `<tr><td>unit ${num(t.unit)}</td><td>${esc(t.worker)}</td><td>${num(t.rounds)}</td>
+    <td>${secs(t.held_s)}</td><td>${Object.entries(t.reasons).filter(([, n]) => n).map(([r, n]) => `${esc(r)} ${n}`).join(", ")}</td></tr>`);
+  return `<table class="stragglers" data-stragglers="${s.top.length}"><caption>stragglers over ${num(s.rounds_judged)} rounds
+    (the unit that arrived last, and why)</caption>
+    <thead><tr><th>unit</th><th>worker</th><th>rounds held</th><th>others waited</th><th>why</th></tr></thead>
+    <tbody>${rows.join("")}</tbody></table>`;
 }
 
 function unitBars(units) {
