@@ -67,7 +67,10 @@ class _WorkerThread:
     def ask_to_stop(self, crash: bool = False) -> None:
         self.crashed = self.crashed or crash
         if self.loop is not None and self._stop is not None and self.thread.is_alive():
-            self.loop.call_soon_threadsafe(self._stop.set)
+            try:
+                self.loop.call_soon_threadsafe(self._stop.set)
+            except RuntimeError:       # its loop closed since: asked before (__exit__ asks all at once), and gone
+                pass
 
 
 class LocalCluster:

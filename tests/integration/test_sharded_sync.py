@@ -49,7 +49,10 @@ def test_sharded_sync_gives_the_parameters_of_one_sync_task(c):
 def test_a_sharded_run_writes_whole_checkpoints_that_resume_with_another_s(tmp_path):
     """Stopped part-way with S = 2, resumed with S = 3: the checkpoint holds the whole
     vector and outer momentum, and the run ends where an uninterrupted S = 1 run ends."""
-    c = replace(cfg("mixbp", units=2, sync_period=2, outer_momentum=0.5), data=replace(DATA, synthetic_train=1024))
+    # 6 epochs: long enough that the stop asked after round 3 lands before the end (progress is
+    # published every 0.5 s, and a loaded machine is slow to read it)
+    c = replace(cfg("mixbp", units=2, sync_period=2, outer_momentum=0.5), data=replace(DATA, synthetic_train=1024),
+                epochs=6)
     _, whole = train_on_local_cluster(c, workers=2)
     ckdir = str(tmp_path / "ck")
     _, results = train_on_local_cluster(replace(c, sync_tasks=2), workers=2, checkpoint_dir=ckdir, name="run",
