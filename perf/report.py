@@ -117,6 +117,9 @@ def speedup(p, run: Runner) -> dict:
         ns = SimpleNamespace(max_epochs=p["epochs"], target=p["target"], train_limit=p["train_limit"], budget_s=900)
         for k in p["workers"]:
             d = run_ddp(k, ns)
+            if "error" in d:      # seen once: rank 1 aborted (SIGABRT) at start, fine when run again
+                print(f"  DDP gloo {k}: failed ({d['error'][-200:].strip()}); once more", flush=True)
+                d = run_ddp(k, ns)
             if "error" in d:
                 out["runs"][f"ddp/{k}"] = {"error": d["error"][-300:]}
                 print(f"  DDP gloo {k}: failed: {d['error'][-300:]}", flush=True)
@@ -257,7 +260,8 @@ def threads(p, run: Runner) -> dict:
     if run.zk_hosts and len(os.sched_getaffinity(0)) >= 2:
         from balance import cotenant
         print("  co-tenant on one worker's core, --balance static vs load ...", flush=True)
-        co = cotenant(run.zk_hosts, p["train_limit"] or 60000, max(3, p["epochs"]))
+        # the whole training set: epochs of a few seconds, long against the balancer's reaction (~1 s)
+        co = cotenant(run.zk_hosts, 60000, 3)
         out["balance"] = {k: {kk: vv for kk, vv in v.items() if kk != "series"} if isinstance(v, dict) and
                           "series" in v else v for k, v in co.items()}
         out["_balance_series"] = co
