@@ -4,12 +4,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
 from ..cli.common import (ENVIRONMENT, Parser, add_cluster_options, add_common_options, connect, error_exit,
                           port_number, positive_float)
 from ..errors import StreamnetError
+from ..runtime.monitor import ENV, read_token
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,12 +23,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=port_number, default=8080, help="port to listen on (default 8080; 0: any free port)")
     p.add_argument("--poll", type=positive_float, default=1.0, metavar="SECONDS",
                    help="how often the UI reads the cluster, in seconds (default 1)")
+    p.add_argument("--monitor-token-file", metavar="FILE", default=os.environ.get(ENV) or None,
+                   help="the workers' monitor token, sent when reading their /status (default: "
+                        "$STREAMNET_MONITOR_TOKEN_FILE, else none)")
     return p
 
 
-async def _serve(state, host: str, port: int, poll_s: float) -> None:
+async def _serve(state, host: str, port: int, poll_s: float, token: str | None = None) -> None:
     from .server import serve
-    runner, port = await serve(state, host, port, poll_s)
+    runner, port = await serve(state, host, port, poll_s, token)
     print(f"streamnet-ui: serving cluster {state.cluster!r} on http://{host}:{port}/", file=sys.stderr)
     try:
         await asyncio.Event().wait()
@@ -39,12 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=a.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     try:
+        token = read_token(a.monitor_token_file) if a.monitor_token_file else None
         coord, state, _secret = connect(a)
     except StreamnetError as e:
         return error_exit("streamnet-ui", e)
     signal.signal(signal.SIGTERM, signal.default_int_handler)   # a service manager's stop: end as Ctrl-C does
     try:
-        asyncio.run(_serve(state, a.host, a.port, a.poll))
+        asyncio.run(_serve(state, a.host, a.port, a.poll, token))
     except StreamnetError as e:
         return error_exit("streamnet-ui", e)
     except KeyboardInterrupt:

@@ -18,6 +18,7 @@ import aiohttp
 from aiohttp import web
 
 from ..errors import StreamnetError
+from ..runtime import monitor
 from ..runtime.control.cluster_state import ClusterState
 from . import views
 
@@ -27,8 +28,10 @@ STATIC = resources.files("streamnet.ui") / "static"
 
 
 class Sampler:
-    def __init__(self, state: ClusterState, poll_s: float = 1.0):
+    def __init__(self, state: ClusterState, poll_s: float = 1.0, token: str | None = None):
+        """`token`: the workers' monitor token (runtime/monitor.py), sent with every /status read."""
         self.state, self.poll_s = state, poll_s
+        self.headers = monitor.headers(token)
         self.snapshot = views.Snapshot(taken=time.time(), workers={}, statuses={}, unreachable={}, topologies={})
         self.updated = asyncio.Event()
 
@@ -55,7 +58,7 @@ class Sampler:
 
         async def status(w, rec):
             try:
-                async with session.get(f"http://{rec['host']}:{rec['port']}/status") as r:
+                async with session.get(f"http://{rec['host']}:{rec['port']}/status", headers=self.headers) as r:
                     r.raise_for_status()
                     return w, await r.json(), None
             except Exception as e:  # noqa: BLE001 - an unreachable worker is shown, not fatal
@@ -124,9 +127,10 @@ def make_app(sampler: Sampler) -> web.Application:
     return app
 
 
-async def serve(state: ClusterState, host: str, port: int, poll_s: float = 1.0) -> tuple[web.AppRunner, int]:
+async def serve(state: ClusterState, host: str, port: int, poll_s: float = 1.0,
+                token: str | None = None) -> tuple[web.AppRunner, int]:
     """Start the UI on host:port; returns the runner (await runner.cleanup() to stop) and the port."""
-    runner = web.AppRunner(make_app(Sampler(state, poll_s)), access_log=None)
+    runner = web.AppRunner(make_app(Sampler(state, poll_s, token)), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     try:

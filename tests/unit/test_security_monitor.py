@@ -46,3 +46,35 @@ def test_status_needs_the_token_when_one_is_set():
     assert wrong[0] == 401 and odd[0] == 401
     assert right[0] == 200 and lower[0] == 200
     assert [r[0] for r in asyncio.run(main(None))] == [200] * 5      # no token set: open, as before
+
+
+def test_the_ui_reads_workers_that_require_the_token():
+    from aiohttp import ClientSession
+    from aiohttp.test_utils import TestServer
+    from streamnet.ui.server import Sampler
+
+    class State:            # the coordinator as the sampler reads it: one worker, no topology
+        def __init__(self, port):
+            self.port = port
+
+        def workers(self):
+            return {"w0": {"host": "127.0.0.1", "port": self.port}}
+
+        def topology_names(self):
+            return []
+
+    async def main():
+        async def status(request):
+            return monitor.refusal(request, TOKEN) or web.json_response({"worker": "w0", "topologies": {}})
+        app = web.Application()
+        app.add_routes([web.get("/status", status)])
+        async with TestServer(app) as server, ClientSession() as session:
+            seen = []
+            for token in (None, TOKEN):
+                sampler = Sampler(State(server.port), token=token)
+                await sampler.sample(session)
+                seen.append((sampler.snapshot.statuses, sampler.snapshot.unreachable))
+            return seen
+    (without, why), (with_token, none) = asyncio.run(main())
+    assert without == {} and "401" in why["w0"]
+    assert with_token == {"w0": {"worker": "w0", "topologies": {}}} and none == {}
