@@ -8,7 +8,10 @@ co-tenant slowing one node, with --balance static against --balance load.
     hosts unit 1 and stopped halfway through the last epoch. The same run with
     static and with load balancing: each epoch's time, rounds/s and each unit's
     batch share over time, accuracy at the end; how many rounds the shares took to
-    follow the co-tenant and to come back.
+    follow the co-tenant and to come back: the data spout's step when the co-tenant
+    started or stopped (read from its worker's /metrics at that moment) against the
+    step at which it began cutting rounds with the settled shares (its published
+    share log: each change's step and time).
 
     python perf/balance.py                # ~6 minutes on 2 idle cores
     python perf/balance.py --quick        # smaller data: ~2 minutes
@@ -26,6 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from perf.common import machine, pin_blas_threads, png_path, write_json  # noqa: E402
+from streamnet.runtime.control.placement import worker_url  # noqa: E402
 
 pin_blas_threads(1)
 
@@ -46,9 +50,10 @@ def _run(zk_hosts, cfg, workers: int, threads: int, pin: bool, on_progress=None)
     series = []
     with running_cluster(zk_hosts, workers=workers, threads=threads, session_timeout=10.0, pin_cores=pin) as (_, st):
         st.submit_topology(topo.name, topo.to_dict())
-        t0 = time.monotonic()
+        t0, t0_wall = time.monotonic(), time.time()
 
         log: list = []
+        spout = {}
 
         def progress(p):
             a = st.assignment(topo.name)[0]
@@ -63,16 +68,32 @@ def _run(zk_hosts, cfg, workers: int, threads: int, pin: bool, on_progress=None)
             series.append(row)
             log[:] = st.balance_log(topo.name)          # kept: the topology's nodes go when it ends
             if on_progress:
-                on_progress(row)
+                if not spout and a:
+                    spout["url"] = worker_url(st.workers()[a.tasks[topo.tasks("data")[0]]])
+                on_progress(row, lambda: spout_step(spout["url"], topo.name))
         results, wall = follow(st, topo, cfg, progress=progress, poll_s=0.2)
-    return summarise(cfg, results, workers=workers, wall_s=wall), series, log
+    share_log = results.get("data.0.shares", [])
+    for entry in share_log:
+        entry["t"] = entry["time"] - t0_wall
+    return summarise(cfg, results, workers=workers, wall_s=wall), series, log, share_log
+
+
+def spout_step(url: str, topology: str) -> int | None:
+    """The data spout's step now (rounds completed), from its worker's /metrics."""
+    import re
+    import urllib.request
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    m = re.search(r'^streamnet_training_rounds_total\{[^}]*topology="%s"[^}]*\} ([0-9.e+]+)$' % re.escape(topology),
+                  text, re.M)
+    return int(float(m.group(1))) if m else None
 
 
 def threads_table(zk_hosts, train: int) -> list[dict]:
     rows = []
     for workers, threads, units in ((1, 1, 1), (1, 2, 1), (1, 2, 2), (2, 1, 2)):
         cfg = _cfg(units, 1, train, 1000, "static")
-        s, _, _ = _run(zk_hosts, cfg, workers, threads, pin=workers > 1)
+        s, *_ = _run(zk_hosts, cfg, workers, threads, pin=workers > 1)
         rows.append({"workers": workers, "threads_per_worker": threads, "units": units,
                      "samples_per_s": round(s.samples_per_s), "wall_s": round(s.wall_s, 1)})
         print(f"  {workers} worker(s) x {threads} thread(s), {units} unit(s): {s.samples_per_s:,.0f} samples/s",
@@ -86,16 +107,16 @@ class CoTenant:
     def __init__(self, train: int, epochs: int):
         self.start_at, self.stop_at = train // 2, (epochs - 1) * train + train // 2
         self.proc = None
-        self.on = self.off = None        # (t, rounds) when it started / stopped
+        self.on = self.off = None        # (t, rounds, the spout's step) when it started / stopped
 
-    def __call__(self, row):
+    def __call__(self, row, step):
         if self.on is None and row["samples"] >= self.start_at:
             self.proc = subprocess.Popen(["taskset", "-c", str(self._core(row)), sys.executable, "-c",
                                           "while True: pass"])
-            self.on = (row["t"], row["rounds"])
+            self.on = (row["t"], row["rounds"], step())
         elif self.on is not None and self.off is None and row["samples"] >= self.stop_at:
             self.kill()
-            self.off = (row["t"], row["rounds"])
+            self.off = (row["t"], row["rounds"], step())
 
     @staticmethod
     def _core(row) -> int:
@@ -108,22 +129,16 @@ class CoTenant:
             self.proc.wait(10)
 
 
-def _rounds_until(series, since, test) -> int | None:
-    """Rounds from the poll at time `since` to the first poll after it where test(row) holds
-    (the sync task publishes its round count every 0.5 s: that is the resolution)."""
-    if since is None:
-        return None
-    t0, r0 = since
-    for row in series:
-        if row["t"] >= t0 and test(row):
-            return row["rounds"] - r0
-    return None
-
-
-def _seconds_until(series, since, test) -> float | None:
-    if since is None:
-        return None
-    return next((round(row["t"] - since[0], 2) for row in series if row["t"] >= since[0] and test(row)), None)
+def _first_change(share_log, since, test):
+    """The first change of shares at or after the co-tenant event `since` (t, rounds,
+    step) after which test(shares) holds: (rounds from the event, seconds), or Nones.
+    Rounds: the spout's step at that change minus its step at the event."""
+    if since is None or since[2] is None:
+        return None, None
+    for entry in share_log:
+        if entry["t"] >= since[0] and test(entry["shares"]):
+            return entry["step"] - since[2], round(entry["t"] - since[0], 2)
+    return None, None
 
 
 def cotenant(zk_hosts, train: int, epochs: int) -> dict:
@@ -131,27 +146,24 @@ def cotenant(zk_hosts, train: int, epochs: int) -> dict:
     for balance in ("static", "load"):
         hog = CoTenant(train, epochs)
         try:
-            s, series, log = _run(zk_hosts, _cfg(2, epochs, train, 2000, balance), 2, 1, True, hog)
+            s, series, log, share_log = _run(zk_hosts, _cfg(2, epochs, train, 2000, balance), 2, 1, True, hog)
         finally:
             hog.kill()
         run = {"epoch_s": [round(e.seconds, 2) for e in s.history], "test_accuracy": s.test_accuracy,
                "samples_per_s": round(s.samples_per_s), "each_sample_counted_once":
                    s.extra["each_sample_counted_once"], "cotenant_on": hog.on, "cotenant_off": hog.off,
-               "series": series, "decisions": log}
+               "series": series, "decisions": log, "share_log": share_log}
         if balance == "load":
             held = [r["shares"] for r in series if hog.on and r["t"] >= hog.on[0] and
                     (hog.off is None or r["t"] < hog.off[0])]
             settled = held[len(held) // 2:] or held
             goal = [sorted(x[k] for x in settled)[len(settled) // 2] for k in range(2)] if settled else [1.0, 1.0]
             run["settled_shares"] = goal
-            run["rounds_to_follow"] = _rounds_until(series, hog.on, lambda r: all(
-                abs(r["shares"][k] - goal[k]) <= 0.1 * goal[k] for k in range(2)) and goal != [1.0, 1.0])
-            run["rounds_to_return"] = _rounds_until(series, hog.off, lambda r: all(
-                abs(x - 1.0) <= 0.1 for x in r["shares"]))
-            run["seconds_to_follow"] = _seconds_until(series, hog.on, lambda r: all(
-                abs(r["shares"][k] - goal[k]) <= 0.1 * goal[k] for k in range(2)) and goal != [1.0, 1.0])
-            run["seconds_to_return"] = _seconds_until(series, hog.off, lambda r: all(
-                abs(x - 1.0) <= 0.1 for x in r["shares"]))
+            near = lambda shares: all(abs(shares[k] - goal[k]) <= 0.1 * goal[k] for k in range(2))  # noqa: E731
+            run["rounds_to_follow"], run["seconds_to_follow"] = _first_change(
+                share_log, hog.on, lambda sh: near(sh) and goal != [1.0, 1.0])
+            run["rounds_to_return"], run["seconds_to_return"] = _first_change(
+                share_log, hog.off, lambda sh: all(abs(x - 1.0) <= 0.1 for x in sh))
         out[balance] = run
         print(f"  {balance}: epochs {run['epoch_s']} s, accuracy {s.test_accuracy:.2%}, co-tenant "
               f"{hog.on} -> {hog.off}" + (f", shares followed in {run['rounds_to_follow']} rounds, back in "

@@ -9,26 +9,33 @@
   load average;
 - the compute pool's busy fraction.
 
-`LoadMeter.sample()` turns these into one plain record; `moved()` says whether a
-new record differs enough from the last one published to be worth a coordinator
-write, so that hundreds of workers do not flood ZooKeeper with unchanged numbers.
+`LoadMeter.sample()` turns these into one plain record (`record()` again with the
+last host figures, when a task reported work); `moved()` says whether a new record
+differs enough from the last one published to be worth a coordinator write, and
+`due()` bounds the rate of writes (a burst of BURST, then one per MIN_PUBLISH_S), so
+that hundreds of workers do not flood ZooKeeper with unchanged numbers while a real
+change still reaches the leader within a round or two.
 """
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections import deque
 
-WINDOW = 6              # reports per task in the speed window
+WINDOW = 3              # reports per task in the speed window (its median: one odd report is not news)
 CHANGE = 0.10           # a figure that moved by more than this fraction is news
-MIN_PUBLISH_S = 1.0     # at most one write per this many seconds
+MIN_PUBLISH_S = 1.0     # on average at most one write per this many seconds ...
+BURST = 3               # ... after a burst of this many (a change, and the figures settling)
 HEARTBEAT_S = 30.0      # an unchanged record is still written this often
 FOREIGN_STEP = 0.25     # cores busy with other processes: a change by more than this is news
 
 
 class SpeedWindow:
-    """Seconds per item of one task over its last WINDOW reports. A task's first report
-    is left out: it holds the warm-up (numba compiling, caches filling), not its speed."""
+    """Seconds per item of one task: the median of its last WINDOW reports, so that a
+    step change shows in full after WINDOW // 2 + 1 reports and one odd report (a
+    pause, a collection) not at all. A task's first report is left out: it holds the
+    warm-up (numba compiling, caches filling), not its speed."""
 
     def __init__(self, window: int = WINDOW):
         self.reports: deque[tuple[float, float]] = deque(maxlen=window)
@@ -43,8 +50,7 @@ class SpeedWindow:
         self.reports.append((float(items), float(seconds)))
 
     def seconds_per_item(self) -> float | None:
-        items = sum(n for n, _ in self.reports)
-        return sum(s for _, s in self.reports) / items if items else None
+        return statistics.median(s / n for n, s in self.reports) if self.reports else None
 
 
 def _cpu_times(cpus: set[int], path: str = "/proc/stat") -> tuple[float, float, float] | None:
@@ -121,6 +127,8 @@ class LoadMeter:
         self.tasks: dict[tuple[str, int], SpeedWindow] = {}     # (topology, task) -> window
         self.published: dict | None = None
         self.published_at = 0.0
+        self.tokens, self.refilled_at = float(BURST), None     # the write budget (due())
+        self.host_rec: dict = {}          # the last host sample
 
     def report_work(self, topology: str, task: int, items: float, seconds: float) -> None:
         self.tasks.setdefault((topology, task), SpeedWindow()).add(items, seconds)
@@ -131,7 +139,13 @@ class LoadMeter:
             del self.tasks[key]
 
     def sample(self, busy_fraction: float, threads: int, threads_auto: bool) -> dict:
-        rec = self.host.sample()
+        """A new host sample, and the record with it."""
+        self.host_rec = self.host.sample()
+        return self.record(busy_fraction, threads, threads_auto)
+
+    def record(self, busy_fraction: float, threads: int, threads_auto: bool) -> dict:
+        """The record from the last host sample and the tasks' current speeds."""
+        rec = dict(self.host_rec)
         rec.update(busy=round(busy_fraction, 3), threads=threads, threads_auto=threads_auto)
         speeds: dict[str, dict[str, float]] = {}
         for (topology, task), w in sorted(self.tasks.items()):
@@ -142,17 +156,22 @@ class LoadMeter:
         return rec
 
     def due(self, rec: dict, now: float) -> bool:
-        """Whether `rec` is worth writing now (and, if so, remember it as written)."""
-        if now - self.published_at < MIN_PUBLISH_S:
+        """Whether `rec` is worth writing now (and, if so, remember it as written): it
+        moved (or the heartbeat is due) and the write budget allows one more."""
+        if self.refilled_at is not None:
+            self.tokens = min(float(BURST), self.tokens + (now - self.refilled_at) / MIN_PUBLISH_S)
+        self.refilled_at = now
+        if self.tokens < 1.0:
             return False
         if self.published is not None and now - self.published_at < HEARTBEAT_S and not moved(self.published, rec):
             return False
+        self.tokens -= 1.0
         self.published, self.published_at = rec, now
         return True
 
 
-def _moved(a: float, b: float, frac: float, floor: float) -> bool:
-    return abs(a - b) > frac * max(abs(a), abs(b), floor)
+def _moved(a: float, b: float, frac: float) -> bool:
+    return abs(a - b) > frac * max(abs(a), abs(b))
 
 
 def moved(old: dict, new: dict, frac: float = CHANGE) -> bool:
@@ -168,6 +187,6 @@ def moved(old: dict, new: dict, frac: float = CHANGE) -> bool:
     for topology, speeds in b.items():
         if set(speeds) != set(a[topology]):
             return True
-        if any(_moved(a[topology][t], s, frac, 0.0) for t, s in speeds.items()):
+        if any(_moved(a[topology][t], s, frac) for t, s in speeds.items()):
             return True
     return False

@@ -52,6 +52,7 @@ class Worker:
         #: `--threads auto`: the load balancer may set this worker's threads to its free cores
         self.threads_auto = threads_auto
         self.load = LoadMeter()
+        self._load_news = asyncio.Event()     # a task reported work (report_work)
         self.started_at = time.time()
         self.auth = Auth(secret, worker_id)
         self.monitor_token = monitor_token     # required on /status and /metrics when set (monitor.py)
@@ -102,13 +103,30 @@ class Worker:
             info["load"] = self.load.published
         return info
 
+    def report_work(self, topology: str, task: int, items: float, seconds: float) -> None:
+        """A task's work report (Context.report_work, on the event loop): into its speed
+        window, and the load loop looks at once whether that is news."""
+        self.load.report_work(topology, task, items, seconds)
+        self._load_news.set()
+
     async def _measure_load(self) -> None:
-        """Sample the load every LOAD_SAMPLE_S; publish it (in the worker's registration)
-        when a figure moved enough (load.py), for the leader's balancing policy."""
+        """Sample the host's load every LOAD_SAMPLE_S, and the tasks' speeds whenever one
+        reports; publish the record (in the worker's registration) when a figure moved
+        enough (load.py), for the leader's balancing policy."""
+        next_sample = time.monotonic()
         while not self.closing:
-            await asyncio.sleep(LOAD_SAMPLE_S)
-            rec = self.load.sample(self.pool.busy_fraction(), self.pool.size, self.threads_auto)
-            if self.load.due(rec, time.monotonic()):
+            try:
+                await asyncio.wait_for(self._load_news.wait(), max(0.0, next_sample - time.monotonic()))
+            except asyncio.TimeoutError:
+                pass
+            self._load_news.clear()
+            now = time.monotonic()
+            if now >= next_sample:
+                rec = self.load.sample(self.pool.busy_fraction(), self.pool.size, self.threads_auto)
+                next_sample = now + LOAD_SAMPLE_S
+            else:
+                rec = self.load.record(self.pool.busy_fraction(), self.pool.size, self.threads_auto)
+            if self.load.due(rec, now):
                 try:
                     await asyncio.to_thread(self.state.update_worker, self.id, self.info())
                 except CoordinatorError as e:   # the next change (or heartbeat) writes again

@@ -7,6 +7,7 @@ the work of a unit whose tree failed or timed out.
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 
@@ -18,6 +19,8 @@ from .schedule import SharedSchedule, schedule_for
 from .streams import WORK, row
 
 log = logging.getLogger(__name__)
+
+SHARE_LOG = 50      # changes of the work shares kept in the published log
 
 
 class DataSpout(Spout):
@@ -44,9 +47,9 @@ class DataSpout(Spout):
             start = self.config["resume"]
             self.epoch, self.round, self.step = start["epoch"], start["round"], start["step"]
             self.shares = list(start.get("shares") or self.shares)   # the run's last decision, from its checkpoint
-        self.total = self.schedule.epoch(0)[1] * self.cfg.epochs
-        if self.epoch < self.cfg.epochs:
-            self.plan, self.rounds = self.schedule.epoch(self.epoch)
+        self.plan, self.rounds = self._epoch(min(self.epoch, self.cfg.epochs - 1))
+        self.total = self.rounds * self.cfg.epochs          # every epoch has as many rounds
+        self.share_log: list[dict] = []             # the last SHARE_LOG changes of shares, published
         self.in_flight: dict[tuple, list] = {}      # (epoch, round, unit) -> work values
         self.flagged = False                        # is the round in flight a checkpoint round?
         self.replay: list[tuple] = []
@@ -61,7 +64,14 @@ class DataSpout(Spout):
         self.stopped = state.get("stopped", False)   # absent in states saved before drains existed
         self.shares = list(state.get("shares") or self.shares)
         if self.epoch < self.cfg.epochs:
-            self.plan, self.rounds = self.schedule.epoch(self.epoch)
+            self.plan, self.rounds = self._epoch(self.epoch)
+
+    def _epoch(self, epoch: int):
+        """(per unit its rounds of `epoch`, the round count). Under load balancing the
+        rounds are cut when they are emitted, with the shares of the moment: no plan."""
+        if self.balanced:
+            return None, self.schedule.num_rounds
+        return self.schedule.epoch(epoch)
 
     def drain(self):
         if not self.draining and not self.is_done():
@@ -81,25 +91,29 @@ class DataSpout(Spout):
             return  # the barrier: the whole round must complete first
         scale = lr_scale(self.cfg.algorithm, self.step / self.total)
         self.flagged = self.draining or (self.checkpoints and self.round + 1 >= self.rounds)
-        shared = self.schedule.round(self.epoch, self.round, self.shares) if self.balanced else None
-        for unit, rounds in enumerate(self.plan):
-            if self.round < len(rounds) or self.flagged:
-                mine = shared[unit] if shared is not None else rounds[self.round] if self.round < len(rounds) else []
-                batches = [b.astype(np.int32) for b in mine]
-                key = (self.epoch, self.round, unit)
-                self.in_flight[key] = row(WORK, unit=unit, epoch=self.epoch, round=self.round, step=self.step,
-                                          lr_scale=scale, batches=batches, checkpoint=self.flagged)
-                self._emit(key, self.in_flight[key])
+        if self.balanced:       # every unit has every round, cut by the shares
+            work = enumerate(self.schedule.round(self.epoch, self.round, self.shares))
+        else:
+            work = ((unit, rounds[self.round] if self.round < len(rounds) else [])
+                    for unit, rounds in enumerate(self.plan) if self.round < len(rounds) or self.flagged)
+        for unit, mine in work:
+            batches = [b.astype(np.int32) for b in mine]
+            key = (self.epoch, self.round, unit)
+            self.in_flight[key] = row(WORK, unit=unit, epoch=self.epoch, round=self.round, step=self.step,
+                                      lr_scale=scale, batches=batches, checkpoint=self.flagged)
+            self._emit(key, self.in_flight[key])
 
     def ack(self, key):
         self.in_flight.pop(tuple(key), None)
         if not self.in_flight:
             self.round += 1
             self.step += 1
+            self.ctx.figure("training_rounds_total", self.step, counter=True,
+                            help="Synchronisation rounds the data spout has seen complete (steps of the run)")
             if self.round >= self.rounds:
                 self.epoch, self.round = self.epoch + 1, 0
                 if self.epoch < self.cfg.epochs:
-                    self.plan, self.rounds = self.schedule.epoch(self.epoch)
+                    self.plan, self.rounds = self._epoch(self.epoch)
             if self.draining and self.flagged and self.epoch < self.cfg.epochs:
                 self.stopped = True
                 log.warning("drained: stopped before epoch %d, round %d (step %d)",
@@ -122,6 +136,10 @@ class DataSpout(Spout):
         for k, b in enumerate(after):
             self.ctx.figure("training_unit_batch", b, unit=str(k),
                             help="Samples per local step the data spout gives each unit (load balancing)")
+        # when each cut began, by step and wall clock (perf/balance.py counts the rounds it took)
+        self.share_log = self.share_log[-(SHARE_LOG - 1):] + [
+            {"step": self.step, "epoch": self.epoch, "round": self.round, "time": time.time(), "shares": self.shares}]
+        self.ctx.publish("shares", self.share_log)
 
     def fail(self, key):
         key = tuple(key)

@@ -156,7 +156,9 @@ def test_speed_window_and_what_is_worth_publishing():
     assert w.seconds_per_item() is None
     for items, s in [(100, 1.0), (100, 1.0), (100, 1.0), (100, 3.0)]:
         w.add(items, s)
-    assert w.seconds_per_item() == pytest.approx(5.0 / 300)       # the oldest report left the window
+    assert w.seconds_per_item() == pytest.approx(0.01)            # one odd report is not news
+    w.add(50, 1.5)                                                   # a step change (and a smaller batch) ...
+    assert w.seconds_per_item() == pytest.approx(0.03)            # ... shows in full after two reports
     base = {"cores": 2, "threads": 2, "foreign_busy": 0.0, "seconds_per_item": {"t": {"1": 0.01}}}
     assert not moved(base, {**base, "foreign_busy": 0.2})           # less than a quarter core: noise
     assert moved(base, {**base, "foreign_busy": 0.8})
@@ -165,17 +167,26 @@ def test_speed_window_and_what_is_worth_publishing():
     assert moved(base, {**base, "threads": 1})
 
 
-def test_the_meter_writes_at_most_once_a_second_and_only_news():
+def test_the_meter_writes_only_news_and_within_its_budget():
+    from streamnet.runtime.load import BURST, MIN_PUBLISH_S
     m = LoadMeter()
     m.report_work(NAME, 1, 100, 9.0)              # warm-up
     m.report_work(NAME, 1, 100, 0.5)
     rec = m.sample(0.5, 2, False)
     assert rec["seconds_per_item"] == {NAME: {"1": 0.005}} and rec["cores"] >= 1
     assert m.due(rec, 100.0)
-    assert not m.due(rec, 100.5)                  # too soon
     assert not m.due(rec, 102.0)                  # nothing moved
-    for _ in range(6):
+    for _ in range(2):
         m.report_work(NAME, 1, 100, 5.0)
-    assert m.due(m.sample(0.5, 2, False), 102.0)  # a speed moved
+    rec = m.record(0.5, 2, False)                 # the last host figures, the new speed
+    assert rec["cores"] >= 1 and m.due(rec, 102.0)   # a speed moved
+    # a figure that keeps moving is written in a burst, then at one write per MIN_PUBLISH_S
+    t, writes = 200.0, []
+    for i in range(40):                           # 40 samples 0.1 s apart, each a new speed
+        m.report_work(NAME, 1, 100, 1.0 + i)
+        m.report_work(NAME, 1, 100, 1.0 + i)
+        if m.due(m.record(0.5, 2, False), t + 0.1 * i):
+            writes.append(t + 0.1 * i)
+    assert len(writes) <= BURST + 4.0 / MIN_PUBLISH_S + 1 and writes[:2] == [200.0, 200.1]
     m.forget(NAME, 1)
     assert m.sample(0.5, 2, False)["seconds_per_item"] == {}

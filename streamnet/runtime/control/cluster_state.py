@@ -90,6 +90,10 @@ class ClusterState:
     def watch_workers(self, callback: Callable[[list[str]], None]):
         return self.coord.watch_children(self.path("workers"), callback)
 
+    def watch_worker(self, worker_id: str, callback: Callable[[bytes | None, int], None]):
+        """Watch one worker's registration (its load records are published there)."""
+        return self.coord.watch_data(self.path("workers", worker_id), callback)
+
     # -- fast failure detection: a worker reports a peer whose connections fail ------
     def report_unreachable(self, peer: str, reporter: str, why: str) -> None:
         try:

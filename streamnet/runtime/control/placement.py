@@ -66,7 +66,7 @@ class Step:
 
 
 def plan(spec: dict, workers: dict[str, dict], current: Assignment | None, request: dict | None,
-         stopped: set[str], now: float) -> Step:
+         stopped: set[str], now: float, topology: Topology | None = None) -> Step:
     """One pass of the rebalance state machine for one topology.
 
     - a parallelism request starts phase 1: the new spec, and a *draining* assignment
@@ -76,6 +76,8 @@ def plan(spec: dict, workers: dict[str, dict], current: Assignment | None, reque
       DRAIN_TIMEOUT_S passed), then phase 2 places every task afresh;
     - otherwise: place (keeping tasks where they are while fair), with the requested
       compute threads; nothing to write if nothing changed.
+
+    `topology`: `spec` already parsed (the scheduler keeps it between passes).
     """
     request = request or {}
     if request.get("parallelism") and not (current and current.draining):
@@ -96,7 +98,7 @@ def plan(spec: dict, workers: dict[str, dict], current: Assignment | None, reque
         if not set(workers) <= stopped and now - current.draining_since < DRAIN_TIMEOUT_S:
             return Step()          # phase 1 still running
         current = None             # phase 2: place everything afresh under the new spec
-    new = assign(Topology.from_dict(spec), workers, current)
+    new = assign(topology or Topology.from_dict(spec), workers, current)
     threads = dict(new.threads)
     if request.get("threads"):
         threads.update({w: int(n) for w, n in request["threads"].items() if w in workers})

@@ -6,10 +6,16 @@ the coordinator, computes the placement with the pure functions of
 placement.py, and writes what changed with compare-and-set - so a new leader
 continues exactly where the old one stopped.
 
+A leader passes every `period_s`, and at once when workers, topologies or
+unreachable reports change, or when a worker publishes a new load record (a data
+watch per worker node: the balancer reacts within a round or two, not a period) -
+but never sooner than MIN_GAP_S after its last pass.
+
 Election and the liveness probe: election.py.
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -24,6 +30,8 @@ from ..assignment import Assignment, moved_tasks
 from ..topology import Topology
 
 log = logging.getLogger(__name__)
+
+MIN_GAP_S = 0.05    # between two passes, however many watches fire
 
 
 class SchedulerService:
@@ -42,6 +50,8 @@ class SchedulerService:
         self._reported: set[str] = set()         # peers someone reports unreachable (a watch keeps it)
         self._unwatch = None
         self.balance_memory: dict[str, Memory] = {}   # topology -> the load balancer's memory (leader only)
+        self._load_watches: dict[str, object] = {}     # worker -> cancel its data watch (leader only)
+        self._parsed: dict[str, tuple[str, Topology]] = {}   # topology -> (its spec as JSON, parsed)
 
     def start(self) -> None:
         # every candidate watches the reports: the leader to place no task on a dead peer,
@@ -59,6 +69,7 @@ class SchedulerService:
     def stop(self) -> None:
         if self._unwatch:
             self._unwatch()
+        self._unwatch_loads(set(self._load_watches))
         self._stop.set()
         self._wake.set()
         self.election.leave()
@@ -71,8 +82,23 @@ class SchedulerService:
                 self._watching = True
                 self.state.watch_workers(lambda _: self._wake.set())
                 self.state.watch_topologies(lambda _: self._wake.set())
+        if not leading:
+            self._unwatch_loads(set(self._load_watches))
         self.leading = leading
         self._wake.set()
+
+    def _watch_loads(self, workers) -> None:
+        """Keep a data watch on each registered worker's node (scheduler thread): a load
+        record it publishes wakes the leader."""
+        self._unwatch_loads(set(self._load_watches) - set(workers))
+        for w in sorted(set(workers) - set(self._load_watches)):
+            self._load_watches[w] = self.state.watch_worker(w, lambda *_: self._wake.set())
+
+    def _unwatch_loads(self, workers) -> None:
+        for w in workers:
+            cancel = self._load_watches.pop(w, None)
+            if cancel:
+                cancel()
 
     def _on_reports(self, nodes: list[str]) -> None:
         self._reported = {n.rpartition("@")[0] for n in nodes}
@@ -82,9 +108,12 @@ class SchedulerService:
         self._wake.set()
 
     def _loop(self) -> None:
+        last = -float("inf")
         while not self._stop.is_set():
             self._wake.wait(self.period)
+            self._stop.wait(max(0.0, last + MIN_GAP_S - time.monotonic()))
             self._wake.clear()
+            last = time.monotonic()
             if self._stop.is_set():
                 return
             if not self.election.is_leader:
@@ -127,8 +156,13 @@ class SchedulerService:
 
     # -- one pass ------------------------------------------------------------------------
     def reconcile(self) -> None:
-        workers = self._reachable(self.state.workers())
-        for name in self.state.topology_names():
+        registered = self.state.workers()
+        self._watch_loads(registered)
+        workers = self._reachable(registered)
+        names = self.state.topology_names()
+        for gone in set(self._parsed) - set(names):
+            del self._parsed[gone]
+        for name in names:
             if self.state.status(name) not in RUNNING:
                 continue
             try:
@@ -162,12 +196,13 @@ class SchedulerService:
         current, version = self.state.assignment(name)
         stopped = self.state.applied_workers(name, version) if current and current.draining else set()
         spec = self.state.topology(name)
-        step = plan(spec, workers, current, self.state.rebalance_request(name), stopped, time.time())
+        topology = self._parse(name, spec)
+        step = plan(spec, workers, current, self.state.rebalance_request(name), stopped, time.time(), topology)
         for note in step.notes:
             log.info("topology %s: %s", name, note)
         assignment = step.assignment
         if step.spec is None:
-            assignment = self._balance(name, spec, assignment or current, workers) or assignment
+            assignment = self._balance(name, topology, assignment or current, workers) or assignment
         if step.spec is not None:
             self.state.update_topology(name, step.spec)
         if assignment is not None:
@@ -181,12 +216,21 @@ class SchedulerService:
         if step.again:
             self._wake.set()
 
-    def _balance(self, name: str, spec: dict, base: Assignment | None, workers: dict) -> Assignment | None:
+    def _parse(self, name: str, spec: dict) -> Topology:
+        """The spec as a Topology, parsed again only when it changed (a rebalance, or
+        the topology killed and submitted anew under the same name)."""
+        text = json.dumps(spec, sort_keys=True)
+        kept = self._parsed.get(name)
+        if kept is None or kept[0] != text:
+            kept = self._parsed[name] = (text, Topology.from_dict(spec))
+        return kept[1]
+
+    def _balance(self, name: str, topology: Topology, base: Assignment | None, workers: dict) -> Assignment | None:
         """The load balancer's decision (balance.py) applied to `base`, or None: no change."""
         if base is None or base.draining:
             return None
         memory = self.balance_memory.setdefault(name, Memory())
-        d = decide(name, Topology.from_dict(spec), base, workers, memory, time.time())
+        d = decide(name, topology, base, workers, memory, time.time())
         if not d.changed:
             return None
         for note in d.notes:

@@ -129,7 +129,7 @@ class TopologyRuntime:
                       save_state=None,
                       put_checkpoint=lambda p: self.worker.state.put_checkpoint(self.name, p),
                       compute_share=lambda: self.compute_share(c["id"]),
-                      report_work=lambda items, seconds: self.worker.load.report_work(self.name, task, items, seconds),
+                      report_work=lambda items, seconds: self.worker.report_work(self.name, task, items, seconds),
                       work_shares=self.work_shares)
         if c["kind"] == "spout":
             ex = SpoutExecutor(self, task, c, instance, ctx)
