@@ -40,11 +40,11 @@ PROFILES = {
     "quick": dict(engine="processes", train_limit=12000, test_limit=2000, epochs=3, target=0.85, workers=None,
                   modes=["mixbp-H8", "cumulative"], bp_modes=["online", "cumulative", "mixbp-H1", "mixbp-H4",
                                                             "mixbp-H8", "mixbp-H16", "mixbp-H8-om"],
-                  online_limit=1500, trials=2, repeats=1, alexnet_limit=1024),
+                  online_limit=1500, trials=2, repeats=2, alexnet_limit=1024),
     "full": dict(engine="processes", train_limit=None, test_limit=None, epochs=10, target=0.89, workers=None,
                  modes=["mixbp-H8", "cumulative"], bp_modes=["online", "cumulative", "mixbp-H1", "mixbp-H4",
                                                            "mixbp-H8", "mixbp-H16", "mixbp-H8-om"],
-                 online_limit=6000, trials=5, repeats=2, alexnet_limit=4096),
+                 online_limit=6000, trials=5, repeats=3, alexnet_limit=4096),
 }
 
 ALGORITHMS = {
@@ -79,6 +79,43 @@ class Runner:
         return train_on_worker_processes(cfg, workers, self.zk_hosts)
 
 
+def median(values):
+    vals = sorted(v for v in values if v is not None)
+    if not vals:
+        return None
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+
+def spread(values, digits=1) -> dict:
+    """The median of a figure's repetitions and its range (min, max): the machine's noise, shown."""
+    vals = [v for v in values if v is not None]
+    return {"median": round(median(vals), digits) if vals else None,
+            "range": [round(min(vals), digits), round(max(vals), digits)] if vals else None, "n": len(values)}
+
+
+def ratio_spread(top: list, base: list) -> dict:
+    """top / base of two repeated figures: the ratio of medians, and its widest range."""
+    if not top or not base or not all(top) or not all(base):
+        return {"median": None, "range": None}
+    return {"median": round(median(top) / median(base), 2),
+            "range": [round(min(top) / max(base), 2), round(max(top) / min(base), 2)]}
+
+
+def repeated_run(summaries, target) -> dict:
+    """One configuration's repetitions: each figure's median and range; the time to target
+    over the repetitions that reached it."""
+    reached = [time_to(s, target) for s in summaries]
+    return {"samples_per_s": round(median([s.samples_per_s for s in summaries]), 1),
+            "samples_per_s_spread": spread([s.samples_per_s for s in summaries]),
+            "test_accuracy": round(median([s.test_accuracy for s in summaries]), 4),
+            "test_accuracy_spread": spread([s.test_accuracy for s in summaries], 4),
+            "time_to_target_s": median(reached), "reached_target": f"{sum(r is not None for r in reached)} of "
+                                                                    f"{len(reached)}",
+            "bytes_per_sample": round(summaries[0].extra.get("bytes_per_sample", 0.0), 1),
+            "_rates": [s.samples_per_s for s in summaries]}
+
+
 def time_to(summary, target: float):
     """Seconds of training until the first evaluation at or above target (None: never)."""
     for t, acc in summary.extra.get("accuracy_at_s") or []:
@@ -91,13 +128,15 @@ def time_to(summary, target: float):
 def speedup(p, run: Runner) -> dict:
     out = {"runs": {}}
     run.train(config(p, p["modes"][0], 1), 1)    # warm-up, not recorded: kernel cache loads, page cache
-    for mode in p["modes"]:
-        for k in p["workers"]:
-            s = run.train(config(p, mode, k), k)
-            out["runs"][f"{mode}/{k}"] = {"samples_per_s": round(s.samples_per_s, 1), "test_accuracy": s.test_accuracy,
-                                          "time_to_target_s": time_to(s, p["target"]),
-                                          "bytes_per_sample": round(s.extra.get("bytes_per_sample", 0.0), 1)}
-            print(f"  speed-up {mode}/{k}: {s.samples_per_s:,.0f} samples/s, accuracy {s.test_accuracy:.2%}", flush=True)
+    for rep in range(p["repeats"]):          # repetitions interleaved: a drift of the machine hits every figure
+        for mode in p["modes"]:
+            for k in p["workers"]:
+                s = run.train(config(p, mode, k), k)
+                out["runs"].setdefault(f"{mode}/{k}", []).append(s)
+                print(f"  speed-up {mode}/{k} (repetition {rep + 1}): {s.samples_per_s:,.0f} samples/s, accuracy "
+                      f"{s.test_accuracy:.2%}", flush=True)
+    for key, summaries in list(out["runs"].items()):
+        out["runs"][key] = repeated_run(summaries, p["target"])
     n = max(p["workers"])
     if p["alexnet_limit"]:       # AlexNet-64: throughput only (an accuracy target would take hours here)
         from streamnet.training import ModelConfig
@@ -115,22 +154,34 @@ def speedup(p, run: Runner) -> dict:
         from types import SimpleNamespace
         from scaling import run_ddp
         ns = SimpleNamespace(max_epochs=p["epochs"], target=p["target"], train_limit=p["train_limit"], budget_s=900)
-        for k in p["workers"]:
-            d = run_ddp(k, ns)
-            if "error" in d:      # seen once: rank 1 aborted (SIGABRT) at start, fine when run again
-                print(f"  DDP gloo {k}: failed ({d['error'][-200:].strip()}); once more", flush=True)
+        ddp: dict[int, list] = {}
+        for rep in range(p["repeats"]):
+            for k in p["workers"]:
                 d = run_ddp(k, ns)
-            if "error" in d:
-                out["runs"][f"ddp/{k}"] = {"error": d["error"][-300:]}
-                print(f"  DDP gloo {k}: failed: {d['error'][-300:]}", flush=True)
-                continue
-            out["runs"][f"ddp/{k}"] = {"samples_per_s": round(d["samples_per_s"], 1),
-                                       "test_accuracy": d["best_accuracy"], "time_to_target_s": d["time_to_target_s"]}
-            print(f"  DDP gloo {k} processes: {d['samples_per_s']:,.0f} samples/s, to {p['target']:.0%}: "
-                  f"{d['time_to_target_s']}", flush=True)
-    for mode in p["modes"] + (["ddp"] if f"ddp/{n}" in out["runs"] else []):
-        base, top = out["runs"][f"{mode}/1"].get("samples_per_s"), out["runs"][f"{mode}/{n}"].get("samples_per_s")
-        out[f"{mode} speed-up at {n} workers"] = round(top / base, 2) if base and top else None
+                if "error" in d:      # seen once: rank 1 aborted (SIGABRT) at start, fine when run again
+                    print(f"  DDP gloo {k}: failed ({d['error'][-200:].strip()}); once more", flush=True)
+                    d = run_ddp(k, ns)
+                if "error" in d:
+                    out["runs"][f"ddp/{k}"] = {"error": d["error"][-300:]}
+                    print(f"  DDP gloo {k}: failed: {d['error'][-300:]}", flush=True)
+                    continue
+                ddp.setdefault(k, []).append(d)
+                print(f"  DDP gloo {k} processes (repetition {rep + 1}): {d['samples_per_s']:,.0f} samples/s, to "
+                      f"{p['target']:.0%}: {d['time_to_target_s']}", flush=True)
+        for k, ds in ddp.items():
+            if f"ddp/{k}" not in out["runs"]:       # not failed twice in a repetition
+                rates = [d["samples_per_s"] for d in ds]
+                out["runs"][f"ddp/{k}"] = {
+                    "samples_per_s": round(median(rates), 1), "samples_per_s_spread": spread(rates),
+                    "test_accuracy": median([d["best_accuracy"] for d in ds]),
+                    "time_to_target_s": median([d["time_to_target_s"] for d in ds]), "_rates": rates}
+    for mode in p["modes"] + (["ddp"] if "_rates" in out["runs"].get(f"ddp/{n}", {}) and
+                              "_rates" in out["runs"].get("ddp/1", {}) else []):
+        r = ratio_spread(out["runs"][f"{mode}/{n}"]["_rates"], out["runs"][f"{mode}/1"]["_rates"])
+        out[f"{mode} speed-up at {n} workers"] = r["median"]
+        out[f"{mode} speed-up at {n} workers, range"] = r["range"]
+    for entry in out["runs"].values():
+        entry.pop("_rates", None)
     mine, peer = out["runs"].get(f"{p['modes'][0]}/{n}", {}), out["runs"].get(f"ddp/{n}", {})
     if mine.get("time_to_target_s") and peer.get("time_to_target_s"):
         out[f"time to {p['target']:.0%}, {p['modes'][0]} / DDP gloo, {n} processes"] = \
@@ -217,16 +268,21 @@ def loaded_node(report: dict) -> None:
 
 def bp_family(p, run: Runner) -> dict:
     out = {"runs": {}}
-    for mode in p["bp_modes"]:
-        limit = p["online_limit"] if mode == "online" else None
-        s = run.train(config(p, mode, 2, train_limit=limit), 2)
-        hist = [(h.epoch, h.seconds, h.samples, h.test_accuracy) for h in s.history]
-        out["runs"][mode] = {"samples_per_s": round(s.samples_per_s, 1), "test_accuracy": s.test_accuracy,
-                             "time_to_target_s": time_to(s, p["target"]), "accuracy_at_s": s.extra.get("accuracy_at_s"),
-                             "bytes_per_sample": round(s.extra.get("bytes_per_sample", 0.0), 1), "history": hist,
-                             "train_limit": limit or p["train_limit"]}
-        print(f"  BP {mode}: {s.samples_per_s:,.0f} samples/s, accuracy {s.test_accuracy:.2%}, to "
-              f"{p['target']:.0%}: {time_to(s, p['target'])}", flush=True)
+    done: dict[str, list] = {}
+    for rep in range(p["repeats"]):
+        for mode in p["bp_modes"]:
+            limit = p["online_limit"] if mode == "online" else None
+            s = run.train(config(p, mode, 2, train_limit=limit), 2)
+            done.setdefault(mode, []).append(s)
+            print(f"  BP {mode} (repetition {rep + 1}): {s.samples_per_s:,.0f} samples/s, accuracy "
+                  f"{s.test_accuracy:.2%}, to {p['target']:.0%}: {time_to(s, p['target'])}", flush=True)
+    for mode, summaries in done.items():
+        first = summaries[0]            # the curves drawn: the first repetition's
+        out["runs"][mode] = {**repeated_run(summaries, p["target"]),
+                             "accuracy_at_s": first.extra.get("accuracy_at_s"),
+                             "history": [(h.epoch, h.seconds, h.samples, h.test_accuracy) for h in first.history],
+                             "train_limit": (p["online_limit"] if mode == "online" else None) or p["train_limit"]}
+        out["runs"][mode].pop("_rates")
     reached = {m: r["time_to_target_s"] for m, r in out["runs"].items() if r["time_to_target_s"] is not None}
     first = min(reached, key=reached.get) if reached else None
     fastest = max(out["runs"], key=lambda m: out["runs"][m]["samples_per_s"])
@@ -252,11 +308,12 @@ def threads(p, run: Runner) -> dict:
         cfg = config(p, "mixbp-H8", units, threads=t)
         cfg = replace(cfg, algorithm=replace(cfg.algorithm, batch=batch))
         rates = [train_local(cfg).summary.samples_per_s for _ in range(p["repeats"])]
-        out[label] = round(sorted(rates)[len(rates) // 2], 1)
+        out[label] = round(median(rates), 1)
+        out.setdefault("ranges", {})[label] = spread(rates)["range"]
     print(f"  threads: {out}", flush=True)
-    vals = list(out.values())
-    spread = max(vals) / min(vals) if min(vals) else None
-    out["spread"] = round(spread, 2) if spread else None
+    vals = [v for k, v in out.items() if k != "ranges"]
+    differ = max(vals) / min(vals) if min(vals) else None
+    out["spread"] = round(differ, 2) if differ else None
     if run.zk_hosts and len(os.sched_getaffinity(0)) >= 2:
         from balance import cotenant
         print("  co-tenant on one worker's core, --balance static vs load ...", flush=True)
@@ -268,13 +325,13 @@ def threads(p, run: Runner) -> dict:
         ratio = co["ratios"]["epoch_time_load_over_static"]
         worst = max(ratio) if ratio else None
         out["verdict"] = (("holds" if worst is not None and worst <= 0.8 else "holds partly") +
-                          f": allocations differ by {spread:.2f}x in samples/s; with a co-tenant on one of two "
+                          f": allocations differ by {differ:.2f}x in samples/s; with a co-tenant on one of two "
                           f"worker cores, load balancing took {', '.join(f'{r:.2f}x' for r in ratio)} the static "
                           f"epoch time (epochs wholly under the co-tenant), accuracy "
                           f"{co['ratios']['accuracy_load_minus_static_pp']:+.2f} pp")
     else:
-        out["verdict"] = ("holds partly" if spread and spread >= 1.1 else "does not hold here") + \
-            f": allocations differ by {spread:.2f}x in samples/s; the co-tenant experiment needs worker " \
+        out["verdict"] = ("holds partly" if differ and differ >= 1.1 else "does not hold here") + \
+            f": allocations differ by {differ:.2f}x in samples/s; the co-tenant experiment needs worker " \
             "processes on 2 cores (not run in this profile)"
     return out
 
@@ -335,9 +392,12 @@ def figures(report: dict, out_dir: str) -> list[str]:
     save(fig, "bp_family.png")
 
     th = {k: v for k, v in report["threads"].items() if isinstance(v, (int, float)) and k != "spread"}
+    ranges = report["threads"].get("ranges", {})
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.barh(list(th), list(th.values()))
-    ax.set_xlabel("samples/s (in-process trainer)")
+    err = [[v - (ranges.get(k) or [v, v])[0] for k, v in th.items()], [(ranges.get(k) or [v, v])[1] - v
+                                                                        for k, v in th.items()]]
+    ax.barh(list(th), list(th.values()), xerr=err)
+    ax.set_xlabel("samples/s (in-process trainer; median, bars: range of the repetitions)")
     save(fig, "threads.png")
     series = report["threads"].pop("_balance_series", None)
     if series:
@@ -359,6 +419,27 @@ CLAIMS = {
 }
 
 
+def runs_table(sec: dict, p: dict) -> list[str]:
+    """A section's runs as a Markdown table: median [min - max] of the repetitions."""
+    runs = {k: v for k, v in sec.get("runs", {}).items() if "samples_per_s" in v}
+    if not runs:
+        return []
+
+    def cell(v, spread_of, fmt):
+        rng = (spread_of or {}).get("range")
+        if v is None:
+            return "-"
+        return fmt(v) + (f" [{fmt(rng[0])} - {fmt(rng[1])}]" if rng and rng[0] != rng[1] else "")
+    rows = ["| run | samples/s | test accuracy | seconds to %.0f %% | reached |" % (100 * p["target"]),
+            "|---|---|---|---|---|"]
+    for k, v in runs.items():
+        rows.append(f"| {k} | {cell(v['samples_per_s'], v.get('samples_per_s_spread'), lambda x: f'{x:,.0f}')} | "
+                    f"{cell(v.get('test_accuracy'), v.get('test_accuracy_spread'), lambda x: f'{100 * x:.2f} %')} | "
+                    f"{v.get('time_to_target_s') if v.get('time_to_target_s') is not None else '-'} | "
+                    f"{v.get('reached_target', '-')} |")
+    return rows + [""]
+
+
 def markdown(report: dict) -> str:
     p, m = report["profile"], report["machine"]
     lines = [f"# streamnet against its claims - {report['date']}", "",
@@ -368,14 +449,17 @@ def markdown(report: dict) -> str:
              f"{', first %d training samples' % p['train_limit'] if p['train_limit'] else ''}, {p['epochs']} "
              f"epoch(s), target accuracy {p['target']:.0%}; workers as "
              f"{'streamnet-worker processes on a real ZooKeeper, pinned to cores' if p['engine'] == 'processes' else 'threads of one process (LocalCluster)'}"
-             f"; {p['repeats']} repetition(s) per figure (spread not shown when 1). Regenerate with "
+             f"; {p['repeats']} repetition(s) per figure, interleaved (the tables give each figure's median and "
+             f"its range over them). Regenerate with "
              f"`make report` (or `python perf/report.py --profile full`); every number is in `report.json`.", ""]
     for key, (title, claim) in CLAIMS.items():
         sec = report[key]
         pictures = [f"![{key}]({key}.png)"] + (["", "![balance](balance.png)"] if "balance.png" in
                                                 report.get("figures", []) and key == "threads" else [])
+        table = runs_table(sec, p)
         lines += [f"## {title}", "", f"**Claim.** {claim}", "", *pictures, "", "**Measured.**", "",
-                  "```", json.dumps({k: v for k, v in sec.items() if k != "verdict"}, indent=1, default=str)[:3000],
+                  *table, "```", json.dumps({k: v for k, v in sec.items() if k != "verdict" and not (k == "runs" and table)}, indent=1,
+                             default=str)[:3000],
                   "```", "", f"**Verdict: {sec['verdict']}.**", ""]
     return "\n".join(lines)
 
