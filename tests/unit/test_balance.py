@@ -86,6 +86,20 @@ def test_a_step_change_is_followed_and_then_undone_but_not_sooner_than_the_inter
     assert len(memory.history) == 2 and all("compute shares" in h["decision"] for h in memory.history)
 
 
+def test_a_change_that_goes_on_the_same_way_is_made_at_once():
+    memory, a = Memory(), placed()
+    d = decide(NAME, topology(), a, workers_with({"w1": {1: 1000.0}, "w2": {2: 700.0}}), memory, 10.0)
+    a = Assignment(**{**a.__dict__, "shares": d.shares})
+    # the slowed unit's speed settles lower a round later: followed at once, not after the interval
+    d = decide(NAME, topology(), a, workers_with({"w1": {1: 1000.0}, "w2": {2: 500.0}}), memory, 10.1)
+    assert d.shares == {1: pytest.approx(4 / 3, abs=1e-3), 2: pytest.approx(2 / 3, abs=1e-3)}
+    a = Assignment(**{**a.__dict__, "shares": d.shares})
+    # turning back waits for the interval
+    same = workers_with({"w1": {1: 1000.0}, "w2": {2: 1000.0}})
+    assert decide(NAME, topology(), a, same, memory, 10.2).shares is None
+    assert decide(NAME, topology(), a, same, memory, 10.1 + balance.MIN_INTERVAL_S).shares == {1: 1.0, 2: 1.0}
+
+
 def test_threads_fit_the_free_cores_and_never_exceed_the_cores():
     a = placed(threads={"w1": 4, "w2": 4})
     w = {"w1": {"threads": 4, "load": load({1: 100.0}, cores=4, foreign=2.1, auto=True, threads=4)},

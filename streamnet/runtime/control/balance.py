@@ -9,8 +9,10 @@ For a topology whose config says `balance: load`:
   (seconds per work item) gets a share of the component's work proportional to its
   speed, as a weight with mean 1.0, so that all of them finish a round together
   while the total stays the same (the consumer - a training spout - turns weights
-  into batch sizes). Shares change only when one moves by more than CHANGE and not
-  sooner than MIN_INTERVAL_S after the last change: noise does not make it flap.
+  into batch sizes). Shares change only when one moves by more than CHANGE, and a
+  change that turns back (a task whose share last rose now falls, or the reverse) not
+  sooner than MIN_INTERVAL_S after the last change: noise does not make it flap, while
+  a change that goes on the same way (the speeds still settling) is made at once.
 - **threads**: a worker started with `--threads auto` gets as many compute threads as
   its host has cores not kept busy by other processes, divided among the workers that
   share those cores (at least 1, never more than the cores it may run on), with a
@@ -44,6 +46,7 @@ HISTORY = 20           # decisions kept for status
 class Memory:
     """What the policy remembers between passes (the leader keeps one per topology)."""
     changed_at: dict[str, float] = field(default_factory=dict)     # component or "threads:<w>" -> time
+    direction: dict[int, int] = field(default_factory=dict)        # task -> +1/-1: its share's last move
     slow_passes: dict[int, int] = field(default_factory=dict)      # task -> passes in a row slow
     moved_at: dict[int, float] = field(default_factory=dict)       # task -> time it was moved
     history: list[dict] = field(default_factory=list)              # the last HISTORY decisions
@@ -96,9 +99,12 @@ def decide(name: str, topology: Topology, assignment: Assignment, workers: dict,
         target = _normalise({t: s / mean for t, s in sp.items()})
         current = {t: shares.get(t, 1.0) for t in sp}
         worst = max(abs(target[t] - current[t]) / current[t] for t in sp)
-        if worst > CHANGE and now - memory.changed_at.get(cid, -math.inf) >= MIN_INTERVAL_S:
+        moves = {t: (target[t] > current[t]) - (target[t] < current[t]) for t in sp}
+        turns = any(m and memory.direction.get(t, m) != m for t, m in moves.items())
+        if worst > CHANGE and (not turns or now - memory.changed_at.get(cid, -math.inf) >= MIN_INTERVAL_S):
             shares.update(target)
             memory.changed_at[cid] = now
+            memory.direction.update({t: m for t, m in moves.items() if m})
             med = statistics.median(sp.values())
             d.notes.append(f"{cid} shares " + ", ".join(
                 f"task {t} ({assignment.tasks.get(t)}) {current[t]:.2f} -> {target[t]:.2f}: "
