@@ -1,0 +1,87 @@
+"""What the engine costs one unit: the same training on one `streamnet-worker` process
+(one compute thread, pinned to one core, a real ZooKeeper) against the in-process
+trainer (no engine) pinned to the same core - paired, alternating, in one run.
+
+The ratio is issue 12's first figure: 1 unit on the engine / the in-process trainer,
+same model, batch, H and threads (target >= 0.9x). Each pair runs back to back, their
+order alternating, so a drift of the machine hits both sides alike; the script prints
+every pair and the median with its range.
+
+    python perf/engine.py [--pairs 5] [--train-limit 30000] [--epochs 2]
+
+Writes perf/results/engine.json. Needs ZooKeeper (Debian's zookeeper) and the dataset.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import replace
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import machine, median, pin_blas_threads, train_on_worker_processes, write_json  # noqa: E402
+
+pin_blas_threads(1)
+
+
+def config(a):
+    from streamnet.training import DataConfig, lenet5_mixbp
+    cfg = lenet5_mixbp(units=1, epochs=a.epochs, balance="static",
+                       data=DataConfig(train_limit=a.train_limit, test_limit=a.test_limit))
+    return replace(cfg, threads=1, sync_tasks=1)
+
+
+def in_process(cfg) -> float:
+    """samples/s of the in-process trainer on core 0 (where the worker process is pinned)."""
+    from streamnet.training import train_local
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(mask)})
+    try:
+        return train_local(cfg).summary.samples_per_s
+    finally:
+        os.sched_setaffinity(0, mask)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--pairs", type=int, default=5)
+    p.add_argument("--train-limit", type=int, default=30000)
+    p.add_argument("--test-limit", type=int, default=500)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--zk-hosts", help="a running ZooKeeper (default: start one)")
+    a = p.parse_args()
+    cfg = config(a)
+    zk = None
+    if not a.zk_hosts:
+        from streamnet.testing import ZooKeeper
+        zk = ZooKeeper().start()
+        a.zk_hosts = zk.hosts
+    pairs = []
+    try:
+        in_process(replace(cfg, epochs=1))                   # warm-up: kernel cache, page cache
+        for i in range(a.pairs):
+            load = os.getloadavg()[0]
+            rates = {}
+            for side in (("engine", "inproc") if i % 2 == 0 else ("inproc", "engine")):
+                rates[side] = (in_process(cfg) if side == "inproc" else
+                               train_on_worker_processes(cfg, 1, a.zk_hosts).samples_per_s)
+            pairs.append({"engine": round(rates["engine"], 1), "inproc": round(rates["inproc"], 1),
+                          "ratio": round(rates["engine"] / rates["inproc"], 3), "load": round(load, 2)})
+            print(f"pair {i + 1}: engine {rates['engine']:,.0f} samples/s, in-process {rates['inproc']:,.0f}: "
+                  f"{pairs[-1]['ratio']:.3f}x (load {load:.2f})", flush=True)
+    finally:
+        if zk is not None:
+            zk.stop()
+    ratios = [r["ratio"] for r in pairs]
+    out = {"machine": machine(), "config": {"train_limit": a.train_limit, "epochs": a.epochs, "batch": 32, "H": 8},
+           "pairs": pairs, "ratio_median": round(median(ratios), 3), "ratio_range": [min(ratios), max(ratios)],
+           "load_end": round(os.getloadavg()[0], 2), "time": time.strftime("%Y-%m-%d %H:%M")}
+    print(f"1 unit on the engine / the in-process trainer: {out['ratio_median']:.3f}x (range "
+          f"{min(ratios):.3f}-{max(ratios):.3f}, {len(pairs)} pairs; target >= 0.9x)")
+    print("wrote", write_json("engine.json", out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
