@@ -138,6 +138,9 @@ class Context:
         self._report_work, self._work_shares = report_work, work_shares
         #: (name, labels) -> Figure: the named numbers this task reports (see `figure`)
         self.figures: dict[tuple, Figure] = {}
+        #: True when this task saved state before (it starts again after a failure or a
+        #: move): restore(state) follows prepare(), which can skip what the state replaces
+        self.restarting = False
         self.log = logging.getLogger(f"streamnet.task.{component}.{task_index}")
 
     def component_tasks(self, component: str) -> list[int]:

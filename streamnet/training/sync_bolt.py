@@ -80,7 +80,9 @@ class SyncBolt(SyncRecovery, Bolt):
         self.t0 = time.perf_counter()
         self._published = 0.0
         self.prepare_recovery()
-        if self.config.get("resume"):
+        if self.config.get("resume") and not ctx.restarting:
+            # a task started again (its worker died) continues from the coordinator and the
+            # replicas (restore): the checkpoint, removed or changed since, is not read again
             self.resume(self.config["resume"])
 
     async def execute(self, tup):

@@ -79,7 +79,8 @@ class SyncState:
                 "rounds": self.rounds, "samples": self.samples, "duplicates": self.duplicates,
                 "recoveries": self.recoveries, "started": self.started,
                 "last_round": list(self.last_round) if self.last_round else None,
-                "ledger": self.ledger.to_state(), "epoch_clock": self.clock.to_state()}
+                "ledger": self.ledger.to_state(), "epoch_clock": self.clock.to_state(),
+                "samples_before": self.samples_before, "resumed_from": self.resumed_from}
 
     def restore(self, state: dict) -> None:
         """Continue from what the previous sync task saved; this is one more recovery."""
@@ -92,6 +93,7 @@ class SyncState:
         self.clock = EpochClock.from_state(self.started, state.get("epoch_clock"))
         last = state.get("last_round")
         self.last_round = LastRound(*last) if last else None
+        self.samples_before, self.resumed_from = state.get("samples_before", 0), state.get("resumed_from")
 
     # -- in a checkpoint -------------------------------------------------------
 

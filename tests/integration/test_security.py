@@ -499,3 +499,67 @@ def test_workers_sign_their_checkpoints_and_a_forged_one_is_refused_on_resume(zk
                  "--secret-file", submit)
         assert r.returncode == 2 and f"{path} was changed after the workers wrote it" in r.stderr, r.stderr
         assert state.topology_names() == []         # refused before anything was submitted
+
+
+# -- a checkpoint that fails verification: the run fails clearly, or goes on without it ------------
+def _resumable(tmp_path, name: str):
+    """A 1-epoch run's checkpoint and a 4-epoch config to resume it with (embedded cluster)."""
+    from dataclasses import replace
+    from streamnet.training import AlgorithmConfig, DataConfig, ModelConfig, RunConfig
+    from streamnet.training.cluster_run import train_on_local_cluster
+    alg = AlgorithmConfig(name="mixbp", batch=16, sync_period=1, lr=0.05, momentum=0.9, weight_decay=1e-3)
+    cfg = RunConfig(model=ModelConfig(name="lenet5"), data=DataConfig(dataset="synthetic", synthetic_train=2048,
+                    synthetic_test=64), algorithm=alg, units=2, threads=2, epochs=1, seed=5)
+    ckdir = str(tmp_path / "ck")
+    train_on_local_cluster(cfg, workers=2, checkpoint_dir=ckdir, name=name)
+    return replace(cfg, epochs=4), ckdir
+
+
+def test_a_resumed_sync_task_moved_after_its_checkpoint_was_changed_goes_on_from_the_replicas(tmp_path):
+    """The checkpoint a run resumed from is read once, at the start: a sync task that
+    starts again on another worker (its host died) recovers from the coordinator and the
+    replicas. Before, it read the file again and failed the whole run when the file had
+    been changed (or removed by --keep-checkpoints) since."""
+    from streamnet.testing import cluster_in_mode, finish, placement
+    from streamnet.training.nsmap import build_topology, resume_point
+    from streamnet.training.summary_from_results import summarise
+    cfg, ckdir = _resumable(tmp_path, "moved")
+    point = resume_point(cfg, ckdir, "moved")
+    topo = build_topology(cfg, name="moved", checkpoint_dir=ckdir, resume=point)
+    with cluster_in_mode("local", None, workers=3) as (c, state):
+        state.submit_topology(topo.name, topo.to_dict())
+        where = wait_for(lambda: placement(state, topo.name), 30, "the assignment")
+        wait_for(lambda: (state.results(topo.name).get("sync.0.progress") or {}).get("rounds", 0) > point["step"] + 5,
+                 60, "the resumed run to train", interval=0.05)
+        raw = bytearray(open(point["path"], "rb").read())
+        raw[len(raw) // 2] ^= 0xFF
+        open(point["path"], "wb").write(bytes(raw))
+        c.kill9(where[topo.tasks("sync")[0]])
+        results = finish(state, topo.name, timeout=180)
+    s = summarise(cfg, results, workers=3)
+    assert not any(k.startswith("failed.") for k in results), results.keys()
+    assert results["sync.0.stats"]["recoveries"] == 1
+    assert s.extra["resumed_from_step"] == point["step"] and s.extra["each_sample_counted_once"] is True
+    assert results["sync.0.stats"]["epoch_samples"] == {str(e): 2048 for e in range(1, 5)}
+
+
+def test_a_checkpoint_without_the_clusters_mac_fails_the_resumed_run_clearly_and_the_worker_serves_on(zk, tmp_path):
+    """A submitter holding the submit credential cannot check a checkpoint's MAC; the
+    workers do: the run fails at once with the file and the reason (the client exits 1
+    on TopologyFailed), nothing trains from it, and the worker runs what comes next."""
+    from streamnet.runtime.control import TopologyFailed, kill_topology, wait_done
+    from streamnet.testing import finish, running_cluster
+    from streamnet.training.nsmap import build_topology, resume_point
+    cfg, ckdir = _resumable(tmp_path, "unsigned")       # written by an embedded cluster: no MAC
+    point = resume_point(cfg, ckdir, "unsigned")
+    topo = build_topology(cfg, name="unsigned", checkpoint_dir=ckdir, resume=point)
+    with running_cluster(zk, workers=1) as (c, state):
+        state.submit_topology(topo.name, topo.to_dict())
+        with pytest.raises(TopologyFailed) as failed:
+            wait_done(state, topo.name, 60)
+        assert f"{point['path']} is not authenticated" in str(failed.value)
+        assert "sync.0.progress" not in state.results(topo.name)
+        kill_topology(state, topo.name, 60)
+        assert c.procs["w0"].poll() is None
+        state.submit_topology("after", wordcount.topology(name="after", count=200).to_dict())
+        assert wordcount.merge_counts(finish(state, "after")) == wordcount.expected_counts(200, 0)

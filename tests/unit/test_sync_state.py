@@ -42,13 +42,17 @@ def test_the_coordinator_layout_round_trips_and_a_restore_is_a_recovery():
     s.duplicates = 2
     saved = s.saved()
     assert set(saved) == {"next_step", "epoch_samples", "rounds", "samples", "duplicates", "recoveries",
-                          "started", "last_round", "ledger", "epoch_clock"}
+                          "started", "last_round", "ledger", "epoch_clock", "samples_before", "resumed_from"}
     assert saved["epoch_samples"] == {"1": 8} and saved["last_round"] == [0, 1, 8, 0, [0, 1]]
     assert saved["epoch_clock"] == {"1": {"from": 50.0, "samples": 8}}
     t = SyncState(units=2)
     t.restore(saved)
     assert t.saved() == {**saved, "recoveries": 1}
     assert t.last_round == s.last_round and t.clock.started == 50.0
+    # a resumed run's task started again still knows where the run resumed (samples this run)
+    s.resume(1, s.checkpoint_counters())
+    t.restore(s.saved())
+    assert (t.resumed_from, t.samples_before) == (1, 8)
 
 
 def test_the_checkpoint_layout_round_trips():

@@ -95,6 +95,7 @@ class Executor:
         the topology's results, where clients read it (and fail the run); the worker and
         its other tasks go on."""
         step = what
+        self.ctx.restarting = self.restored is not None
         try:
             setup()
             if self.restored is not None:
