@@ -2,7 +2,7 @@
 # Run ZooKeeper from Debian's `zookeeper` package, with its own data directory and ports.
 #
 #   deploy/zookeeper.sh start   [--port 2181] [--dir DIR] [--servers N] [--tick-ms 500] [--bind 127.0.0.1]
-#                               [--client-ports P0,P1,..] [--peer-ports A0:B0,A1:B1,..]
+#                               [--client-ports P0,P1,..] [--peer-ports A0:B0,A1:B1,..] [--tls-dir DIR]
 #   deploy/zookeeper.sh stop    [--dir DIR]
 #   deploy/zookeeper.sh status  [--dir DIR]
 #   deploy/zookeeper.sh kill    [--dir DIR] [--server I]    # SIGKILL one server (tests)
@@ -16,11 +16,18 @@
 # whose process exits meanwhile is reported at once with the end of its log.
 # The tick (--tick-ms) bounds session timeouts to [2, 20] ticks: 500 ms gives 1-10 s, which
 # lets tests see failures quickly; production may want the default 2000.
+# --tls-dir DIR serves clients over TLS only (secureClientPort, Netty; no plain client port):
+# each client must show a certificate of the ensemble's CA (ssl.clientAuth=need), so a client
+# without one cannot even connect, and the digest credentials no longer cross the network in
+# clear. DIR holds ca.pem, server.pem (key and certificate, for the servers) and client.pem +
+# client-key.pem (for streamnet: --zk-tls DIR); missing ones are made with openssl (a CA of
+# this ensemble, certificates for 127.0.0.1, localhost and --bind). Quorum traffic between
+# servers stays plain: keep an ensemble's peer ports on a private network.
 set -euo pipefail
 
 cmd=${1:-}; shift || true
 port=2181; dir=${STREAMNET_ZK_DIR:-$(pwd)/.run/zookeeper}; servers=1; tick=500; which=0; bind=127.0.0.1
-client_ports=""; peer_ports=""
+client_ports=""; peer_ports=""; tls_dir=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --port) port=$2; shift 2;;
@@ -31,6 +38,7 @@ while [ $# -gt 0 ]; do
     --bind) bind=$2; shift 2;;
     --client-ports) client_ports=$2; shift 2;;
     --peer-ports) peer_ports=$2; shift 2;;
+    --tls-dir) tls_dir=$(realpath -m "$2"); shift 2;;
     *) echo "zookeeper.sh: unknown option $1" >&2; exit 2;;
   esac
 done
@@ -43,23 +51,34 @@ need_java() {
   fi
 }
 
+# the four-letter words go over TLS, with the client certificate, when the ensemble has --tls-dir
+CONNECT_PY='
+import socket, ssl, sys
+def connect(host, port, tls):
+    s = socket.create_connection((host, int(port)), timeout=1)
+    if not tls:
+        return s
+    ctx = ssl.create_default_context(cafile=tls + "/ca.pem")
+    ctx.check_hostname = False
+    ctx.load_cert_chain(tls + "/client.pem", tls + "/client-key.pem")
+    return ctx.wrap_socket(s)
+'
+
 ruok() {  # host port -> 0 if a server answers imok (it runs; it may not serve yet)
-  python3 - "$1" "$2" <<'PY' 2>/dev/null
-import socket, sys
+  python3 -c "$CONNECT_PY"'
 try:
-    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1)
+    s = connect(*sys.argv[1:4])
     s.sendall(b"ruok"); ok = s.recv(16) == b"imok"; s.close()
 except OSError:
     ok = False
 sys.exit(0 if ok else 1)
-PY
+' "$1" "$2" "$tls_dir" 2>/dev/null
 }
 
 serving() {  # host port -> 0 if the server serves clients (standalone, or in a quorum)
-  python3 - "$1" "$2" <<'PY' 2>/dev/null
-import socket, sys
+  python3 -c "$CONNECT_PY"'
 try:
-    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1)
+    s = connect(*sys.argv[1:4])
     s.sendall(b"srvr"); out = b""
     while True:
         chunk = s.recv(4096)
@@ -71,7 +90,32 @@ try:
 except OSError:
     ok = False
 sys.exit(0 if ok else 1)
-PY
+' "$1" "$2" "$tls_dir" 2>/dev/null
+}
+
+make_tls() {  # the CA, the servers' and the clients' keys and certificates, where missing
+  command -v openssl >/dev/null || { echo "zookeeper.sh: --tls-dir needs openssl" >&2; exit 1; }
+  mkdir -p "$tls_dir"; chmod 700 "$tls_dir"
+  local t=$tls_dir san="subjectAltName=IP:127.0.0.1,DNS:localhost"
+  [ "$bind" != 127.0.0.1 ] && [ "$bind" != 0.0.0.0 ] && san="$san,IP:$bind"
+  ( umask 077
+    if [ ! -f "$t/ca.pem" ]; then
+      openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=streamnet ZooKeeper CA" \
+        -keyout "$t/ca-key.pem" -out "$t/ca.pem" 2>/dev/null
+    fi
+    for who in server client; do
+      [ -f "$t/$who.pem" ] && continue
+      openssl req -newkey rsa:2048 -nodes -subj "/CN=streamnet-$who" -keyout "$t/$who-key.pem" \
+        -out "$t/$who.csr" 2>/dev/null
+      openssl x509 -req -in "$t/$who.csr" -CA "$t/ca.pem" -CAkey "$t/ca-key.pem" -CAcreateserial -days 825 \
+        -extfile <(echo "$san") -out "$t/$who-cert.pem" 2>/dev/null
+      rm -f "$t/$who.csr"
+      if [ "$who" = server ]; then   # ZooKeeper's PEM key store: the key and the certificate in one file
+        cat "$t/server-key.pem" "$t/server-cert.pem" > "$t/server.pem"; rm -f "$t/server-key.pem" "$t/server-cert.pem"
+      else
+        mv "$t/client-cert.pem" "$t/client.pem"
+      fi
+    done )
 }
 
 cport() {  # index -> client port
@@ -91,8 +135,21 @@ write_config() {  # index
     echo "initLimit=20"
     echo "syncLimit=10"
     echo "dataDir=$d/data"
-    echo "clientPort=$(cport "$i")"
-    echo "clientPortAddress=$bind"
+    if [ -n "$tls_dir" ]; then
+      echo "secureClientPort=$(cport "$i")"
+      echo "secureClientPortAddress=$bind"
+      echo "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory"
+      echo "ssl.keyStore.location=$tls_dir/server.pem"
+      echo "ssl.keyStore.type=PEM"
+      echo "ssl.trustStore.location=$tls_dir/ca.pem"
+      echo "ssl.trustStore.type=PEM"
+      echo "ssl.clientAuth=need"
+      # clients prove themselves by their CA-signed certificate, not by the address they come from
+      echo "ssl.hostnameVerification=false"
+    else
+      echo "clientPort=$(cport "$i")"
+      echo "clientPortAddress=$bind"
+    fi
     echo "admin.enableServer=false"
     echo "4lw.commands.whitelist=ruok,srvr,stat,mntr"
     echo "maxClientCnxns=200"
@@ -105,7 +162,7 @@ write_config() {  # index
   } > "$d/zoo.cfg"
   [ "$servers" -gt 1 ] && echo $((i + 1)) > "$d/data/myid"
   echo "$servers" > "$dir/servers"; echo "$port" > "$dir/port"; echo "$bind" > "$dir/bind"
-  echo "$client_ports" > "$dir/client_ports"; echo "$peer_ports" > "$dir/peer_ports"
+  echo "$client_ports" > "$dir/client_ports"; echo "$peer_ports" > "$dir/peer_ports"; echo "$tls_dir" > "$dir/tls_dir"
 }
 
 start_one() {  # index
@@ -159,12 +216,14 @@ load_layout() {
   [ -f "$dir/bind" ] && bind=$(cat "$dir/bind")
   [ -f "$dir/client_ports" ] && client_ports=$(cat "$dir/client_ports")
   [ -f "$dir/peer_ports" ] && peer_ports=$(cat "$dir/peer_ports")
+  [ -f "$dir/tls_dir" ] && tls_dir=$(cat "$dir/tls_dir")
   return 0
 }
 
 case "$cmd" in
   start)
     need_java
+    [ -n "$tls_dir" ] && make_tls
     for i in $(seq 0 $((servers - 1))); do write_config "$i"; start_one "$i"; done
     wait_up
     connect_string;;
@@ -201,5 +260,5 @@ case "$cmd" in
     done
     exit $rc;;
   *)
-    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2;;
+    sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2;;
 esac

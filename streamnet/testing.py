@@ -56,9 +56,11 @@ class ZooKeeper:
     the pick and the start) is reported with its log, and the start is tried once more
     on new ports."""
 
-    def __init__(self, servers: int = 1):
+    def __init__(self, servers: int = 1, tls: bool = False):
         self.dir = tempfile.mkdtemp(prefix="streamnet-zk-")
         self.servers = servers
+        #: with `tls`, clients connect over TLS only, with the certificates here (--zk-tls)
+        self.tls_dir = os.path.join(self.dir, "tls") if tls else None
         self._pick_ports()
 
     def _pick_ports(self) -> None:
@@ -80,6 +82,8 @@ class ZooKeeper:
                     "--client-ports", ",".join(map(str, self.client_ports))]
             if self.peer_ports:
                 args += ["--peer-ports", ",".join(self.peer_ports)]
+            if self.tls_dir:
+                args += ["--tls-dir", self.tls_dir]
             try:
                 self._run(*args)
                 return self
@@ -216,13 +220,17 @@ class Cluster:
     """N streamnet-worker processes in a fresh cluster namespace."""
 
     def __init__(self, zk_hosts: str, workers: int = 3, threads: int = 1, secret: bytes | None = None,
-                 session_timeout: float = SESSION_TIMEOUT, pin_cores: bool = False, zk_relays: bool = False):
+                 session_timeout: float = SESSION_TIMEOUT, pin_cores: bool = False, zk_relays: bool = False,
+                 zk_tls: str | None = None):
         self.zk_hosts = zk_hosts
+        self.zk_tls = zk_tls     # a --zk-tls directory (ZooKeeper(tls=True).tls_dir)
         #: zk_relays: each worker reaches the (one) ZooKeeper through a Relay of its own,
         #: relays[name], which a test can cut to take that worker off ZooKeeper alone
         self.relays: dict[str, Relay] | None = {} if zk_relays else None
         self.session_timeout = session_timeout
         self.name = "t" + uuid.uuid4().hex[:8]
+        #: the ZooKeeper root (--zk-root): tests/conftest.py gives each test one of its own
+        self.root = os.environ.get("STREAMNET_ZK_ROOT") or "/streamnet"
         self.tmp = tempfile.mkdtemp(prefix="streamnet-cluster-")
         self.secret_file = os.path.join(self.tmp, "secret")
         with open(self.secret_file, "wb") as f:
@@ -237,8 +245,9 @@ class Cluster:
             self.start_worker(f"w{i}")
 
     def args(self, zk_hosts: str | None = None) -> list[str]:
-        return ["--zk", zk_hosts or self.zk_hosts, "--cluster", self.name, "--secret-file", self.secret_file,
-                "--session-timeout", str(self.session_timeout)]
+        return ["--zk", zk_hosts or self.zk_hosts, "--zk-root", self.root, "--cluster", self.name,
+                "--secret-file", self.secret_file,
+                "--session-timeout", str(self.session_timeout), *(["--zk-tls", self.zk_tls] if self.zk_tls else [])]
 
     def start_worker(self, name: str, extra: list[str] = ()) -> subprocess.Popen:
         log = os.path.join(self.tmp, f"{name}.log")
@@ -266,8 +275,13 @@ class Cluster:
         from streamnet.runtime.control.cluster_state import ClusterState
         from streamnet.runtime.control.zk import ZkCoordinator
         with open(self.secret_file, "rb") as f:
-            coord = ZkCoordinator(zk_hosts or self.zk_hosts, f.read().strip(), session_timeout=SESSION_TIMEOUT)
-        return ClusterState(coord, self.name)
+            coord = ZkCoordinator(zk_hosts or self.zk_hosts, f.read().strip(), session_timeout=SESSION_TIMEOUT,
+                                  tls=self.zk_tls)
+        try:
+            return ClusterState(coord, self.name, root=self.root)
+        except BaseException:
+            coord.close()
+            raise
 
     def wait_registered(self, n: int, state, timeout: float = 60):
         return wait_for(lambda: len(state.workers()) == n and state.workers(), timeout, f"{n} workers to register",
@@ -316,10 +330,10 @@ class Cluster:
 
 @contextlib.contextmanager
 def running_cluster(zk_hosts: str, workers: int = 3, threads: int = 1, session_timeout: float = SESSION_TIMEOUT,
-                    pin_cores: bool = False, zk_relays: bool = False):
+                    pin_cores: bool = False, zk_relays: bool = False, zk_tls: str | None = None):
     """A registered cluster and a client ClusterState; worker logs are printed on failure."""
     c = Cluster(zk_hosts, workers=workers, threads=threads, session_timeout=session_timeout, pin_cores=pin_cores,
-                zk_relays=zk_relays)
+                zk_relays=zk_relays, zk_tls=zk_tls)
     state = None
     try:
         state = c.state()

@@ -40,6 +40,18 @@ def no_leaks():
         time.sleep(0.05)
 
 
+@pytest.fixture(autouse=True)
+def zk_root(monkeypatch):
+    """Each test's clusters live under a ZooKeeper root of their own ($STREAMNET_ZK_ROOT,
+    which the workers and clients it starts inherit): a root belongs to the cluster whose
+    worker made it (zk.ensure_root), and the tests make clusters of many secrets on one
+    ensemble."""
+    import uuid
+    root = f"/streamnet-test-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("STREAMNET_ZK_ROOT", root)
+    return root
+
+
 @pytest.fixture(scope="session")
 def zk():
     """A ZooKeeper for the cluster tests: $STREAMNET_TEST_ZK (make test starts one), or

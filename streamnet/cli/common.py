@@ -11,8 +11,9 @@ from ..errors import StreamnetError
 from ..private_file import read_private
 
 
-ENVIRONMENT = """environment: STREAMNET_ZK, STREAMNET_CLUSTER and STREAMNET_SECRET_FILE are the defaults of
---zk, --cluster and --secret-file; a flag given wins."""
+ENVIRONMENT = """environment: STREAMNET_ZK, STREAMNET_ZK_ROOT, STREAMNET_ZK_TLS, STREAMNET_CLUSTER and
+STREAMNET_SECRET_FILE are the defaults of --zk, --zk-root, --zk-tls, --cluster and --secret-file; a flag
+given wins."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -136,10 +137,21 @@ def _zk_from_environment():
         return BadEnvironment("STREAMNET_ZK", text, str(e))
 
 
+def _zk_root_default() -> str:
+    return os.environ.get("STREAMNET_ZK_ROOT") or "/streamnet"
+
+
 def add_cluster_options(p: argparse.ArgumentParser, zk_required: bool = True) -> None:
     # not argparse-required: $STREAMNET_ZK may supply it, and connect() says what is missing
     p.add_argument("--zk", type=zk_hosts, metavar="HOST:PORT[,HOST:PORT...]", default=_zk_from_environment(),
                    help="ZooKeeper ensemble (default: $STREAMNET_ZK)" + ("; required" if zk_required else ""))
+    p.add_argument("--zk-root", default=_zk_root_default(), metavar="PATH",
+                   help="ZooKeeper node the cluster lives under; it belongs to the cluster whose worker made it, "
+                        "so clusters of different secrets need different roots (default: $STREAMNET_ZK_ROOT, "
+                        "else /streamnet)")
+    p.add_argument("--zk-tls", default=os.environ.get("STREAMNET_ZK_TLS") or None, metavar="DIR",
+                   help="talk to ZooKeeper over TLS with DIR's ca.pem, client.pem and client-key.pem (as "
+                        "deploy/zookeeper.sh --tls-dir makes them; default: $STREAMNET_ZK_TLS)")
     p.add_argument("--cluster", default=os.environ.get("STREAMNET_CLUSTER", "default"),
                    help="cluster name: several clusters share one ensemble (default: $STREAMNET_CLUSTER, else "
                         "default)")
@@ -226,10 +238,10 @@ def connect(a: argparse.Namespace, worker: bool = False):
             "%s holds the cluster secret, which lets this client do anything a worker does (write assignments, "
             "register workers); give submitters a submit credential (`streamnet-submit new-credential submit "
             "FILE`) and read-only tools an observer one", a.secret_file)
-    coord = ZkCoordinator(a.zk, secret, session_timeout=a.session_timeout,
-                          connect_timeout=a.session_timeout)
+    coord = ZkCoordinator(a.zk, secret, session_timeout=a.session_timeout, connect_timeout=a.session_timeout,
+                          tls=getattr(a, "zk_tls", None))
     try:
-        return coord, ClusterState(coord, a.cluster), secret
+        return coord, ClusterState(coord, a.cluster, root=getattr(a, "zk_root", None) or _zk_root_default()), secret
     except BaseException:
         coord.close()
         raise

@@ -279,7 +279,7 @@ def _state_of(c, credential_file: str):
     from streamnet.runtime.control.cluster_state import ClusterState
     from streamnet.runtime.control.zk import ZkCoordinator
     with open(credential_file, "rb") as f:
-        return ClusterState(ZkCoordinator(c.zk_hosts, f.read(), session_timeout=10), c.name)
+        return ClusterState(ZkCoordinator(c.zk_hosts, f.read(), session_timeout=10), c.name, root=c.root)
 
 
 def test_top_nodes_carry_the_roles_acls(zk):
@@ -364,23 +364,93 @@ def test_a_client_with_the_cluster_secret_is_warned_once(zk):
         assert r.stderr.count("holds the cluster secret, which lets this client do anything a worker does") == 1
 
 
-def test_a_cluster_name_squatted_without_the_secret_is_refused_at_start(zk, tmp_path):
-    import uuid
+def _anonymous(zk):
     from kazoo.client import KazooClient
-    from kazoo.exceptions import NoAuthError
-    from streamnet.testing import running_cluster
-    name = "squat" + uuid.uuid4().hex[:8]
     anon = KazooClient(hosts=zk)
     anon.start(10)
+    return anon
+
+
+def _worker_cli(zk, root: str, name: str, secret_file: str):
+    return _cli("worker", "--zk", zk, "--zk-root", root, "--cluster", name, "--secret-file", secret_file,
+                "--port", "0")
+
+
+def test_a_root_made_by_a_worker_is_its_clusters_and_nobody_else_creates_below_it(zk, tmp_path):
+    """ZooKeeper hygiene (finding 5): the root the workers make grants the world READ
+    only; a client without the secret can neither squat a cluster name under it, nor
+    fill it, nor remove a cluster; a cluster of another secret is told to take a root
+    of its own, and does."""
+    import uuid
+    from kazoo.exceptions import NoAuthError
+    from kazoo.security import ACL, Id, Permissions
+    from streamnet.runtime.control import roles
+    from streamnet.runtime.control.cluster_state import ClusterState
+    from streamnet.runtime.control.zk import ZkCoordinator
+    root = "/sn" + uuid.uuid4().hex[:8]
+    anon = _anonymous(zk)
+    coord = None
     try:
-        anon.ensure_path("/streamnet")
-        anon.create(f"/streamnet/{name}", b"")           # world-open, by a client with no secret
-        with running_cluster(zk, workers=1) as (c, state):   # only for its secret file
-            r = _cli("worker", "--zk", zk, "--cluster", name, "--secret-file", c.secret_file, "--port", "0")
-            assert r.returncode == 2, r.stderr
-            assert f"/streamnet/{name} carries the ACL [world:anyone=ALL], not this cluster's" in r.stderr
-            assert "someone else owns the cluster name" in r.stderr
-            # and inside a real cluster, a client without the secret can neither add nor remove nodes
+        secret = open(_secret(tmp_path, "owner"), "rb").read().strip()
+        coord = ZkCoordinator(zk, secret, session_timeout=10)
+        ClusterState(coord, "first", root=root)
+        assert sorted(coord.zk.get_acls(root)[0]) == sorted(
+            [ACL(Permissions.READ, Id("world", "anyone")), ACL(Permissions.ALL, roles.role_ids(secret)["worker"])])
+        for attack in (lambda: anon.create(f"{root}/squatted", b""),
+                       lambda: anon.create(f"{root}/bloat", b"x" * 1000),
+                       lambda: anon.delete(f"{root}/first", recursive=True)):
+            with pytest.raises(NoAuthError):
+                attack()
+        assert anon.get_children(root) == ["first"]
+        # a cluster of another secret: refused with what to do, and it starts under its own root
+        other = _secret(tmp_path, "other")
+        r = _worker_cli(zk, root, "second", other)
+        assert r.returncode == 2, r.stderr
+        assert f"cannot create {root}/second: the root {root} belongs to another cluster's workers" in r.stderr
+        assert f"--zk-root {root}-second" in r.stderr
+        r = _cli("submit", "list", "--zk", zk, "--zk-root", f"{root}-second", "--cluster", "second",
+                 "--secret-file", other)
+        assert r.returncode == 0 and "no topologies" in r.stdout, r.stderr
+        assert anon.get_children(f"{root}-second") == ["second"]
+    finally:
+        if coord is not None:
+            coord.delete(root, recursive=True)
+            coord.close()
+        seconds = ZkCoordinator(zk, open(tmp_path / "other", "rb").read().strip(), session_timeout=10)
+        seconds.delete(f"{root}-second", recursive=True)
+        seconds.close()
+        anon.stop()
+        anon.close()
+
+
+def _secret(tmp_path, name: str) -> str:
+    path = tmp_path / name
+    path.write_bytes(os.urandom(24).hex().encode())
+    path.chmod(0o600)
+    return str(path)
+
+
+def test_a_cluster_name_squatted_under_an_open_root_is_refused_at_start(zk, tmp_path):
+    """A root made by an older streamnet (world CREATE|DELETE) can still be squatted:
+    the worker refuses the squatted name, naming who owns it, and warns about the root."""
+    import uuid
+    from kazoo.exceptions import NoAuthError
+    from kazoo.security import ACL, Id, Permissions
+    from streamnet.testing import running_cluster
+    root, name = "/open" + uuid.uuid4().hex[:8], "squat"
+    anon = _anonymous(zk)
+    try:
+        shared = [ACL(Permissions.READ | Permissions.CREATE | Permissions.DELETE, Id("world", "anyone"))]
+        anon.create(root, b"", acl=shared)                       # as streamnet made /streamnet before
+        anon.create(f"{root}/{name}", b"")                       # world-open, by a client with no secret
+        secret = _secret(tmp_path, "s")
+        r = _worker_cli(zk, root, name, secret)
+        assert r.returncode == 2, r.stderr
+        assert f"{root}/{name} carries the ACL [world:anyone=ALL], not this cluster's" in r.stderr
+        assert "someone else owns the cluster name" in r.stderr
+        assert f"the ZooKeeper root {root} lets anyone create and delete nodes below it" in r.stderr
+        # and inside a real cluster, a client without the secret can neither add nor remove nodes
+        with running_cluster(zk, workers=1) as (c, state):
             with pytest.raises(NoAuthError):
                 anon.create(state.path("topologies", "evil"), b"{}")
             with pytest.raises(NoAuthError):
@@ -388,7 +458,7 @@ def test_a_cluster_name_squatted_without_the_secret_is_refused_at_start(zk, tmp_
             with pytest.raises(NoAuthError):
                 anon.create(state.path("bloat"), b"x" * 1000)
     finally:
-        anon.delete(f"/streamnet/{name}")
+        anon.delete(root, recursive=True)
         anon.stop()
         anon.close()
 
@@ -400,20 +470,20 @@ def test_a_cluster_made_before_roles_gets_them_from_its_first_worker(zk):
     from streamnet.runtime.control.cluster_state import TOP_NODES, ClusterState
     from streamnet.runtime.control.zk import ZkCoordinator
     secret = os.urandom(24).hex().encode()
-    name = "old" + uuid.uuid4().hex[:8]
+    root, name = "/old" + uuid.uuid4().hex[:8], "old"
     coord = ZkCoordinator(zk, secret, session_timeout=10)
     try:
         worker = roles.parse(secret)[0]
         legacy = [ACL(Permissions.ALL, worker.id)]
-        coord.ensure_shared("/streamnet")
+        coord.ensure_root(root)
         for node in ("", *TOP_NODES):
-            coord.zk.create(f"/streamnet/{name}" + (f"/{node}" if node else ""), b"", acl=legacy)
-        state = ClusterState(coord, name)
+            coord.zk.create(f"{root}/{name}" + (f"/{node}" if node else ""), b"", acl=legacy)
+        state = ClusterState(coord, name, root=root)
         for node in ("", *TOP_NODES):
             assert sorted(coord.zk.get_acls(state.path(node) if node else state.base)[0]) == \
                 sorted(roles.top_acl(secret, node))
     finally:
-        coord.delete(f"/streamnet/{name}", recursive=True)
+        coord.delete(root, recursive=True)
         coord.close()
 
 
@@ -563,3 +633,38 @@ def test_a_checkpoint_without_the_clusters_mac_fails_the_resumed_run_clearly_and
         assert c.procs["w0"].poll() is None
         state.submit_topology("after", wordcount.topology(name="after", count=200).to_dict())
         assert wordcount.merge_counts(finish(state, "after")) == wordcount.expected_counts(200, 0)
+
+
+# -- ZooKeeper over TLS: the digest credentials no longer cross the network in clear ------------
+@pytest.mark.slow      # its own ZooKeeper, certificates, a worker: ~35 s here
+@pytest.mark.skipif(not __import__("shutil").which("openssl"), reason="needs openssl for the certificates")
+def test_workers_and_clients_reach_a_tls_only_zookeeper_and_plain_clients_do_not():
+    from streamnet.testing import ZooKeeper, finish, running_cluster, zookeeper_installed
+    if not zookeeper_installed():
+        pytest.skip("needs Debian's zookeeper package")
+    server = ZooKeeper(tls=True).start()
+    try:
+        assert {"ca.pem", "client.pem", "client-key.pem", "server.pem"} <= set(os.listdir(server.tls_dir))
+        with running_cluster(server.hosts, workers=1, zk_tls=server.tls_dir) as (c, state):
+            state.submit_topology("tls", wordcount.topology(name="tls", count=200).to_dict())
+            assert wordcount.merge_counts(finish(state, "tls")) == wordcount.expected_counts(200, 0)
+            r = _cli("submit", "list", *c.args())            # a client with --zk-tls
+            assert r.returncode == 0, r.stderr
+            # without TLS, or over TLS without a certificate of the ensemble's CA: no session
+            plain = [a for a in c.args() if a != server.tls_dir and a != "--zk-tls"]
+            r = _cli("submit", "list", *plain, "--session-timeout", "3")
+            assert r.returncode == 1 and "ZooKeeper did not answer (1 of 1 servers reachable)" in r.stderr, r.stderr
+            # (in a process of its own: a kazoo client that never connected keeps its socket pair)
+            probe = ("import sys\nfrom kazoo.client import KazooClient\n"
+                     "for options in ({}, {'use_ssl': True, 'ca': sys.argv[2]}):\n"
+                     "    z = KazooClient(hosts=sys.argv[1], connection_retry={'max_tries': 2}, **options)\n"
+                     "    try:\n        z.start(3)\n        print('connected')\n"
+                     "    except Exception as e:\n        print(type(e).__name__)\n"
+                     "    z.stop()\n")
+            import subprocess
+            import sys
+            r = subprocess.run([sys.executable, "-c", probe, server.hosts, os.path.join(server.tls_dir, "ca.pem")],
+                               capture_output=True, text=True, timeout=60)
+            assert r.stdout.split() == ["KazooTimeoutError", "KazooTimeoutError"], r.stdout + r.stderr
+    finally:
+        server.stop()

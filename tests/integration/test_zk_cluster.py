@@ -116,7 +116,7 @@ def test_wrong_secret_can_neither_join_read_nor_change(cluster, tmp_path):
     other = ZkCoordinator(c.zk_hosts, b"another secret entirely")
     try:
         with pytest.raises(Exception, match="wrong cluster secret"):
-            other.children(f"/streamnet/{c.name}/workers")
+            other.children(f"{c.root}/{c.name}/workers")
     finally:
         other.close()
     assert set(state.workers()) == {"w0", "w1", "w2"}

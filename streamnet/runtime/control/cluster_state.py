@@ -62,10 +62,12 @@ class ClusterState:
     def __init__(self, coord: Coordinator, cluster: str = "default", root: str = "/streamnet"):
         if not cluster or "/" in cluster:
             raise StreamnetError(f"cluster name must be non-empty without '/'; got {cluster!r}")
+        if not root.startswith("/") or "" in root.rstrip("/").split("/")[1:] or root.rstrip("/") == "":
+            raise StreamnetError(f"the ZooKeeper root must be an absolute path like /streamnet; got {root!r}")
         self.coord = coord
         self.cluster = cluster
         self.base = f"{root.rstrip('/')}/{cluster}"
-        coord.ensure_shared(root.rstrip("/"))
+        coord.ensure_root(root.rstrip("/"))
         coord.secure_cluster(self.base, TOP_NODES)
 
     def path(self, *parts: str) -> str:

@@ -113,9 +113,9 @@ class Coordinator(ABC):
         """Register a callback for when a new session replaces an expired one (its
         ephemeral nodes are gone: re-create them). In-process sessions never expire."""
 
-    def ensure_shared(self, path: str) -> None:
-        """Make a node that several clusters (with different secrets) share: anyone
-        may list it, create a cluster under it, and remove an empty one."""
+    def ensure_root(self, path: str) -> None:
+        """Make (or check) the node the clusters live under. ZooKeeper gives it to the
+        cluster of the worker that makes it; in process there is no ACL."""
         self.ensure(path)
 
     #: whose credential this session holds (roles.py); in-process sessions do anything

@@ -17,6 +17,7 @@ callbacks to re-create them and resynchronise.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -43,8 +44,30 @@ class ClusterAclError(UnauthorisedError):
     """A cluster node's ACL is not what this cluster's roles give it."""
 
 
+#: roots already warned about in this process (ZkCoordinator.ensure_root)
+_warned_open_roots: set[str] = set()
+
+
 class NoQuorumError(ConnectionLostError):
     """No answer from the ensemble within the call's deadline."""
+
+
+#: the files of a --zk-tls directory (deploy/zookeeper.sh --tls-dir makes them)
+TLS_FILES = {"ca": "ca.pem", "certfile": "client.pem", "keyfile": "client-key.pem"}
+
+
+def tls_options(directory: str) -> dict:
+    """KazooClient's TLS arguments for a --zk-tls directory: the ensemble's CA (the
+    server's certificate must be signed by it) and this client's certificate and key
+    (the ensemble refuses clients without one). The key must be private to this user."""
+    from ...private_file import read_private
+    paths = {arg: os.path.join(directory, name) for arg, name in TLS_FILES.items()}
+    for arg, path in paths.items():
+        if not os.path.isfile(path):
+            raise CoordinatorError(f"ZooKeeper TLS: {path} does not exist; a --zk-tls directory holds "
+                                   f"{', '.join(TLS_FILES.values())} (deploy/zookeeper.sh --tls-dir makes them)")
+    read_private(paths["keyfile"], "ZooKeeper TLS key")
+    return {"use_ssl": True, "verify_certs": True, **paths}
 
 
 def reachable_servers(hosts: str, timeout: float = 0.5) -> tuple[int, int]:
@@ -103,9 +126,10 @@ def _translate(fn):
 
 class ZkCoordinator(Coordinator):
     def __init__(self, hosts: str, secret: bytes, *, session_timeout: float = 10.0,
-                 connect_timeout: float = 10.0):
+                 connect_timeout: float = 10.0, tls: str | None = None):
         """`secret`: a --secret-file's content, the cluster secret (worker role) or a
-        submit or observer credential (roles.parse)."""
+        submit or observer credential (roles.parse). `tls`: a --zk-tls directory, to
+        talk to an ensemble that serves clients over TLS only (tls_options)."""
         self.credential, self._secret = roles.parse(secret)
         self.role = self.credential.role
         self._clusters: dict[str, dict] = {}    # cluster node -> {role: ZooKeeper Id} (secure_cluster)
@@ -116,7 +140,8 @@ class ZkCoordinator(Coordinator):
             hosts=hosts, timeout=session_timeout,
             auth_data=[self.credential.auth],
             default_acl=[ACL(Permissions.ALL, self.credential.id)],   # unused: create() passes an ACL
-            connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0))
+            connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0),
+            **(tls_options(tls) if tls else {}))
         self._restart_callbacks: list[Callable[[], None]] = []
         self._lost = False
         self._closing = False
@@ -254,15 +279,33 @@ class ZkCoordinator(Coordinator):
         return sorted(self._read(self.zk.get_children_async, path))
 
     @_translate
-    def ensure_shared(self, path):
-        # anyone may list, add a cluster, and remove an empty one; nothing inside a cluster
-        shared = [ACL(Permissions.READ | Permissions.CREATE | Permissions.DELETE, Id("world", "anyone"))]
+    def ensure_root(self, path):
+        """The node the clusters live under (--zk-root). A worker that makes it gives it
+        to its own cluster: everyone may read it, only this cluster's workers may create
+        or remove nodes below it, so a client without the secret can neither squat a
+        cluster name there nor fill the ensemble's memory through it. A cluster of another
+        secret needs a root of its own (secure_cluster says so). A root made by an older
+        streamnet lets anyone create and delete below it; only the ensemble's
+        administrator can change that, so it is warned about, not refused."""
+        owned = [ACL(Permissions.READ, Id("world", "anyone")), ACL(Permissions.ALL, self.credential.id)]
         parts = [p for p in path.split("/") if p]
-        for i in range(1, len(parts) + 1):
-            try:
-                self._write(self.zk.create_async, "/" + "/".join(parts[:i]), b"", acl=shared)
-            except kx.NodeExistsError:
-                pass
+        if self.role == roles.WORKER:
+            for i in range(1, len(parts) + 1):
+                try:
+                    self._write(self.zk.create_async, "/" + "/".join(parts[:i]), b"", acl=owned)
+                except kx.NodeExistsError:
+                    pass
+        try:
+            acl = self._read(self.zk.get_acls_async, path)[0]
+        except kx.NoNodeError:
+            return          # a client cannot make it: secure_cluster says the cluster is not set up
+        if any(e.id == Id("world", "anyone") and e.perms & (Permissions.CREATE | Permissions.DELETE) for e in acl) \
+                and path not in _warned_open_roots:
+            _warned_open_roots.add(path)
+            log.warning("the ZooKeeper root %s lets anyone create and delete nodes below it ([%s], made by an "
+                        "older streamnet): a client without the secret can squat cluster names there or fill "
+                        "ZooKeeper; have the ensemble's administrator remove it when its clusters are moved, or "
+                        "give this cluster a root of its own (--zk-root)", path, roles.describe(acl))
 
     @_translate
     def secure_cluster(self, base, nodes):
@@ -284,6 +327,14 @@ class ZkCoordinator(Coordinator):
                     continue
                 except kx.NodeExistsError:
                     pass
+                except kx.NoAuthError:       # ZooKeeper checks the parent's ACL before the name
+                    if node or self._read(self.zk.exists_async, path) is not None:
+                        raise
+                    root = base.rsplit("/", 1)[0] or "/"
+                    raise ClusterAclError(
+                        f"cannot create {path}: the root {root} belongs to another cluster's workers (ACL "
+                        f"[{roles.describe(self._read(self.zk.get_acls_async, root)[0])}]); give this cluster a "
+                        f"root of its own: --zk-root {root}-{cluster} (or $STREAMNET_ZK_ROOT)") from None
             try:
                 acl = list(self._read(self.zk.get_acls_async, path)[0])
             except kx.NoNodeError:
