@@ -229,8 +229,9 @@ class Cluster:
         self.relays: dict[str, Relay] | None = {} if zk_relays else None
         self.session_timeout = session_timeout
         self.name = "t" + uuid.uuid4().hex[:8]
-        #: the ZooKeeper root (--zk-root): tests/conftest.py gives each test one of its own
-        self.root = os.environ.get("STREAMNET_ZK_ROOT") or "/streamnet"
+        #: the ZooKeeper root (--zk-root): tests/conftest.py gives each test one of its own;
+        #: elsewhere (perf/) each cluster, of a secret of its own, gets one
+        self.root = os.environ.get("STREAMNET_ZK_ROOT") or f"/streamnet-{self.name}"
         self.tmp = tempfile.mkdtemp(prefix="streamnet-cluster-")
         self.secret_file = os.path.join(self.tmp, "secret")
         with open(self.secret_file, "wb") as f:
