@@ -12,8 +12,8 @@ FROZEN = ["--balance", "--batch", "--checkpoint-dir", "--data", "--dataset", "--
           "--lr-schedule", "--momentum", "--outer-momentum", "--resume", "--seed", "--sync-period",
           "--sync-tasks", "--test-limit", "--threads", "--train-limit", "--workers"]
 TRAIN_ONLY = {"-h", "--help", "--model", "--algorithm", "--local", "--in-process", "--summary", "--ui", "--ui-host"}
-SUBMIT_ONLY = {"-h", "--help", "--name", "--set", "--wait", "--summary", "--timeout", "--zk", "--cluster",
-               "--secret-file", "--session-timeout"}
+SUBMIT_ONLY = {"-h", "--help", "--name", "--set", "--wait", "--summary", "--timeout", "--zk", "--zk-root",
+               "--zk-tls", "--cluster", "--secret-file", "--session-timeout"}
 # on both commands, but not part of the configuration: where the run's figures go
 TRAIN_ONLY |= {"--metrics-log"}
 SUBMIT_ONLY |= {"--metrics-log"}
