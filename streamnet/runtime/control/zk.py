@@ -291,10 +291,16 @@ class ZkCoordinator(Coordinator):
         parts = [p for p in path.split("/") if p]
         if self.role == roles.WORKER:
             for i in range(1, len(parts) + 1):
+                node = "/" + "/".join(parts[:i])
                 try:
-                    self._write(self.zk.create_async, "/" + "/".join(parts[:i]), b"", acl=owned)
+                    self._write(self.zk.create_async, node, b"", acl=owned)
                 except kx.NodeExistsError:
                     pass
+                except kx.NoAuthError:
+                    if self._read(self.zk.exists_async, node) is None:
+                        parent = node.rsplit("/", 1)[0] or "/"
+                        raise ClusterAclError(f"cannot create {node}: {parent} lets only others create nodes below "
+                                              "it; pick another --zk-root") from None
         try:
             acl = self._read(self.zk.get_acls_async, path)[0]
         except kx.NoNodeError:
