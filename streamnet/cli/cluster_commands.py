@@ -89,7 +89,7 @@ def cmd_submit(a) -> int:
         with signing_with(secret):
             topo, check = build_topology(a.topology, opts)
     except ConfigError as e:
-        raise naming_the_flag(e, given) from None
+        raise naming_the_flag(e, given, opts) from None
     except TopologyError as e:
         raise StreamnetError(str(e)) from None
     try:   # what the workers will check: refuse here, before anything is written
@@ -316,7 +316,11 @@ def cmd_describe(a) -> int:
                 return 0
         finally:
             coord.close()
-    topo, _ = build_topology(a.topology, parse_set(a.set))
+    options = parse_set(a.set)
+    try:
+        topo, _ = build_topology(a.topology, options)
+    except ConfigError as e:
+        raise naming_the_flag(e, {}, options) from None
     print(topo.describe())
     return 0
 

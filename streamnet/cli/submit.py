@@ -5,12 +5,12 @@ import argparse
 import logging
 import sys
 
-from ..errors import StreamnetError
+from ..errors import ConfigError, StreamnetError
 from .common import (ENVIRONMENT, Parser, add_common_options, check_writable, error_exit, parse_set, positive_float,
                      positive_int)
 from .metrics_log import MetricsLog, add_option as add_metrics_log_option
 from .progress import RunProgress, stragglers_line
-from .train_args import add_training_options, config_from_args
+from .train_args import add_training_options, config_from_args, given_options, naming_the_flag
 
 
 def cmd_train(a: argparse.Namespace) -> int:
@@ -32,6 +32,8 @@ def cmd_train(a: argparse.Namespace) -> int:
     progress = RunProgress(cfg.epochs, metrics_log=log)
     try:
         summary = _train(a, cfg, progress)
+    except ConfigError as e:     # refused when the topology is built (--keep-checkpoints, --sync-tasks)
+        raise naming_the_flag(e, given_options(a)) from None
     finally:
         progress.close()
         if log:

@@ -89,11 +89,15 @@ def given_options(a: argparse.Namespace) -> dict:
     return {f.key: getattr(a, f.dest) for f in TRAINING_FLAGS if getattr(a, f.dest) is not None}
 
 
-def naming_the_flag(err: ConfigError, given: dict) -> ConfigError:
-    """`err` ("batch: must be >= 1; got 0") with the flag the value came from, if it came from one."""
-    field = str(err).partition(":")[0]
+def naming_the_flag(err: ConfigError, given: dict, set_options: dict | None = None) -> ConfigError:
+    """`err` about a field ("units: must be >= 1; got 0") said of the flag the value
+    came from ("--workers must be >= 1; got 0", "--set epochs must be ..."); as it is
+    when it came from no flag."""
+    field = getattr(err, "field", None)
     if field in given and field in _FLAG_OF:
-        return ConfigError(f"{err} (from {_FLAG_OF[field]} {given[field]})")
+        return ConfigError(f"{_FLAG_OF[field]} {err.problem}")
+    if field in (set_options or {}):
+        return ConfigError(f"--set {field} {err.problem}")
     return err
 
 

@@ -15,9 +15,19 @@ MODELS = ("lenet5", "alexnet")
 BALANCE_MODES = ("static", "load")
 
 
-def _require(cond: bool, field_name: str, message: str) -> None:
+class FieldError(ConfigError):
+    """A ConfigError about one field: "FIELD: PROBLEM". `problem` is a predicate
+    ("must be >= 1; got 0"), so that the CLI can put the flag the value came from
+    in the field's place ("--workers must be >= 1; got 0")."""
+
+    def __init__(self, field_name: str, problem: str):
+        super().__init__(f"{field_name}: {problem}")
+        self.field, self.problem = field_name, problem
+
+
+def _require(cond: bool, field_name: str, problem: str) -> None:
     if not cond:
-        raise ConfigError(f"{field_name}: {message}")
+        raise FieldError(field_name, problem)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -81,7 +91,8 @@ class AlgorithmConfig:
         _require(self.batch >= 1, "batch", f"must be >= 1; got {self.batch}")
         _require(self.sync_period >= 1, "sync_period", f"must be >= 1; got {self.sync_period}")
         _require(self.name == "mixbp" or self.sync_period == 1, "sync_period",
-                 f"{self.name} synchronises every step, so it must be 1; got {self.sync_period} (use mixbp)")
+                 f"must be 1 for {self.name}, which synchronises every step; got {self.sync_period} (mixbp "
+                 "takes longer periods)")
         _require(self.lr > 0, "lr", f"must be > 0; got {self.lr}")
         _require(0 <= self.momentum < 1, "momentum", f"must be in [0, 1); got {self.momentum}")
         _require(self.weight_decay >= 0, "weight_decay", f"must be >= 0; got {self.weight_decay}")
@@ -91,9 +102,9 @@ class AlgorithmConfig:
         _require(self.outer_lr > 0, "outer_lr", f"must be > 0; got {self.outer_lr}")
         for name in ("unit_batches", "unit_sync_periods"):
             v = getattr(self, name)
-            _require(v is None or all(int(i) >= 1 for i in v), name, f"entries must be >= 1; got {v}")
+            _require(v is None or all(int(i) >= 1 for i in v), name, f"must have every entry >= 1; got {v}")
         _require(self.name == "mixbp" or self.unit_sync_periods is None, "unit_sync_periods",
-                 "only mixbp has a sync period to vary per unit")
+                 "must be None unless the algorithm is mixbp, the only one with a sync period to vary")
 
     def batch_of(self, unit: int) -> int:
         return int(self.unit_batches[unit]) if self.unit_batches else self.batch
@@ -123,7 +134,8 @@ class RunConfig:
                  f"got {self.balance!r}")
         _require(self.balance == "static" or (self.algorithm.unit_batches is None and
                                               self.algorithm.unit_sync_periods is None), "balance",
-                 "load sets each unit's batch by its speed; per-unit batches or sync periods need 'static'")
+                 "must be static with per-unit batches or sync periods (load sets each unit's batch by its "
+                 "speed)")
         _require(self.threads >= 1, "threads", f"must be >= 1; got {self.threads}")
         _require(self.sync_tasks >= 1, "sync_tasks", f"must be >= 1; got {self.sync_tasks}")
         _require(self.epochs >= 1, "epochs", f"must be >= 1; got {self.epochs}")

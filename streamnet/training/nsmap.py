@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import os
 
-from ..errors import ConfigError
 from ..runtime import TopologyBuilder
-from .config import SETUPS, RunConfig, run_config_to_dict, with_overrides
+from .config import SETUPS, FieldError, RunConfig, run_config_to_dict, with_overrides
 from .schedule import load_data, make_model
 
 PKG = "streamnet.training"
@@ -24,13 +23,13 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
     from .checkpoint import DEFAULT_KEEP
     keep = DEFAULT_KEEP if keep_checkpoints is None else keep_checkpoints
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
-        raise ConfigError(f"keep_checkpoints: must be an integer >= 0 (0 keeps all); got {keep_checkpoints!r}")
+        raise FieldError("keep_checkpoints", f"must be an integer >= 0 (0 keeps all); got {keep_checkpoints!r}")
     if train_size is None:
         train_size = len(load_data(cfg.data, cfg.seed).train)
     num_params = make_model(cfg).num_params
     if cfg.sync_tasks > num_params:
-        raise ConfigError(f"sync_tasks: {cfg.sync_tasks} slices of {cfg.model.name}'s {num_params} parameters "
-                          "would leave some empty; use at most one per parameter (a few per worker is plenty)")
+        raise FieldError("sync_tasks", f"must be at most {num_params}, one slice per parameter of {cfg.model.name}; "
+                         f"got {cfg.sync_tasks} (a few per worker is plenty)")
     run = run_config_to_dict(cfg)
     name = name or default_name(cfg)
     b = TopologyBuilder(name)

@@ -166,7 +166,7 @@ def test_training_is_reproducible():
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(name="sgd"), "algorithm: must be one of online, cumulative, mixbp"),
-    (dict(name="cumulative", sync_period=4), "sync_period: cumulative synchronises every step"),
+    (dict(name="cumulative", sync_period=4), "sync_period: must be 1 for cumulative, which synchronises every step"),
     (dict(batch=0), "batch: must be >= 1"),
     (dict(momentum=1.5), "momentum: must be in"),
     (dict(lr_schedule="step"), "lr_schedule"),

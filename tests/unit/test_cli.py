@@ -19,7 +19,7 @@ def test_train_writes_a_summary(tmp_path, capsys):
 
 def test_bad_option_value_is_a_one_line_error(capsys):
     assert main(["train", "--dataset", "synthetic", "--batch", "0"]) == 2
-    assert "error: batch: must be >= 1; got 0" in capsys.readouterr().err
+    assert "error: --batch must be >= 1; got 0" in capsys.readouterr().err
 
 
 def test_missing_data_directory(tmp_path, capsys):

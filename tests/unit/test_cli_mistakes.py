@@ -120,9 +120,25 @@ def test_summary_path_checked_before_the_run(command, capsys):
         one_line_error(capsys, "streamnet-submit")
 
 
-def test_validation_error_names_the_flag(capsys):
-    assert run_main(submit.main, ["train", "--dataset", "synthetic", "--workers", "0"]) == 2
-    assert "(from --workers 0)" in one_line_error(capsys, "streamnet-submit")
+@pytest.mark.parametrize("argv,says", [
+    (["train", "--workers", "0"], "--workers must be >= 1; got 0"),
+    (["train", "--threads", "0"], "--threads must be >= 1; got 0"),
+    (["train", "--train-limit", "0"], "--train-limit must be positive; got 0"),
+    (["train", "--momentum", "1"], "--momentum must be in [0, 1); got 1.0"),
+    (["train", "--algorithm", "cumulative", "--sync-period", "4"],
+     "--sync-period must be 1 for cumulative, which synchronises every step; got 4"),
+    (["describe", "lenet5-mixbp", "--set", "epochs=0", "--set", "dataset=synthetic"],
+     "--set epochs must be >= 1; got 0"),
+    (["submit", "lenet5-mixbp", "--zk", UNREACHABLE_ZK, "--sync-tasks", "100000"],
+     "--sync-tasks must be at most 61706, one slice per parameter of lenet5; got 100000"),
+])
+def test_validation_error_names_the_flag_first(argv, says, capsys):
+    """The flag the value came from, where the configuration would name its field
+    (units, train_limit, ...): the user typed the one, not the other."""
+    synthetic = [] if argv[0] == "describe" else ["--dataset", "synthetic"]
+    assert run_main(submit.main, argv + synthetic) == 2
+    line = one_line_error(capsys, "streamnet-submit")
+    assert line.startswith(f"streamnet-submit: error: {says}"), line
 
 
 @pytest.mark.parametrize("prog,module", [("streamnet-submit", "streamnet.cli.submit"),
@@ -287,8 +303,7 @@ def test_train_in_process_stopped_by_sigterm_says_so():
 
 def test_alexnet_input_size_is_refused_before_the_run(capsys):
     assert run_main(submit.main, ["train", "--model", "alexnet", "--input-size", "100"]) == 2
-    assert "input_size: must be 64 or 224 for alexnet; got 100 (from --input-size 100)" in \
-        one_line_error(capsys, "streamnet-submit")
+    assert "error: --input-size must be 64 or 224 for alexnet; got 100" in one_line_error(capsys, "streamnet-submit")
 
 
 def test_every_flag_has_help():
