@@ -23,6 +23,15 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def completing(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`p`, after answering the shell's tab completion if this run is one: the shell
+    runs the command with $_ARGCOMPLETE set (argcomplete's protocol), and the answer
+    is written and the process ends here, before anything else is done."""
+    import argcomplete
+    argcomplete.autocomplete(p)
+    return p
+
+
 def version() -> str:
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as v

@@ -1,3 +1,4 @@
+# PYTHON_ARGCOMPLETE_OK: argcomplete's global completion looks for this mark
 """streamnet-submit: train locally, and (with the cluster) submit and manage topologies."""
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import logging
 import sys
 
 from ..errors import ConfigError, StreamnetError
-from .common import (ENVIRONMENT, Parser, add_common_options, check_writable, error_exit, parse_set, positive_float,
-                     positive_int)
+from .common import (ENVIRONMENT, Parser, add_common_options, check_writable, completing, error_exit, parse_set,
+                     positive_float, positive_int)
 from .metrics_log import MetricsLog, add_option as add_metrics_log_option
 from .progress import RunProgress, stragglers_line
 from .train_args import add_training_options, config_from_args, given_options, naming_the_flag
@@ -138,7 +139,7 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    a = completing(build_parser()).parse_args(argv)
     logging.basicConfig(level=a.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kazoo").setLevel(logging.ERROR)

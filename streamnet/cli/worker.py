@@ -1,3 +1,4 @@
+# PYTHON_ARGCOMPLETE_OK: argcomplete's global completion looks for this mark
 """streamnet-worker: the per-node daemon.
 
     streamnet-worker --zk zk1:2181,zk2:2181 --cluster prod --secret-file /etc/streamnet/secret \\
@@ -27,7 +28,7 @@ import sys
 from ..errors import StreamnetError
 from ..runtime.control.coordinator import NodeExistsError
 from .common import (ENVIRONMENT, Parser, add_allow_option, add_cluster_options, add_common_options, allowed_modules,
-                     connect, error_exit, port_number, positive_float, positive_int)
+                     completing, connect, error_exit, port_number, positive_float, positive_int)
 
 
 def threads_option(text: str) -> int | str:
@@ -126,7 +127,7 @@ async def serve(a) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = build_parser()
+    p = completing(build_parser())
     a = p.parse_args(argv)
     if a.on_signal not in ON_SIGNAL:
         p.error(f"$STREAMNET_ON_SIGNAL must be one of {', '.join(ON_SIGNAL)}; got {a.on_signal!r}")

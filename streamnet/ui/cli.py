@@ -1,3 +1,4 @@
+# PYTHON_ARGCOMPLETE_OK: argcomplete's global completion looks for this mark
 """streamnet-ui: the web UI for a ZooKeeper cluster, a read-only daemon like Storm UI."""
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import os
 import signal
 import sys
 
-from ..cli.common import (ENVIRONMENT, Parser, add_cluster_options, add_common_options, connect, error_exit,
-                          port_number, positive_float)
+from ..cli.common import (ENVIRONMENT, Parser, add_cluster_options, add_common_options, completing, connect,
+                          error_exit, port_number, positive_float)
 from ..errors import StreamnetError
 from ..runtime.monitor import ENV, read_token
 
@@ -40,7 +41,7 @@ async def _serve(state, host: str, port: int, poll_s: float, token: str | None =
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    a = completing(build_parser()).parse_args(argv)
     logging.basicConfig(level=a.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     try:
