@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from ..runtime.control.cluster_state import FAILED, REFUSED
 from ..training.run_stats import EVAL_HISTORY, PROGRESS, STRAGGLERS
 
 DECISIONS = 12       # scheduler decisions shown on the cluster page
@@ -100,6 +101,19 @@ def _capacity(snap: Snapshot, name: str) -> dict[int, float]:
             for w, task, m in _tasks(snap, name) if (w, task) in then}
 
 
+def failures(results: dict) -> list[dict]:
+    """Why a topology cannot run: a task that failed to start (failed.<task>: its
+    prepare() or open() raised) and a worker that refused the spec (refused.<worker>),
+    as the client's wait_done reports them."""
+    out = []
+    for key in sorted(results):
+        for prefix, what in ((FAILED, "task"), (REFUSED, "worker")):
+            if key.startswith(prefix):
+                out.append({"kind": prefix.rstrip("."), "where": f"{what} {key[len(prefix):]}",
+                            "error": str(results[key])})
+    return out
+
+
 def topology_view(snap: Snapshot, name: str) -> dict:
     t = snap.topologies[name]
     spec, assignment = t["spec"], t.get("assignment") or {}
@@ -121,7 +135,8 @@ def topology_view(snap: Snapshot, name: str) -> dict:
         components[cid] = {**{k: c[k] for k in ("tasks", "executed", "emitted", "acked", "failed", "execute_p99_s",
                                                 "workers", "capacity")},
                            "execute_avg_s": c["execute_s"] / c["executed"] if c["executed"] else 0.0}
-    return {"name": name, "status": t.get("status"), "graph": graph(spec), "components": components,
+    return {"name": name, "status": t.get("status"), "failures": failures(t.get("results") or {}),
+            "graph": graph(spec), "components": components,
             "task_workers": {str(k): v for k, v in assignment.get("tasks", {}).items()},
             "workers": sorted(snap.workers)}
 

@@ -86,3 +86,17 @@ def test_decisions_stragglers_and_bytes_over_every_sync_task():
     assert [d["decision"] for d in views.cluster_view(snap)["decisions"]] == ["compute shares ...", "older"]
     r = views.training_view(snap, "run")
     assert r["bytes_moved"] == 300.0 and r["stragglers"]["top"] == top
+
+
+def test_a_topology_that_cannot_run_shows_why():
+    """A task whose prepare()/open() raised (failed.<task>) and a worker that refused the
+    spec (refused.<worker>): on the topologies page, as the client would report them."""
+    snap = _snapshot([])
+    results = snap.topologies["run"]["results"]
+    assert views.topology_view(snap, "run")["failures"] == []
+    results["failed.3"] = "bolt 'sync' (task 3) on worker w0 failed to start: ValueError: no slice"
+    results["refused.w1"] = "component class 'evil:Bolt' is outside the allowed modules"
+    assert views.topology_view(snap, "run")["failures"] == [
+        {"kind": "failed", "where": "task 3",
+         "error": "bolt 'sync' (task 3) on worker w0 failed to start: ValueError: no slice"},
+        {"kind": "refused", "where": "worker w1", "error": "component class 'evil:Bolt' is outside the allowed modules"}]

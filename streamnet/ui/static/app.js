@@ -94,12 +94,21 @@ function renderTopologies(d) {
         <td>${esc(Object.entries(c.workers || {}).map(([task, w]) => `${task}@${w}`).join(" "))}</td></tr>`;
     }).join("");
     return `<div class="card" data-topology="${esc(t.name)}">
-      <h2>${esc(t.name)} <span class="badge">${esc(t.status)}</span></h2>
+      <h2>${esc(t.name)} <span class="badge">${esc(t.status)}</span>
+        ${t.failures.length ? '<span class="badge failed">failed</span>' : ""}</h2>
+      ${failureList(t.failures)}
       ${graphSvg(t)}
       <table><thead><tr><th>component</th><th>kind</th><th>parallelism</th><th>executed</th><th>emitted</th>
         <th>acked</th><th>failed</th><th>execute (avg)</th><th>execute (p99)</th><th title="fraction of the last poll interval its busiest task spent executing (Storm's capacity)">capacity</th><th>tasks@worker</th></tr></thead>
         <tbody>${rows}</tbody></table></div>`;
   }).join("");
+}
+
+// a task whose prepare()/open() raised, a worker that refused the spec: why it cannot run
+function failureList(failures) {
+  if (!failures.length) return "";
+  return `<ul class="failures" data-failures="${failures.length}">${failures.map((f) =>
+    `<li><b>${esc(f.kind)}</b> (${esc(f.where)}): <span class="error">${esc(f.error)}</span></li>`).join("")}</ul>`;
 }
 
 function graphSvg(t) {
