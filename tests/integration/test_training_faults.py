@@ -130,10 +130,10 @@ def test_sigterm_to_the_workers_stops_with_a_checkpoint(zk, tmp_path, monkeypatc
     assert 0 < stopped < 72
 
 
-def _refused_saves(c, worker: str) -> int:
-    """State saves of superseded task instances on `worker` that the coordinator refused
-    (fencing of task state: the instance stops without saving or acking), from its log."""
-    with open(c.logs[worker]) as f:
+def _refused_saves(log: str) -> int:
+    """State saves of superseded task instances that the coordinator refused (fencing of
+    task state: the instance stops without saving or acking), from the worker's log."""
+    with open(log) as f:
         return f.read().count("was taken over by another instance")
 
 
@@ -167,11 +167,11 @@ def test_worker_cut_off_and_healed_is_fenced(zk, victim):
                 wait_for(lambda: time.monotonic() >= deadline, 5, "the time away from ZooKeeper", interval=0.1)
             finally:
                 c.relays[host].heal()
-            wait_for(lambda: stale_dropped(state, topo.name) or _refused_saves(c, host), 60,
+            wait_for(lambda: stale_dropped(state, topo.name) or _refused_saves(c.logs[host]), 60,
                      "the stale spout and sync bolt to be fenced", interval=0.2)
         wait_for(lambda: worker_sessions(state).get(host) not in (None, session), 30,
                  "the healed worker to register again in a new session", interval=0.1)
-        stale, refused = stale_dropped(state, topo.name), _refused_saves(c, host)
+        stale, refused = stale_dropped(state, topo.name), _refused_saves(c.logs[host])
         results = finish(state, topo.name, timeout=600)
     _finished_exactly(cfg, results, f"cut off {victim} host {host}: {stale} stale tuple(s) dropped, "
                                     f"{refused} state save(s) refused")
