@@ -42,6 +42,17 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+async def until(cond, what: str, timeout: float = 20.0, interval: float = 0.01) -> None:
+    """wait_for's asyncio face: until cond() is true, on the running loop (its tasks go on
+    meanwhile); AssertionError naming `what` after `timeout` s."""
+    import asyncio
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(interval)
+
+
 def zookeeper_installed() -> bool:
     return shutil.which("java") is not None and any(
         f.startswith("zookeeper") and f.endswith(".jar") for f in os.listdir("/usr/share/java")

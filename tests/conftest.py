@@ -52,6 +52,16 @@ def zk_root(monkeypatch):
     return root
 
 
+@pytest.fixture
+def keep_sigterm():
+    """SIGTERM's handler restored after the test: `train` on the embedded cluster and
+    `submit --wait` turn SIGTERM into Ctrl-C (their clean stop) in the test's process."""
+    import signal
+    before = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, before)
+
+
 @pytest.fixture(scope="session")
 def zk():
     """A ZooKeeper for the cluster tests: $STREAMNET_TEST_ZK (make test starts one), or

@@ -2,7 +2,6 @@
 embedded cluster, submit --wait on ZooKeeper, with the same live progress), and the
 trained LeNet-5 exported and loaded into PyTorch."""
 import json
-import signal
 
 import numpy as np
 import pytest
@@ -14,16 +13,9 @@ from streamnet.training.checkpoint import latest_checkpoint
 
 from tests.unit.test_export import _torch_models, assert_same_outputs, load_safetensors
 
-pytestmark = pytest.mark.usefixtures("no_leaks")
+pytestmark = pytest.mark.usefixtures("no_leaks", "keep_sigterm")
 SMALL = ["--dataset", "synthetic", "--train-limit", "512", "--test-limit", "64", "--batch", "16", "--epochs", "2",
          "--workers", "2"]
-
-
-@pytest.fixture(autouse=True)
-def keep_sigterm():
-    before = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, before)
 
 
 def check_metrics_log(path, epochs: int):

@@ -1,7 +1,6 @@
 """`streamnet-submit train` and `run-example` as the README's CLI reference describes
 them, on small synthetic data (seconds each)."""
 import json
-import signal
 
 import numpy as np
 import pytest
@@ -12,17 +11,9 @@ from streamnet.examples.registry import EXAMPLES
 from streamnet.training import train_local
 from streamnet.training.checkpoint import list_checkpoints, read_checkpoint
 
-pytestmark = pytest.mark.usefixtures("no_leaks")
+pytestmark = pytest.mark.usefixtures("no_leaks", "keep_sigterm")
 SMALL = ["--dataset", "synthetic", "--train-limit", "256", "--test-limit", "64", "--batch", "16", "--epochs", "1",
          "--workers", "2"]
-
-
-@pytest.fixture(autouse=True)
-def keep_sigterm():
-    """`train` on the embedded cluster turns SIGTERM into Ctrl-C (its clean stop)."""
-    before = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, before)
 
 
 def _config(*args):

@@ -159,14 +159,12 @@ def test_usage_error_is_one_line_in_a_real_process():
 # --- submit --wait: Ctrl-C leaves the topology running; a run stopped by SIGTERM is a failure
 
 @pytest.fixture
-def follow(monkeypatch):
+def follow(monkeypatch, keep_sigterm):
     """cluster_commands._follow with the cluster calls replaced; SIGTERM's handler restored."""
     import argparse
-    import signal
     from types import SimpleNamespace
 
     from streamnet.cli import cluster_commands
-    before = signal.getsignal(signal.SIGTERM)
     a = argparse.Namespace(zk="zk1:2181", cluster="prod", secret_file="/etc/s", timeout=5.0, summary=None,
                            metrics_log=None)
 
@@ -174,8 +172,7 @@ def follow(monkeypatch):
         monkeypatch.setattr(cluster_commands, "wait_done", wait_done)
         monkeypatch.setattr(cluster_commands, "kill_topology", lambda *args: results or {})
         return cluster_commands._follow(None, SimpleNamespace(name="t1", components=[]), None, a)
-    yield run
-    signal.signal(signal.SIGTERM, before)
+    return run
 
 
 def test_ctrl_c_on_wait_says_the_topology_keeps_running(follow, capsys):

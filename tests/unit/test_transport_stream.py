@@ -2,9 +2,9 @@
 guard): what goes in comes out, read-only; silent and stalled peers are cut off; an
 idle stream stays open on heartbeats; a hung handshake is given up."""
 import asyncio
+import contextlib
 import os
 import socket
-import time
 
 import aiohttp
 import numpy as np
@@ -16,16 +16,9 @@ from streamnet.runtime.dataplane import transport
 from streamnet.runtime.dataplane.guard import ConnectionGuard, GuardedRunner
 from streamnet.runtime.dataplane.transport import PROTOCOL, Auth, PeerLink, StreamServer
 from streamnet.runtime.messages import AckMsg, DataMsg
+from streamnet.testing import until
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
-
-
-async def _until(cond, what, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 class Receiver:
@@ -53,12 +46,27 @@ class Receiver:
         await self.runner.cleanup()
 
 
-async def _link(secret: bytes, port: int):
+@contextlib.asynccontextmanager
+async def _linked(secret: bytes, port: int, close_s: float = 1.0):
+    """A started PeerLink from w0 to the receiver on `port`; closed with its session on exit."""
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
     link = PeerLink(sender="w0", peer="w1", url=f"http://127.0.0.1:{port}", auth=Auth(secret, "w0"),
                     session=session, limits=codec.DEFAULT_LIMITS)
     link.start()
-    return link, session
+    try:
+        yield link
+    finally:
+        await link.close(close_s)
+        await session.close()
+
+
+@contextlib.asynccontextmanager
+async def _streaming(secret: bytes):
+    """A Receiver and a PeerLink to it whose stream is up: a first message went through."""
+    async with Receiver(secret) as rx, _linked(secret, rx.port) as link:
+        await link.send(AckMsg("t", 0, 1, 1))
+        await until(lambda: len(rx.got) == 1, "the first message")
+        yield rx, link
 
 
 def test_tuples_and_tensors_of_every_size_arrive_intact_and_read_only():
@@ -66,20 +74,15 @@ def test_tuples_and_tensors_of_every_size_arrive_intact_and_read_only():
     sizes = [0, 1, 1000, 62_000, 2_621_440]            # float32: up to a 10 MB tensor
 
     async def go():
-        async with Receiver(secret) as rx:
-            link, session = await _link(secret, rx.port)
-            try:
-                for i in range(300):                  # small tuples, queued together: batched frames
-                    await link.send(DataMsg("t", 1, "default", 0, [i, "x"], [[i, i + 1]], 3))
-                for n in sizes:
-                    await link.send(DataMsg("t", 1, "default", 0, [np.arange(n, dtype=np.float32)], [], 3))
-                await link.send(AckMsg("t", 0, 5, 6))
-                await _until(lambda: len(rx.got) == 300 + len(sizes) + 1, "every message")
-                assert rx.guard.status()["open"] == 1 and rx.server.open_streams == 1
-                return [m for m, _ in rx.got], link.frames_out, rx.server.rejected
-            finally:
-                await link.close(1.0)
-                await session.close()
+        async with Receiver(secret) as rx, _linked(secret, rx.port) as link:
+            for i in range(300):                  # small tuples, queued together: batched frames
+                await link.send(DataMsg("t", 1, "default", 0, [i, "x"], [[i, i + 1]], 3))
+            for n in sizes:
+                await link.send(DataMsg("t", 1, "default", 0, [np.arange(n, dtype=np.float32)], [], 3))
+            await link.send(AckMsg("t", 0, 5, 6))
+            await until(lambda: len(rx.got) == 300 + len(sizes) + 1, "every message")
+            assert rx.guard.status()["open"] == 1 and rx.server.open_streams == 1
+            return [m for m, _ in rx.got], link.frames_out, rx.server.rejected
     got, frames, rejected = asyncio.run(go())
     assert rejected == 0 and frames < 300 + len(sizes) + 1
     assert [m.values for m in got[:300]] == [[i, "x"] for i in range(300)]
@@ -120,10 +123,10 @@ def test_a_peer_that_goes_silent_or_stops_inside_a_frame_is_cut_off(monkeypatch,
                                                 .to_wire()])
                     writer.write(frame[:len(frame) // 2])
                     await writer.drain()
-                await _until(lambda: rx.server.open_streams == 1, "the stream to open")
+                await until(lambda: rx.server.open_streams == 1, "the stream to open")
                 # then nothing more: the worker closes the connection and forgets it
                 assert await asyncio.wait_for(reader.read(), 10) == b""
-                await _until(lambda: rx.guard.status()["open"] == 0, "the guard to forget the connection")
+                await until(lambda: rx.guard.status()["open"] == 0, "the guard to forget the connection")
                 return rx.server.rejected, rx.server.open_streams, rx.got
             finally:
                 writer.close()
@@ -140,19 +143,12 @@ def test_an_idle_link_keeps_its_stream_open_with_heartbeats(monkeypatch):
     secret = os.urandom(32)
 
     async def go():
-        async with Receiver(secret) as rx:
-            link, session = await _link(secret, rx.port)
-            try:
-                await link.send(AckMsg("t", 0, 1, 1))
-                await _until(lambda: len(rx.got) == 1, "the first message")
-                frames = rx.server.frames_in
-                await _until(lambda: rx.server.frames_in >= frames + 15, "1.5 s of heartbeats (2.5x the timeout)")
-                await link.send(AckMsg("t", 0, 2, 2))
-                await _until(lambda: len(rx.got) == 2, "the second message")
-                return rx.server.rejected, link.reconnects, [m for m, _ in rx.got]
-            finally:
-                await link.close(1.0)
-                await session.close()
+        async with _streaming(secret) as (rx, link):
+            frames = rx.server.frames_in
+            await until(lambda: rx.server.frames_in >= frames + 15, "1.5 s of heartbeats (2.5x the timeout)")
+            await link.send(AckMsg("t", 0, 2, 2))
+            await until(lambda: len(rx.got) == 2, "the second message")
+            return rx.server.rejected, link.reconnects, [m for m, _ in rx.got]
     rejected, reconnects, got = asyncio.run(go())
     assert rejected == 0 and reconnects == 0        # one stream throughout
     assert got == [AckMsg("t", 0, 1, 1), AckMsg("t", 0, 2, 2)]
@@ -180,15 +176,15 @@ def test_a_receiver_that_never_answers_the_upgrade_is_given_up(monkeypatch):
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        link, session = await _link(secret, site._server.sockets[0].getsockname()[1])
         try:
-            await link.send(AckMsg("t", 0, 1, 1))
-            await _until(lambda: link.reconnects >= 2, "the link to give up twice and try again")
-            return link.last_error, link.connected
+            async with _linked(secret, site._server.sockets[0].getsockname()[1], close_s=0.2) as link:
+                try:
+                    await link.send(AckMsg("t", 0, 1, 1))
+                    await until(lambda: link.reconnects >= 2, "the link to give up twice and try again")
+                    return link.last_error, link.connected
+                finally:
+                    answered.set()
         finally:
-            answered.set()
-            await link.close(0.2)
-            await session.close()
             await runner.cleanup()
     error, connected = asyncio.run(go())
     assert error.startswith("TimeoutError") and not connected
@@ -198,21 +194,14 @@ def test_the_sender_reconnects_at_once_when_the_receiver_closes_the_stream():
     secret = os.urandom(32)
 
     async def go():
-        async with Receiver(secret) as rx:
-            link, session = await _link(secret, rx.port)
-            try:
-                await link.send(AckMsg("t", 0, 1, 1))
-                await _until(lambda: len(rx.got) == 1, "the first message")
-                # the receiver ends the connection (as a rejected frame or a restart would)
-                for proto in list(rx.guard.open):
-                    proto.transport.abort()
-                await _until(lambda: link.reconnects == 1 and link.connected, "the link to reconnect")
-                await link.send(AckMsg("t", 0, 2, 2))   # not written into the dead socket
-                await _until(lambda: len(rx.got) == 2, "the second message")
-                return [m for m, _ in rx.got]
-            finally:
-                await link.close(1.0)
-                await session.close()
+        async with _streaming(secret) as (rx, link):
+            # the receiver ends the connection (as a rejected frame or a restart would)
+            for proto in list(rx.guard.open):
+                proto.transport.abort()
+            await until(lambda: link.reconnects == 1 and link.connected, "the link to reconnect")
+            await link.send(AckMsg("t", 0, 2, 2))   # not written into the dead socket
+            await until(lambda: len(rx.got) == 2, "the second message")
+            return [m for m, _ in rx.got]
     assert asyncio.run(go()) == [AckMsg("t", 0, 1, 1), AckMsg("t", 0, 2, 2)]
 
 
