@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from streamnet.cli import submit, worker
+from streamnet.ui import cli as ui
 
 UNREACHABLE_ZK = "127.0.0.1:1"      # never contacted: each mistake is caught before connecting
 
@@ -315,4 +316,5 @@ def test_every_flag_has_help():
                 yield " ".join(path + [act.option_strings[0] if act.option_strings else act.dest])
     missing = list(undocumented(submit.build_parser(), ["streamnet-submit"]))
     missing += undocumented(worker.build_parser(), ["streamnet-worker"])
+    missing += undocumented(ui.build_parser(), ["streamnet-ui"])
     assert not missing
