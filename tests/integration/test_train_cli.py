@@ -152,10 +152,11 @@ def test_train_checkpoint_dir_then_resume_with_more_epochs(tmp_path, capsys):
     """`train --checkpoint-dir` writes a checkpoint at each epoch's end; `train --resume`
     with `--epochs` raised continues from the newest and ends where an uninterrupted
     run of that length ends (a constant learning rate: the cosine schedule spans the
-    run, so a longer run has another)."""
+    run, so a longer run has another; static balance: under load balancing the units'
+    shares follow their measured speeds, which differ from run to run)."""
     ck = tmp_path / "ck"
     args = [*SMALL, "--algorithm", "mixbp", "--sync-period", "2", "--outer-momentum", "0.5", "--lr-schedule",
-            "constant", "--checkpoint-dir", str(ck)]
+            "constant", "--balance", "static", "--checkpoint-dir", str(ck)]
     first = _train(tmp_path, *args, "--epochs", "2", name="first.json")
     assert first["sync_rounds"] == 8                  # 128 samples per unit, b = 16, H = 2: 4 rounds per epoch
     assert [step for step, _ in list_checkpoints(str(ck), "lenet5-mixbp")] == [8, 4]
