@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.slow,
 
 
 @pytest.fixture
-def netns_cluster(tmp_path):
+def netns_cluster(tmp_path, zk_root):
     env = dict(os.environ, STREAMNET_NETNS_DIR=str(tmp_path / "netns"))
 
     def sh(*args):
@@ -44,7 +44,8 @@ def netns_cluster(tmp_path):
     from streamnet.runtime.control.cluster_state import ClusterState
     from streamnet.runtime.control.zk import ZkCoordinator
     secret = (tmp_path / "netns" / "secret").read_bytes().strip()
-    state = ClusterState(ZkCoordinator(f"{ZK_ADDRESS}:2281", secret, session_timeout=10), "netns")
+    # the workers take the test's root from $STREAMNET_ZK_ROOT (conftest's zk_root)
+    state = ClusterState(ZkCoordinator(f"{ZK_ADDRESS}:2281", secret, session_timeout=10), "netns", root=zk_root)
     try:
         wait_for(lambda: len(state.workers()) == 3, 60, "3 workers in their namespaces", interval=0.2)
         yield sh, state, tmp_path / "netns"
