@@ -36,21 +36,25 @@ pytestmark = [pytest.mark.slow,
 
 @pytest.fixture
 def netns_cluster(tmp_path, zk_root):
+    from streamnet.runtime.control.cluster_state import ClusterState
+    from streamnet.runtime.control.zk import ZkCoordinator
     env = dict(os.environ, STREAMNET_NETNS_DIR=str(tmp_path / "netns"))
 
     def sh(*args):
-        return subprocess.run([SCRIPT, *args], check=True, capture_output=True, text=True, env=env, timeout=120)
-    sh("up", "3")
-    from streamnet.runtime.control.cluster_state import ClusterState
-    from streamnet.runtime.control.zk import ZkCoordinator
-    secret = (tmp_path / "netns" / "secret").read_bytes().strip()
-    # the workers take the test's root from $STREAMNET_ZK_ROOT (conftest's zk_root)
-    state = ClusterState(ZkCoordinator(f"{ZK_ADDRESS}:2281", secret, session_timeout=10), "netns", root=zk_root)
-    try:
+        r = subprocess.run([SCRIPT, *args], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0, f"cluster-netns.sh {' '.join(args)} exited {r.returncode}: {r.stderr.strip()}"
+        return r
+    state = None
+    try:     # torn down whatever failed: an `up` that fails half way leaves ZooKeeper and namespaces
+        sh("up", "3")
+        secret = (tmp_path / "netns" / "secret").read_bytes().strip()
+        # the workers take the test's root from $STREAMNET_ZK_ROOT (conftest's zk_root)
+        state = ClusterState(ZkCoordinator(f"{ZK_ADDRESS}:2281", secret, session_timeout=10), "netns", root=zk_root)
         wait_for(lambda: len(state.workers()) == 3, 60, "3 workers in their namespaces", interval=0.2)
         yield sh, state, tmp_path / "netns"
     finally:
-        state.coord.close()
+        if state is not None:
+            state.coord.close()
         sh("down")
 
 
