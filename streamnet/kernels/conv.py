@@ -14,6 +14,7 @@ Weight layout is PyTorch's: (out, in, kh, kw).
 import numpy as np
 
 from ._jit import jit
+from .bias import bias_grad
 from .conv_wide import (cols_backward, cols_forward, use_wide, use_wide_cols, wide_backward,
                         wide_forward)
 
@@ -214,12 +215,7 @@ def _gemm_backward(dout, x, weight, dweight, dbias, stride, pad, need_dx, cols, 
     wm = weight.reshape(o, rows)
     wmt = np.ascontiguousarray(wm.T)
     dwm = dweight.reshape(o, rows)
-    for oi in range(o):
-        acc = 0.0
-        for ni in range(n):
-            for q in range(p):
-                acc += dflat[ni, oi, q]
-        dbias[oi] = acc
+    bias_grad(dflat, dbias)
     if need_dx:
         dx = np.zeros((n, c, h, w), dtype=x.dtype)
         dcol_buf = np.empty(rows * s * p, dtype=x.dtype)

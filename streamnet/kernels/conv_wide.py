@@ -21,6 +21,7 @@ the weight or input gradients.
 import numpy as np
 
 from ._jit import jit, jit_fast
+from .bias import bias_grad
 
 
 @jit
@@ -360,14 +361,7 @@ def cols_backward(dout, x, weight, dweight, dbias, pad, need_dx):
     dwm = dweight.reshape(o, rows)
     dw_acc = np.zeros((rows, o), dtype=np.float64)
     part = np.empty((rows, o), dtype=x.dtype)
-    for oi in range(o):
-        acc = 0.0
-        for ni in range(n):
-            for y in range(oh):
-                row = dout[ni, oi, y]
-                for z in range(ow):
-                    acc += row[z]
-        dbias[oi] = acc
+    bias_grad(dout.reshape(n, o, oh * ow), dbias)
     if need_dx:
         dx = np.empty((n, c, h, w), dtype=x.dtype)
         dcol_buf = np.empty(rows * s * length, dtype=x.dtype)
