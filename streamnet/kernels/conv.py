@@ -15,8 +15,8 @@ import numpy as np
 
 from ._jit import jit
 from .bias import bias_grad
-from .conv_wide import (cols_backward, cols_forward, use_wide, use_wide_cols, wide_backward,
-                        wide_forward)
+from .conv_minor import minor_backward, minor_forward, use_minor
+from .conv_wide import use_wide, wide_backward, wide_forward
 
 COL_BUDGET = 1 << 16  # floats in one chunk's column matrix (256 KiB: stays in L2)
 MIN_COLS = 256        # but at least this many GEMM columns, below which BLAS is inefficient
@@ -115,8 +115,8 @@ def conv2d_forward(x, weight, bias, stride, pad):
     if use_wide(c, stride):  # one input channel: direct, see conv_wide.py
         return wide_forward(x, weight, bias, pad)
     kh, kw = weight.shape[2], weight.shape[3]
-    if use_wide_cols(c, kh, kw, stride):  # few column rows: wide columns, see conv_wide.py
-        return cols_forward(x, weight, bias, pad)
+    if use_minor(c, kh, kw, stride):  # few column rows: batch-minor blocks, see conv_minor.py
+        return minor_forward(x, weight, bias, pad)
     rows = c * kh * kw
     p = conv_out_size(h, kh, stride, pad) * conv_out_size(w, kw, stride, pad)
     col_buf = np.empty(rows * chunk_size(n, rows, p) * p, dtype=x.dtype)  # one chunk, reused
@@ -126,10 +126,10 @@ def conv2d_forward(x, weight, bias, stride, pad):
 @jit
 def columns_size(x_shape, w_shape, stride, pad):
     """Floats of the column matrix conv2d_forward_keep leaves for the backward pass:
-    0 for layers on a wide path (conv_wide.py), which rebuild columns cheaply."""
+    0 for layers on the direct or batch-minor paths, which rebuild columns cheaply."""
     n, c, h, w = x_shape
     o, _, kh, kw = w_shape
-    if use_wide(c, stride) or use_wide_cols(c, kh, kw, stride):
+    if use_wide(c, stride) or use_minor(c, kh, kw, stride):
         return 0
     return c * kh * kw * n * conv_out_size(h, kh, stride, pad) * conv_out_size(w, kw, stride, pad)
 
@@ -184,8 +184,8 @@ def conv2d_backward(dout, x, weight, dweight, dbias, stride, pad, need_dx):
     n, c, h, w = x.shape
     if use_wide(c, stride):
         return wide_backward(dout, x, weight, dweight, dbias, pad, need_dx)
-    if use_wide_cols(c, weight.shape[2], weight.shape[3], stride):
-        return cols_backward(dout, x, weight, dweight, dbias, pad, need_dx)
+    if use_minor(c, weight.shape[2], weight.shape[3], stride):
+        return minor_backward(dout, x, weight, dweight, dbias, pad, need_dx)
     return _gemm_backward(dout, x, weight, dweight, dbias, stride, pad, need_dx,
                           np.empty(0, dtype=x.dtype), False)
 

@@ -1,27 +1,22 @@
-"""Stride-1 convolution over "wide" planes: direct for one input channel, wide
-im2col + GEMM for layers with few column rows (LeNet-5's conv2).
+"""Stride-1 convolution with one input channel (LeNet-5's conv1), direct over
+"wide" planes.
 
-im2col + GEMM is a poor fit for a layer with one input channel (LeNet-5's conv1):
-the column matrix is 25x the input, and a 6-row GEMM runs at ~20 GFLOP/s. Here
-each output plane is computed over the full padded width wp instead of ow (the
-last kw-1 columns of every row are garbage, dropped on the way out), so each
-kernel tap (i, j) is one long contiguous axpy, out_plane += w[i, j] *
-x_plane[i*wp + j :], that LLVM vectorises. Short rows (ow = 28) are not
-vectorised well: a 28-long inner loop ran at 4.3 GMAC/s, below im2col + GEMM.
-
-The same trick makes im2col cheap when c*kh*kw is small: column row (c, i, j)
-of one sample is one contiguous run of the padded plane, i*wp + j onwards, of
-length oh*wp, so im2col and col2im are plain vectorised copies; the GEMM does
-wp/ow more work (14/10 for LeNet-5 conv2), which only pays where im2col, not the
-GEMM, was the cost: LeNet-5 conv2 batch 64 fwd 1.50 -> 0.70 ms, bwd 3.24 -> 1.97 ms.
+im2col + GEMM is a poor fit for a layer with one input channel: the column matrix
+is 25x the input, and a 6-row GEMM runs at ~20 GFLOP/s. Here each output plane is
+computed over the full padded width wp instead of ow (the last kw-1 columns of
+every row are garbage, dropped on the way out), so each kernel tap (i, j) is one
+long contiguous axpy, out_plane += w[i, j] * x_plane[i*wp + j :], that LLVM
+vectorises. Short rows (ow = 28) are not vectorised well: a 28-long inner loop ran
+at 4.3 GMAC/s, below im2col + GEMM.
 
 Garbage columns of the output gradient are set to zero, so they add nothing to
-the weight or input gradients.
+the weight or input gradients. (Layers with a few input channels, LeNet-5's
+conv2, once used the same wide planes as im2col columns; conv_minor.py replaced
+that: it does not compute the garbage columns.)
 """
 import numpy as np
 
 from ._jit import jit, jit_fast
-from .bias import bias_grad
 
 
 @jit
@@ -243,167 +238,4 @@ def wide_backward(dout, x, weight, dweight, dbias, pad, need_dx):
         for i in range(kh):
             for j in range(kw):
                 dweight[oi, 0, i, j] = dw_acc[oi, i, j]
-    return dx
-
-
-# -- several input channels: im2col over wide planes, then one GEMM per chunk ------
-
-WIDE_MAX_ROWS = 256   # c*kh*kw up to which wide columns pay (LeNet-5 conv2: 150)
-WIDE_BUDGET = 1 << 15  # floats in one chunk's column matrix: one LeNet-5 conv2 sample (1<<15: fwd 0.70 ms, bwd 1.97; 1<<16: 1.08, 2.18; 1<<18: 1.37, 3.32; batch 64)
-
-
-@jit
-def use_wide_cols(c, kh, kw, stride):
-    return stride == 1 and c * kh * kw <= WIDE_MAX_ROWS
-
-
-@jit
-def _wide_chunk(n, rows, length):
-    return max(1, min(n, WIDE_BUDGET // max(rows * length, 1)))
-
-
-@jit
-def _pad_chunk(x, n0, n1, pad, xp):
-    """Samples n0..n1-1 into the flat padded planes xp (s, c, hp*wp + kw)."""
-    c, h, w = x.shape[1], x.shape[2], x.shape[3]
-    wp = w + 2 * pad
-    for ni in range(n0, n1):
-        for ci in range(c):
-            plane = xp[ni - n0, ci]
-            for y in range(h):
-                row = x[ni, ci, y]
-                dst = plane[(y + pad) * wp + pad:]
-                for z in range(w):
-                    dst[z] = row[z]
-
-
-@jit
-def _wide_cols(xp, k, kh, kw, wp, length, col):
-    c = xp.shape[1]
-    for ni in range(k):
-        for ci in range(c):
-            plane = xp[ni, ci]
-            for i in range(kh):
-                for j in range(kw):
-                    d = col[(ci * kh + i) * kw + j, ni * length:]
-                    s = plane[i * wp + j:]
-                    for t in range(length):
-                        d[t] = s[t]
-
-
-@jit
-def _wide_col2im(dcol, k, kh, kw, wp, length, dxp):
-    c = dxp.shape[1]
-    for ni in range(k):
-        for ci in range(c):
-            plane = dxp[ni, ci]
-            for i in range(kh):
-                for j in range(kw):
-                    s = dcol[(ci * kh + i) * kw + j, ni * length:]
-                    d = plane[i * wp + j:]
-                    for t in range(length):
-                        d[t] += s[t]
-
-
-@jit
-def cols_forward(x, weight, bias, pad):
-    """Stride-1 convolution, wide columns + GEMM (see the module docstring)."""
-    n, c, h, w = x.shape
-    o, _, kh, kw = weight.shape
-    hp, wp = h + 2 * pad, w + 2 * pad
-    oh, ow = hp - kh + 1, wp - kw + 1
-    length = oh * wp
-    rows = c * kh * kw
-    s = _wide_chunk(n, rows, length)
-    xp = np.zeros((s, c, hp * wp + kw), dtype=x.dtype)
-    col_buf = np.empty(rows * s * length, dtype=x.dtype)
-    y_buf = np.empty(o * s * length, dtype=x.dtype)
-    wm = weight.reshape(o, rows)
-    out = np.empty((n, o, oh, ow), dtype=x.dtype)
-    for n0 in range(0, n, s):
-        n1 = min(n, n0 + s)
-        k = n1 - n0
-        m = k * length
-        _pad_chunk(x, n0, n1, pad, xp)
-        col = col_buf[:rows * m].reshape(rows, m)
-        _wide_cols(xp, k, kh, kw, wp, length, col)
-        yv = y_buf[:o * m].reshape(o, m)
-        np.dot(wm, col, yv)
-        for ni in range(k):
-            for oi in range(o):
-                b = bias[oi]
-                for y in range(oh):
-                    dst = out[n0 + ni, oi, y]
-                    src = yv[oi, ni * length + y * wp:]
-                    for z in range(ow):
-                        dst[z] = src[z] + b
-    return out
-
-
-@jit
-def cols_backward(dout, x, weight, dweight, dbias, pad, need_dx):
-    """As conv2d_backward, for stride 1, over wide columns."""
-    n, c, h, w = x.shape
-    o, _, kh, kw = weight.shape
-    hp, wp = h + 2 * pad, w + 2 * pad
-    oh, ow = hp - kh + 1, wp - kw + 1
-    length = oh * wp
-    rows = c * kh * kw
-    s = _wide_chunk(n, rows, length)
-    xp = np.zeros((s, c, hp * wp + kw), dtype=x.dtype)
-    col_buf = np.empty(rows * s * length, dtype=x.dtype)
-    # the output gradient twice: (o, m) for the input gradient's GEMM and (m, o) for
-    # the weight gradient's, computed transposed as col @ dyT so both operands are
-    # row-major: dy @ col.T ran 1.87 ms against 0.52 ms for LeNet-5 conv2, batch 64
-    dy_buf = np.zeros(o * s * length, dtype=x.dtype)  # garbage columns stay zero
-    dyt_buf = np.zeros(o * s * length, dtype=x.dtype)
-    wm = weight.reshape(o, rows)
-    dwm = dweight.reshape(o, rows)
-    dw_acc = np.zeros((rows, o), dtype=np.float64)
-    part = np.empty((rows, o), dtype=x.dtype)
-    bias_grad(dout.reshape(n, o, oh * ow), dbias)
-    if need_dx:
-        dx = np.empty((n, c, h, w), dtype=x.dtype)
-        dcol_buf = np.empty(rows * s * length, dtype=x.dtype)
-        dxp = np.empty((s, c, hp * wp + kw), dtype=x.dtype)
-    else:
-        dx = np.empty((0, 0, 0, 0), dtype=x.dtype)
-        dcol_buf = np.empty(0, dtype=x.dtype)
-        dxp = np.empty((0, 0, 0), dtype=x.dtype)
-    for n0 in range(0, n, s):
-        n1 = min(n, n0 + s)
-        k = n1 - n0
-        m = k * length
-        _pad_chunk(x, n0, n1, pad, xp)
-        col = col_buf[:rows * m].reshape(rows, m)
-        _wide_cols(xp, k, kh, kw, wp, length, col)
-        dy = dy_buf[:o * m].reshape(o, m)
-        dyt = dyt_buf[:o * m].reshape(m, o)
-        for ni in range(k):
-            for oi in range(o):
-                for y in range(oh):
-                    src = dout[n0 + ni, oi, y]
-                    q = ni * length + y * wp
-                    dst = dy[oi, q:]
-                    for z in range(ow):
-                        dst[z] = src[z]
-                        dyt[q + z, oi] = src[z]
-        np.dot(col, dyt, part)
-        dw_acc += part
-        if need_dx:
-            dcol = dcol_buf[:rows * m].reshape(rows, m)
-            np.dot(wm.T, dy, dcol)
-            dxp[:k] = 0.0
-            _wide_col2im(dcol, k, kh, kw, wp, length, dxp)
-            for ni in range(k):
-                for ci in range(c):
-                    plane = dxp[ni, ci]
-                    for y in range(h):
-                        dst = dx[n0 + ni, ci, y]
-                        src = plane[(y + pad) * wp + pad:]
-                        for z in range(w):
-                            dst[z] = src[z]
-    for oi in range(o):
-        for r in range(rows):
-            dwm[oi, r] = dw_acc[r, oi]
     return dx

@@ -79,49 +79,6 @@ def test_wide_float32_weight_gradient_without_dx(rng):
     assert dw.dtype == np.float32
 
 
-@pytest.mark.parametrize("c,size,k,pad,n,o", [(3, 9, 3, 1, 2, 3), (2, 8, 5, 0, 3, 3), (4, 7, 3, 2, 2, 3),
-                                              (2, 7, 5, 1, 2, 4), (3, 9, 5, 2, 2, 7)])
-def test_wide_columns_match_plain_convolution_and_finite_differences(c, size, k, pad, n, o, rng):
-    assert conv_wide.use_wide_cols(c, k, k, 1) and not conv_wide.use_wide_cols(64, 5, 5, 1)
-    x = rng.standard_normal((n, c, size, size))
-    w = rng.standard_normal((o, c, k, k))
-    b = rng.standard_normal(o)
-    out = K.conv2d_forward(x, w, b, 1, pad)
-    np.testing.assert_allclose(out, _reference(x, w, b, pad), rtol=1e-12, atol=1e-12)
-    r = rng.standard_normal(out.shape)
-    dw, db = np.empty_like(w), np.empty_like(b)
-    dx = K.conv2d_backward(r, x, w, dw, db, 1, pad, True)
-    for arr, grad, f in [
-        (x, dx, lambda z: np.sum(r * K.conv2d_forward(z, w, b, 1, pad))),
-        (w, dw, lambda z: np.sum(r * K.conv2d_forward(x, z, b, 1, pad))),
-        (b, db, lambda z: np.sum(r * K.conv2d_forward(x, w, z, 1, pad))),
-    ]:
-        v = rng.standard_normal(arr.shape)
-        numeric = _fd(f, arr, v)
-        assert abs(np.sum(grad * v) - numeric) <= 1e-6 * max(1.0, abs(numeric))
-
-
-def test_wide_columns_many_chunks_equal_generic_path(rng):
-    """A float32 batch cut into many chunks agrees with the generic im2col path."""
-    x = rng.standard_normal((9, 6, 14, 14)).astype(np.float32)
-    w = rng.standard_normal((16, 6, 5, 5)).astype(np.float32)
-    b = rng.standard_normal(16).astype(np.float32)
-    out = K.conv2d_forward(x, w, b, 1, 0)
-    r = rng.standard_normal(out.shape).astype(np.float32)
-    dw, db = np.empty_like(w), np.empty_like(b)
-    dx = K.conv2d_backward(r, x, w, dw, db, 1, 0, True)
-    # the generic path, forced: pad the input by hand and use stride-1 im2col on it
-    col = np.empty((150, 9 * 100), np.float32)
-    K.conv.im2col(x, 0, 9, 5, 5, 1, 0, col)
-    ref = (w.reshape(16, 150) @ col).reshape(16, 9, 100).transpose(1, 0, 2).reshape(out.shape) + b[:, None, None]
-    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
-    dy = r.transpose(1, 0, 2, 3).reshape(16, 900)
-    np.testing.assert_allclose(dw.reshape(16, 150), dy @ col.T, rtol=1e-4, atol=1e-3)
-    dx_ref = np.zeros_like(x)
-    K.conv.col2im(w.reshape(16, 150).T @ dy, 0, 9, 5, 5, 1, 0, dx_ref)
-    np.testing.assert_allclose(dx, dx_ref, rtol=1e-4, atol=1e-4)
-
-
 @pytest.mark.parametrize("stride,pad,k,c", [(1, 1, 3, 40), (2, 2, 5, 1), (1, 2, 5, 16)])
 def test_kept_columns_give_the_same_gradients(stride, pad, k, c, rng):
     """conv2d_forward_keep / conv2d_backward_kept (columns kept from the forward
