@@ -5,11 +5,15 @@ is memory-bound (AlexNet-64's conv2 builds a 105 MB one), and one GEMM per sampl
 is overhead-bound on LeNet's tiny layers. So the batch is cut into chunks whose
 column matrix stays about COL_BUDGET floats (cache-sized) unless that would leave
 fewer than MIN_COLS GEMM columns, and each chunk is one GEMM (LeNet-5 step 9.2 ms
-at a 256 KiB budget against 12.7 ms at 4 MiB; AlexNet-64 gains from the floor). The backward pass rebuilds each chunk's columns from the input instead of
-keeping them: it costs one more im2col and saves the memory of all of them.
+at a 256 KiB budget against 12.7 ms at 4 MiB; AlexNet-64 gains from the floor).
+conv2d_forward_keep leaves a training forward's columns for the backward pass.
 
 Column layout: row (c, i, j), column (sample in chunk, oh, ow).
 Weight layout is PyTorch's: (out, in, kh, kw).
+
+Two kinds of small layer take their own paths: one input channel, stride 1
+(LeNet-5's conv1) is direct (conv_wide.py); stride 1 with few column rows
+(LeNet-5's conv2) runs over batch-minor blocks (conv_minor.py).
 """
 import numpy as np
 
