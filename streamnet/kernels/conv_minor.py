@@ -73,7 +73,7 @@ def minor_forward(x, weight, bias, pad):
     hp, wp = h + 2 * pad, w + 2 * pad
     oh, ow = hp - kh + 1, wp - kw + 1
     rows = c * kh * kw
-    b = min(n, BLOCK)
+    b = max(1, min(n, BLOCK))  # an empty batch still gets a (zero-trip) loop step
     xt_buf = np.empty(c * hp * wp * b, dtype=x.dtype)
     col_buf = np.empty(rows * ow * b, dtype=x.dtype)
     y_buf = np.empty(o * ow * b, dtype=x.dtype)
@@ -106,7 +106,7 @@ def minor_backward(dout, x, weight, dweight, dbias, pad, need_dx):
     hp, wp = h + 2 * pad, w + 2 * pad
     oh, ow = hp - kh + 1, wp - kw + 1
     rows = c * kh * kw
-    b = min(n, BLOCK)
+    b = max(1, min(n, BLOCK))  # an empty batch still gets a (zero-trip) loop step
     bias_grad(dout.reshape(n, o, oh * ow), dbias)
     xt_buf = np.empty(c * hp * wp * b, dtype=x.dtype)
     col_buf = np.empty(rows * ow * b, dtype=x.dtype)

@@ -87,3 +87,14 @@ def test_float32_batch_in_several_blocks_equals_generic_path(rng):
     dx_ref = np.zeros_like(x)
     K.conv.col2im(w.reshape(16, 150).T @ dy, 0, n, 5, 5, 1, 0, dx_ref)
     np.testing.assert_allclose(dx, dx_ref, rtol=1e-4, atol=1e-4)
+
+
+def test_empty_batch(rng):
+    x = np.zeros((0, 6, 14, 14), np.float32)
+    w = rng.standard_normal((16, 6, 5, 5)).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    out = K.conv2d_forward(x, w, b, 1, 0)
+    assert out.shape == (0, 16, 10, 10)
+    dw, db = np.full_like(w, np.nan), np.full_like(b, np.nan)
+    dx = K.conv2d_backward(out, x, w, dw, db, 1, 0, True)
+    assert dx.shape == x.shape and not dw.any() and not db.any()
