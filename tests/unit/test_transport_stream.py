@@ -15,7 +15,7 @@ from streamnet.runtime import codec
 from streamnet.runtime.dataplane import transport
 from streamnet.runtime.dataplane.guard import ConnectionGuard, GuardedRunner
 from streamnet.runtime.dataplane.transport import PROTOCOL, Auth, PeerLink, StreamServer
-from streamnet.runtime.messages import AckMsg, DataMsg
+from streamnet.runtime.messages import AckMsg, DataMsg, DataRun
 from streamnet.testing import until
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -30,7 +30,11 @@ class Receiver:
         self.guard = ConnectionGuard()
 
     async def _dispatch(self, msg, sender):
-        self.got.append((msg, sender))
+        if isinstance(msg, DataRun):     # tuples that went as one run: one message each here
+            self.got += [(DataMsg(msg.topology, msg.target, msg.stream, msg.source, v, a, msg.version), sender)
+                         for v, a in zip(msg.values, msg.anchors)]
+        else:
+            self.got.append((msg, sender))
 
     async def __aenter__(self):
         app = web.Application()

@@ -11,7 +11,7 @@ import aiohttp
 
 from .. import codec
 from ..component import Tuple
-from ..messages import AckMsg, DataMsg, FailMsg, Message
+from ..messages import AckMsg, DataMsg, DataRun, FailMsg, Message
 from . import routing
 from .executor import BoltExecutor, SpoutExecutor
 from .transport import Auth, PeerLink
@@ -55,14 +55,14 @@ class Delivery:
             rt.dropped += 1
             await self._fail_roots(rt, msg)
         else:
-            await self._to_peer(rt, target, msg)
+            peer = rt.view.task_worker[target]
+            q = self.link(peer, rt.view.addresses[peer]).queue
+            if q.full():
+                await self._to_full_peer(rt, target, peer, q, msg)
+            else:
+                q.put_nowait(msg)     # the common case: no suspension point, no coroutine more
 
-    async def _to_peer(self, rt, target: int, msg: Message) -> None:
-        peer = rt.view.task_worker[target]
-        q = self.link(peer, rt.view.addresses[peer]).queue
-        if not q.full():
-            q.put_nowait(msg)     # the common case, without a suspension point
-            return
+    async def _to_full_peer(self, rt, target: int, peer: str, q, msg: Message) -> None:
         # backpressure: wait for the stream to drain - but not on a peer that stopped
         # draining because it is cut off and its tasks moved: look again every second
         while True:
@@ -111,17 +111,23 @@ class Delivery:
                 await self._fail_roots(rt, msg)
 
     async def _deliver_local(self, rt, ex, msg: Message) -> None:
-        if isinstance(msg, DataMsg) and isinstance(ex, BoltExecutor):
+        if isinstance(msg, (DataMsg, DataRun)) and isinstance(ex, BoltExecutor):
             src = rt.task_cid.get(msg.source)
             fields = rt.fields.get(src, {}).get(msg.stream)
             if fields is None:
-                rt.dropped += 1
+                rt.dropped += len(msg) if isinstance(msg, DataRun) else 1
                 return
-            tup = Tuple(msg.values, fields, msg.stream, src, msg.source, {r: e for r, e in msg.anchors})
-            if ex.inbound.full():
-                await ex.inbound.put(tup)
+            q, stream, source = ex.inbound, msg.stream, msg.source
+            if isinstance(msg, DataMsg):
+                runs = ((msg.values, msg.anchors),)
             else:
-                ex.inbound.put_nowait(tup)
+                runs = zip(msg.values, msg.anchors)
+            for values, anchors in runs:
+                tup = Tuple(values, fields, stream, src, source, dict(anchors) if anchors else {})
+                if q.full():
+                    await q.put(tup)
+                else:
+                    q.put_nowait(tup)
             if ex.queue_taken:   # a fenced instance whose queue was already dealt with
                 await rt.hand_over_queue(ex)
         elif isinstance(msg, AckMsg) and isinstance(ex, SpoutExecutor):
@@ -137,9 +143,10 @@ class Delivery:
         for fail in routing.failures(msg, rt.view):
             await self.send(rt, fail.target, fail)
 
-    def _count_stale(self, rt, msg: DataMsg, sender: str) -> None:
-        rt.stale += 1
-        if rt.stale <= 5 or rt.stale % 1000 == 0:
+    def _count_stale(self, rt, msg: DataMsg | DataRun, sender: str) -> None:
+        before = rt.stale
+        rt.stale += len(msg) if isinstance(msg, DataRun) else 1
+        if rt.stale <= 5 or rt.stale // 1000 > before // 1000:
             log.warning("worker %s: dropped a stale tuple (%d so far) of %s from task %d on %s: assignment v%d "
                         "places that task on %s; the sender is at v%d", self.id, rt.stale, rt.name, msg.source,
                         sender, rt.version, rt.view.task_worker.get(msg.source), msg.version)

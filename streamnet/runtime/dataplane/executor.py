@@ -112,9 +112,12 @@ class Executor:
             return False
 
     async def flush(self) -> None:
+        if not self.out:        # most calls of a bolt that emits nothing: once per tuple
+            return
         out, self.out = self.out, []
+        deliver = self.rt.deliver
         for target, msg in out:
-            await self.rt.deliver(target, msg)
+            await deliver(target, msg)
 
     def _new_edge(self) -> int:
         return self.rng.getrandbits(64) or 1
@@ -327,8 +330,10 @@ class BoltExecutor(Executor):
                         next_tick = time.monotonic() + tick
                     if tup is None:
                         continue
-                else:
+                elif self.inbound.empty():
                     tup = await self.inbound.get()
+                else:
+                    tup = self.inbound.get_nowait()   # no coroutine per tuple while tuples wait
                 if tup is STOP:
                     return
                 self._current = tup
@@ -336,7 +341,7 @@ class BoltExecutor(Executor):
                 t0 = time.perf_counter()
                 try:
                     r = bolt.execute(tup)
-                    if inspect.isawaitable(r):
+                    if r is not None and inspect.isawaitable(r):
                         await r
                     if self.auto_ack:
                         self.ack(tup)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..messages import DataMsg, FailMsg, Message
+from ..messages import DATA, DataMsg, DataRun, FailMsg, Message
 from .acker import root_task
 
 DELIVER = "deliver"        # to the local executor of the target task
@@ -44,15 +44,15 @@ class View:
 def inbound(msg: Message, view: View, sender: str | None) -> str:
     """A message received from worker `sender` (None: from this worker)."""
     if msg.target not in view.local:
-        if isinstance(msg, DataMsg) and msg.newer_than(view.version):
+        if isinstance(msg, DATA) and msg.newer_than(view.version):
             return PARK
         return FAIL_ROOTS
-    if isinstance(msg, DataMsg) and sender is not None and is_stale(msg, view, sender):
+    if isinstance(msg, DATA) and sender is not None and is_stale(msg, view, sender):
         return STALE
     return DELIVER
 
 
-def is_stale(msg: DataMsg, view: View, sender: str) -> bool:
+def is_stale(msg: DataMsg | DataRun, view: View, sender: str) -> bool:
     placed = view.task_worker.get(msg.source)
     if placed is None or placed == sender or msg.version is None or msg.newer_than(view.version):
         return False
@@ -71,7 +71,7 @@ def outbound(msg: Message, view: View) -> str:
     return SEND
 
 
-def parked(msg: DataMsg, view: View) -> str:
+def parked(msg: DataMsg | DataRun, view: View) -> str:
     """A parked tuple, looked at again after an assignment was applied."""
     if msg.target in view.local:
         return DELIVER
@@ -84,10 +84,10 @@ def failures(msg: Message, view: View) -> list[FailMsg]:
     """The FailMsg for each tree an undeliverable tuple belongs to, addressed to spout
     tasks that run here or on a known worker (by then every worker routes by the new
     assignment). Acks and fails themselves are not failed again."""
-    if not isinstance(msg, DataMsg):
+    if not isinstance(msg, DATA):
         return []
     out = []
-    for root in msg.roots():
+    for root in dict.fromkeys(msg.roots()):     # a run may hold several tuples of one tree
         task = root_task(root)
         if task in view.local or view.task_worker.get(task) not in (None, view.me):
             out.append(FailMsg(msg.topology, task, root))

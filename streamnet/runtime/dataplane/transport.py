@@ -55,7 +55,7 @@ import numpy as np
 from aiohttp import web
 
 from .. import codec
-from ..messages import DataMsg, Message, from_wire
+from ..messages import DataMsg, Message, from_wire, to_wire_all
 from .frame_io import TRAILER, FrameAuth, FrameReader, StreamError, send_buffers
 
 __all__ = ["Auth", "FrameAuth", "PeerAuthError", "PeerLink", "StreamServer", "TRAILER"]
@@ -139,9 +139,12 @@ class Auth:
 
 
 def _array_bytes(msg: Message) -> int:
-    if isinstance(msg, DataMsg):
-        return sum(v.nbytes for v in msg.values if isinstance(v, np.ndarray))
-    return 0
+    n = 0
+    if type(msg) is DataMsg:
+        for v in msg.values:            # a loop, not sum() over a generator: once per tuple
+            if isinstance(v, np.ndarray):
+                n += v.nbytes
+    return n
 
 
 class StreamServer:
@@ -258,6 +261,25 @@ class _LinkQueue(asyncio.Queue):
         super()._put(item)
         if self.waiter is not None:
             _set(self.waiter)
+
+    def take(self) -> list | None:
+        """The messages for one frame (up to MAX_BATCH_MSGS, and MAX_BATCH_ARRAY_BYTES
+        of arrays), taken at once rather than one get_nowait() each; None at _CLOSE."""
+        items = self._queue
+        if items[0] is _CLOSE:
+            return None
+        batch, budget = [], 0
+        while items and len(batch) < MAX_BATCH_MSGS and budget < MAX_BATCH_ARRAY_BYTES:
+            if items[0] is _CLOSE:
+                break                   # finish this batch, then stop
+            msg = items.popleft()
+            batch.append(msg)
+            budget += _array_bytes(msg)
+        for _ in batch:                 # room for blocked putters, as get_nowait() makes it
+            if not self._putters:
+                break
+            self._wakeup_next(self._putters)
+        return batch
 
 
 CONNECT_FAILURES = 3   # refused connections in a row (about 0.35 s with the backoff) before reporting
@@ -423,18 +445,7 @@ class PeerLink:
                 if closed.done():
                     raise ConnectionResetError("the peer closed the stream")
                 return []
-        first = self.queue.get_nowait()
-        if first is _CLOSE:
-            return None
-        batch, budget = [first], _array_bytes(first)
-        while len(batch) < MAX_BATCH_MSGS and budget < MAX_BATCH_ARRAY_BYTES and not self.queue.empty():
-            msg = self.queue.get_nowait()
-            if msg is _CLOSE:
-                self.queue.put_nowait(_CLOSE)  # finish this batch, then stop
-                break
-            batch.append(msg)
-            budget += _array_bytes(msg)
-        return batch
+        return self.queue.take()
 
     async def _send_frames(self, sock: socket.socket, auth: FrameAuth) -> None:
         # the receiver sends nothing after its 101: the socket turns readable only when
@@ -456,7 +467,7 @@ class PeerLink:
         seq = 0
         while (batch := await self._next_batch(closed)) is not None:
             try:
-                buffers = codec.encode([m.to_wire() for m in batch], self.limits)
+                buffers = codec.encode(to_wire_all(batch), self.limits)
             except codec.CodecError as e:
                 self.dropped += len(batch)
                 log.error("dropping %d message(s) to %s that cannot be encoded: %s", len(batch), self.peer, e)
