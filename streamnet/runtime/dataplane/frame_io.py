@@ -2,13 +2,20 @@
 receiving protocol that reads them into their own buffers, and a sender that hands
 a frame's buffers to the kernel without joining them.
 
-After its codec frame each frame carries TRAILER = sequence number (u64) | tag, where
-tag = AES-256-GMAC(stream key, nonce = sequence number, data = prefix|header|payload):
-AES-GCM with the frame as associated data and nothing to encrypt. The key is fresh
-for every stream and the sequence number never repeats on one, so GCM's nonce rule
-holds; a relay without the key can neither alter, drop, reorder nor inject a frame.
-GMAC runs at 5-7 GB/s here (AES-NI, carry-less multiply), against 0.5-1.2 GB/s for
-HMAC-SHA256, which capped the bulk rate before.
+After its codec frame each frame carries TRAILER = sequence number (u64) | tag, under
+the stream's key with AES-256-GMAC (AES-GCM with the data as associated data and
+nothing to encrypt), the nonce being the sequence number and a part number:
+
+    a frame without arrays:  tag = GMAC(nonce(seq, 0), prefix|header)
+    a frame with arrays:     tag = GMAC(nonce(seq, 1), prefix|header|GMAC(nonce(seq, 2), payload))
+
+The key is fresh for every stream and a (sequence number, part) pair never repeats on
+one, so GCM's nonce rule holds; a relay without the key can neither alter, drop,
+reorder nor inject a frame. The inner tag lets each side authenticate an array
+payload in one call over its own buffer (no join, no copy): one call over 248 KB took
+29 us against 51 us for the incremental form (which sets up a cipher context per
+frame). GMAC runs at 6-13 GB/s here (AES-NI, carry-less multiply), against 0.5-1.2
+GB/s for HMAC-SHA256, which capped the bulk rate before.
 
 Receiving (`FrameReader`): the socket is read with recv_into. Small frames arrive
 through a staging buffer, several per system call, and are copied out one by one;
@@ -16,12 +23,12 @@ a frame over DIRECT_BYTES gets a buffer of its own and the kernel writes its byt
 straight there (after a large frame the reader asks for the next prefix alone, so
 a stream of large frames is never staged). Decoded arrays are read-only views of
 that buffer. The reader checks each frame's sequence number and tag before the
-frame is handed on (a large frame's tag is computed as its bytes arrive, while the
-rest are still on the way). Frames wait for the consumer up to MAX_READY_BYTES; past
-that, reading pauses and TCP pushes back on the sender.
+frame is handed on. Frames wait for the consumer up to MAX_READY_BYTES; past that,
+reading pauses and TCP pushes back on the sender.
 
-Sending (`send_buffers`): one sendmsg gathers a frame's header and its arrays' own
-buffers (a large frame's tag goes after it, computed while the receiver reads).
+Sending (`send_buffers`): one sendmsg gathers a frame's header, its arrays' own
+buffers and its trailer. Both ends give the socket SOCKET_BUFFER of kernel buffer, so
+that a large frame passes in one system call on each side.
 """
 from __future__ import annotations
 
@@ -42,8 +49,18 @@ TRAILER = struct.Struct(">Q16s")       # after each frame: sequence number, tag
 STAGE_BYTES = 256 << 10                # the staging buffer of small frames
 DIRECT_BYTES = 64 << 10                # frames larger than this are read into their own buffer
 MAX_READY_BYTES = 4 << 20              # received frames waiting for the consumer; reading pauses past it
-ONE_SHOT_BYTES = 64 << 10              # tag a single buffer up to this size in one call (2.5 us vs 15)
 IOV_MAX = 1024
+SOCKET_BUFFER = 4 << 20                # SO_SNDBUF / SO_RCVBUF of a stream (the kernel caps it at *mem_max)
+
+
+def size_buffers(sock, option: int) -> None:
+    """Give a stream socket a kernel buffer that holds whole large frames: with
+    loopback's initial 128 KB receive buffer a 248 KB frame took two hand-offs
+    between the processes (send, wait for the reader, send the rest)."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+    except OSError:
+        pass        # a platform that refuses keeps its default: slower, not wrong
 
 
 class FrameAuth:
@@ -55,8 +72,27 @@ class FrameAuth:
         self._aead, self._aes = AESGCM(key), algorithms.AES(key)
 
     def tag(self, seq: int, buffers) -> bytes:
-        nonce = seq.to_bytes(12, "big")
-        if len(buffers) == 1 and len(buffers[0]) <= ONE_SHOT_BYTES:
+        """The tag of the frame that `buffers` hold in order (the split between its
+        header and its payload is read from its prefix)."""
+        total = sum(len(b) for b in buffers)
+        first = buffers[0]
+        split = total
+        if total >= codec.PREFIX.size:
+            if len(first) < codec.PREFIX.size:  # a caller's odd split: join it
+                first = b"".join(bytes(b) for b in buffers)
+                buffers = [first]
+            split = codec.PREFIX.size + _HLEN.unpack_from(first, 4)[0]
+        if split >= total:
+            return self._gmac(_nonce(seq, 0), buffers)
+        if len(first) < split:                  # the header spans buffers: join it
+            first = b"".join(bytes(b) for b in buffers)
+            buffers = [first]
+        rest = [memoryview(first)[split:], *buffers[1:]] if len(first) > split else buffers[1:]
+        inner = self._gmac(_nonce(seq, 2), [b for b in rest if len(b)])
+        return self._aead.encrypt(_nonce(seq, 1), b"", bytes(memoryview(first)[:split]) + inner)
+
+    def _gmac(self, nonce: bytes, buffers) -> bytes:
+        if len(buffers) == 1:
             return self._aead.encrypt(nonce, b"", buffers[0])
         e = Cipher(self._aes, modes.GCM(nonce)).encryptor()
         for b in buffers:
@@ -67,9 +103,12 @@ class FrameAuth:
     def check(self, seq: int, buffers, tag: bytes) -> bool:
         return hmac.compare_digest(self.tag(seq, buffers), tag)
 
-    def begin(self, seq: int):
-        """An incremental tag: authenticate_additional_data(chunk)..., then finalize() and .tag."""
-        return Cipher(self._aes, modes.GCM(seq.to_bytes(12, "big"))).encryptor()
+
+_HLEN = struct.Struct(">I")
+
+
+def _nonce(seq: int, part: int) -> bytes:
+    return part.to_bytes(4, "big") + seq.to_bytes(8, "big")
 
 
 class StreamError(ConnectionError):
@@ -78,8 +117,7 @@ class StreamError(ConnectionError):
 
 class FrameReader(asyncio.BufferedProtocol):
     """Reads whole frames (codec frame + trailer) off a stream socket and checks their
-    sequence numbers and tags; `next_frame()` hands out the good ones in order. A large
-    frame's tag is computed as its bytes arrive, while the rest are still on the way.
+    sequence numbers and tags; `next_frame()` hands out the good ones in order.
     It replaces the HTTP server's protocol on the transport once the stream is
     upgraded, and passes the connection's end on to it."""
 
@@ -91,8 +129,6 @@ class FrameReader(asyncio.BufferedProtocol):
         self.view = memoryview(self.stage)
         self.start = self.end = 0           # unparsed bytes: stage[start:end]
         self.direct = None                  # (buffer, filled) of a large frame being read
-        self.gmac = None                    # its tag so far, over its first `authed` bytes
-        self.authed = 0
         self.prefix_only = False            # after a large frame: read the next prefix alone
         self.ready: collections.deque = collections.deque()
         self.ready_bytes = 0
@@ -120,7 +156,8 @@ class FrameReader(asyncio.BufferedProtocol):
         if self.direct is not None:
             buf, filled = self.direct
             self.direct = (buf, filled + nbytes)
-            self._authenticate()
+            if filled + nbytes == len(buf):
+                self._direct_done()
             return
         self.end += nbytes
         self._parse()
@@ -161,9 +198,10 @@ class FrameReader(asyncio.BufferedProtocol):
                 buf[:take] = self.view[self.start:self.start + take]
                 self.start += take
                 self.prefix_only = True
-                self.direct, self.gmac, self.authed = (buf, take), self.auth.begin(self.seq), 0
-                self._authenticate()
-                if self.direct is not None:
+                self.direct = (buf, take)
+                if take == total:
+                    self._direct_done()
+                else:
                     break                   # the stage is empty now: the rest goes straight there
                 continue
             if avail < total:
@@ -179,19 +217,11 @@ class FrameReader(asyncio.BufferedProtocol):
         if self.start == self.end:
             self.start = self.end = 0
 
-    def _authenticate(self) -> None:
-        """Feed a large frame's newly read bytes to its tag; at its end, accept or refuse it."""
-        buf, filled = self.direct
-        body = len(buf) - TRAILER.size
-        upto = min(filled, body)
-        if upto > self.authed:
-            self.gmac.authenticate_additional_data(buf[self.authed:upto])
-            self.authed = upto
-        if filled == len(buf):
-            self.direct = None
-            self.gmac.finalize()
-            self._accept(buf.toreadonly(), self.gmac.tag)
-            self.gmac = None
+    def _direct_done(self) -> None:
+        """A large frame is in its buffer: accept or refuse it."""
+        buf, _ = self.direct
+        self.direct = None
+        self._accept(buf.toreadonly(), self.auth.tag(self.seq, [buf[:len(buf) - TRAILER.size]]))
 
     def _accept(self, frame, tag: bytes) -> None:
         """A whole frame whose tag, computed here, is `tag`: ready if its trailer agrees."""

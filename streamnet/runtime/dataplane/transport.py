@@ -56,7 +56,7 @@ from aiohttp import web
 
 from .. import codec
 from ..messages import DataMsg, Message, from_wire, to_wire_all
-from .frame_io import TRAILER, FrameAuth, FrameReader, StreamError, send_buffers
+from .frame_io import TRAILER, FrameAuth, FrameReader, StreamError, send_buffers, size_buffers
 
 __all__ = ["Auth", "FrameAuth", "PeerAuthError", "PeerLink", "StreamServer", "TRAILER"]
 
@@ -196,6 +196,9 @@ class StreamServer:
             return web.Response(text="bye")
         # From here the connection carries frames, read by our protocol (the client sends
         # nothing before it has the 101, so the HTTP parser holds none of them).
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            size_buffers(sock, socket.SO_RCVBUF)
         key = self.auth.session_key(nonce, sender, self.auth.worker_id)
         reader = FrameReader(transport, transport.get_protocol(), self.limits, FrameAuth(key), READ_TIMEOUT_S)
         transport.set_protocol(reader)
@@ -283,7 +286,7 @@ class _LinkQueue(asyncio.Queue):
 
 
 CONNECT_FAILURES = 3   # refused connections in a row (about 0.35 s with the backoff) before reporting
-SMALL_FRAME = 64 << 10  # frames up to this size are joined and written with one call
+SMALL_FRAME = 64 << 10  # frames up to this size are joined into one buffer
 
 
 class PeerLink:
@@ -393,6 +396,7 @@ class PeerLink:
         for family, kind, proto, _, addr in await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM):
             sock = socket.socket(family, kind, proto)
             sock.setblocking(False)
+            size_buffers(sock, socket.SO_SNDBUF)
             try:
                 await loop.sock_connect(sock, addr)
                 break
@@ -473,12 +477,10 @@ class PeerLink:
                 log.error("dropping %d message(s) to %s that cannot be encoded: %s", len(batch), self.peer, e)
                 continue
             size = sum(len(b) for b in buffers)
-            if size <= SMALL_FRAME:                 # one buffer, tagged in one call, one write
-                frame = b"".join(buffers)
-                await send_buffers(sock, [frame, TRAILER.pack(seq, auth.tag(seq, [frame]))])
-            else:       # the bytes first: the receiver reads (and tags) them while we tag them here
-                await send_buffers(sock, buffers)
-                await send_buffers(sock, [TRAILER.pack(seq, auth.tag(seq, buffers))])
+            if size <= SMALL_FRAME:                 # small arrays: joined, tagged in one call
+                buffers = [b"".join(buffers)]
+            # one write with the trailer: the receiver wakes once per frame
+            await send_buffers(sock, [*buffers, TRAILER.pack(seq, auth.tag(seq, buffers))])
             seq += 1
             self.bytes_out += size + TRAILER.size
             self.frames_out += 1
