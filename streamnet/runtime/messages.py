@@ -107,22 +107,25 @@ DATA = (DataMsg, DataRun)     # the messages that carry tuples
 
 def to_wire_all(msgs: list) -> list:
     """The wire lists of a frame's messages, in order: consecutive tuples that share
-    their header become one run."""
+    their header become one run (a tuple alone stays a "t")."""
     out = []
-    run = None          # the last run's (header, values, anchors)
+    head = None             # the header of the tuple last added, when it was one
     for m in msgs:
-        if type(m) is DataMsg:
-            head = (m.topology, m.target, m.stream, m.source, m.version)
-            if run is not None and run[0] == head:
-                run[1].append(m.values)
-                run[2].append(m.anchors)
-                continue
-            run = (head, [m.values], [m.anchors])
-            out.append(["T", *head, run[1], run[2]])
-        else:
-            run = None
+        if type(m) is not DataMsg:
+            head = None
             out.append(m.to_wire())
-    return out
+            continue
+        h = (m.topology, m.target, m.stream, m.source, m.version)
+        if h != head:
+            head = h
+            out.append(m)                       # a tuple alone so far
+            continue
+        last = out[-1]
+        if type(last) is DataMsg:               # a second tuple: the first starts a run
+            last = out[-1] = ["T", *h, [last.values], [last.anchors]]
+        last[6].append(m.values)
+        last[7].append(m.anchors)
+    return [m.to_wire() if type(m) is DataMsg else m for m in out]
 
 
 def _anchors_ok(anchors) -> bool:

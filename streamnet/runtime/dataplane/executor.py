@@ -56,6 +56,36 @@ class TaskMetrics:
                 "execute_ms_p99": round(p99, 4), "execute_s_total": round(self.exec_s, 4)}
 
 
+class Wake:
+    """An event's set() and clear(), and a wait with a timeout that makes no task
+    (asyncio.wait_for makes one each time: an idle spout waits once per ack)."""
+
+    def __init__(self):
+        self._set = False
+        self._waiter: asyncio.Future | None = None
+
+    def set(self) -> None:
+        self._set = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def wait(self, timeout: float) -> bool:
+        """True if set (now or within `timeout` seconds)."""
+        if not self._set:
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_later(timeout, lambda: waiter.done() or waiter.set_result(None))
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+        return self._set
+
+
 class Executor:
     kind = ""
 
@@ -131,7 +161,7 @@ class SpoutExecutor(Executor):
         self.timeout_s = float(self.rt.topology.config["message_timeout_s"])
         self.pending = Acker(self.timeout_s)  # this spout's tuple trees not complete yet
         self.callbacks: deque = deque()      # ("ack"|"fail", msg_id) to hand to the spout
-        self.wake = asyncio.Event()
+        self.wake = Wake()
         self.max_pending = int(self.rt.topology.config["max_spout_pending"])
         self.done_reported = False
         self.active = True
@@ -235,9 +265,7 @@ class SpoutExecutor(Executor):
                     self.done_reported = True
                     self.rt.task_done(self.task)
                 self.wake.clear()
-                try:
-                    await asyncio.wait_for(self.wake.wait(), idle)
-                except asyncio.TimeoutError:
+                if not await self.wake.wait(idle):
                     idle = min(idle * 2, 0.05)
         except FencedError:
             self.fenced = True
