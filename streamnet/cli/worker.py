@@ -65,6 +65,12 @@ def build_parser() -> Parser:
                         "Prometheus' authorization scrape setting sends it; default: $STREAMNET_MONITOR_TOKEN_FILE, "
                         "else they need none)")
     p.add_argument("--stop-grace", type=positive_float, default=120.0, help="seconds to wait for a clean stop")
+    tls = p.add_argument_group("TLS for tuple streams (all three, or none: frames then carry a MAC only)")
+    tls.add_argument("--tls-cert", metavar="PEM", help="this worker's certificate (its subjectAltName names "
+                                                       "the --advertise-host peers dial)")
+    tls.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    tls.add_argument("--tls-ca", metavar="PEM", help="the CA that signs every worker's certificate; streams "
+                                                     "from senders without one are refused")
     add_allow_option(p)
     return p
 
@@ -72,8 +78,10 @@ def build_parser() -> Parser:
 async def serve(a) -> int:
     from ..runtime.worker import Worker
     from ..runtime.monitor import read_token
+    from ..runtime.dataplane.tls import TlsConfig
     from ..training.checkpoint import signing_with
     token = read_token(a.monitor_token_file) if a.monitor_token_file else None
+    tls = TlsConfig(cert=a.tls_cert, key=a.tls_key, ca=a.tls_ca) if a.tls_cert else None
     coord, state, secret = await asyncio.to_thread(connect, a, True)
     name = a.name or f"{socket.gethostname()}-{a.port}"
     duplicate = StreamnetError(f"a worker named {name} is already registered in cluster {a.cluster}; "
@@ -87,7 +95,8 @@ async def serve(a) -> int:
     auto = a.threads == "auto"
     worker = Worker(worker_id=name, state=state, secret=secret, host=a.host, port=a.port,
                     threads=len(os.sched_getaffinity(0)) if auto else a.threads, threads_auto=auto,
-                    advertise_host=a.advertise_host, allow_modules=allowed_modules(a), monitor_token=token)
+                    advertise_host=a.advertise_host, allow_modules=allowed_modules(a), monitor_token=token,
+                    tls=tls)
     with signing_with(secret):       # checkpoints written and resumed here carry its MAC
         try:
             try:
@@ -131,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.on_signal not in ON_SIGNAL:
         p.error(f"$STREAMNET_ON_SIGNAL must be one of {', '.join(ON_SIGNAL)}; got {a.on_signal!r}")
+    given = [f for f in ("tls_cert", "tls_key", "tls_ca") if getattr(a, f)]
+    if given and len(given) < 3:
+        p.error("--tls-cert, --tls-key and --tls-ca go together; missing: "
+                + ", ".join("--" + f.replace("_", "-") for f in ("tls_cert", "tls_key", "tls_ca") if f not in given))
     logging.basicConfig(level=a.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kazoo.client").setLevel(logging.WARNING if a.log_level != "DEBUG" else logging.DEBUG)

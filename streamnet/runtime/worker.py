@@ -42,7 +42,7 @@ class Worker:
                  port: int = 0, threads: int = 2, advertise_host: str | None = None,
                  limits: codec.Limits = codec.DEFAULT_LIMITS, schedule: bool = True,
                  allow_modules: tuple[str, ...] = DEFAULT_ALLOWED_MODULES, threads_auto: bool = False,
-                 monitor_token: str | None = None):
+                 monitor_token: str | None = None, tls=None):
         self.id, self.state, self.host, self.port = worker_id, state, host, port
         #: module prefixes this worker imports components and groupings from
         self.allow_modules = tuple(allow_modules)
@@ -56,6 +56,7 @@ class Worker:
         self.started_at = time.time()
         self.auth = Auth(secret, worker_id)
         self.monitor_token = monitor_token     # required on /status and /metrics when set (monitor.py)
+        self.tls = tls                         # dataplane.tls.TlsConfig: TLS inside tuple streams
         self.runtimes: dict[str, TopologyRuntime] = {}
         self.started = asyncio.Event()
         self._unwatch: list = []
@@ -72,8 +73,8 @@ class Worker:
             timeout=aiohttp.ClientTimeout(total=None, connect=5, sock_connect=5),
             connector=aiohttp.TCPConnector(limit=0, force_close=True))
         self.delivery = Delivery(worker_id=self.id, auth=self.auth, session=self.session, limits=self.limits,
-                                 runtimes=self.runtimes, on_unreachable=self._peer_unreachable)
-        self.stream_server = StreamServer(self.auth, self.delivery.receive, self.limits)
+                                 runtimes=self.runtimes, on_unreachable=self._peer_unreachable, tls=self.tls)
+        self.stream_server = StreamServer(self.auth, self.delivery.receive, self.limits, tls=self.tls)
         self.publisher.start()
         app = web.Application(client_max_size=self.limits.max_frame + 1024)
         app.add_routes(self.stream_server.routes() + [web.get("/status", self._status_handler),

@@ -200,3 +200,17 @@ def test_a_peer_that_keeps_sending_is_not_cut_off():
         loop.call_later(1.1, _feed, reader, data[10:], random.Random(0))
         return await reader.next_frame()
     assert _decode(asyncio.run(go()))[0].shape == (100_000,)
+
+
+def test_a_frame_with_arrays_is_tagged_over_header_and_payload_wherever_its_buffers_split():
+    auth = FrameAuth(os.urandom(32))
+    buffers = codec.encode([[1, np.arange(70_001, dtype=np.float32)]])     # header, array, padding
+    joined = b"".join(bytes(b) for b in buffers)
+    tag = auth.tag(3, buffers)
+    assert auth.tag(3, [joined]) == tag == auth.tag(3, [joined[:7], joined[7:]])
+    head = len(buffers[0])
+    for at in (5, head - 1, head + 9, len(joined) - 1):      # prefix, header, payload, padding
+        altered = bytearray(joined)
+        altered[at] ^= 1
+        assert auth.tag(3, [bytes(altered)]) != tag, at
+    assert auth.tag(4, buffers) != tag

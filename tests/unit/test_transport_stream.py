@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from streamnet.runtime import codec
-from streamnet.runtime.dataplane import transport
+from streamnet.runtime.dataplane import frame_io, transport
 from streamnet.runtime.dataplane.guard import ConnectionGuard, GuardedRunner
 from streamnet.runtime.dataplane.transport import PROTOCOL, Auth, PeerLink, StreamServer
 from streamnet.runtime.messages import AckMsg, DataMsg, DataRun
@@ -239,7 +239,7 @@ def test_send_buffers_writes_everything_in_order_through_a_full_socket():
             while len(received) < sum(map(len, parts)):
                 received.extend(await loop.sock_recv(b, 1 << 16))
         try:
-            await asyncio.gather(transport.send_buffers(a, parts), drain())
+            await asyncio.gather(frame_io.send_buffers(a, parts), drain())
         finally:
             a.close()
             b.close()

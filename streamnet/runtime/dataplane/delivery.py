@@ -21,10 +21,11 @@ log = logging.getLogger(__name__)
 
 class Delivery:
     def __init__(self, *, worker_id: str, auth: Auth, session: aiohttp.ClientSession, limits: codec.Limits,
-                 runtimes: dict, on_unreachable: Callable[[str, str | None], None]):
+                 runtimes: dict, on_unreachable: Callable[[str, str | None], None], tls=None):
         self.id, self.auth, self.session, self.limits = worker_id, auth, session, limits
         self.runtimes = runtimes            # the worker's: topology name -> TopologyRuntime
         self.on_unreachable = on_unreachable
+        self.tls = tls                      # TlsConfig: streams to peers run TLS (tls.py)
         self.links: dict[str, PeerLink] = {}
         self.dropped = 0                    # inbound messages for no runtime or no task here
         self.closing = False
@@ -35,7 +36,7 @@ class Delivery:
             if link is not None:
                 asyncio.get_running_loop().create_task(link.close(0.0))
             link = self.links[peer] = PeerLink(sender=self.id, peer=peer, url=url, auth=self.auth,
-                                               session=self.session, limits=self.limits)
+                                               session=self.session, limits=self.limits, tls=self.tls)
             link.on_unreachable = self.on_unreachable
             link.start()
         return link

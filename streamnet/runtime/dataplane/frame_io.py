@@ -139,6 +139,9 @@ class FrameReader(asyncio.BufferedProtocol):
         self._waiter: asyncio.Future | None = None
 
     # -- the transport's side ------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self.transport = transport          # a TLS stream's, once its handshake is done (tls.py)
+
     def get_buffer(self, sizehint: int):
         if self.direct is not None:
             buf, filled = self.direct
@@ -323,3 +326,96 @@ async def _writable(loop, sock: socket.socket) -> None:
         await fut
     finally:
         loop.remove_writer(fd)
+
+
+class SocketSender:
+    """A stream's sending end on its plain socket. The receiver sends nothing after its
+    101: the socket turns readable only when the peer closes it (a rejected frame, a
+    restart), which sets `closed` - the sender then reconnects at once."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.loop = asyncio.get_running_loop()
+        self.closed = self.loop.create_future()
+        self.loop.add_reader(sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        self.loop.remove_reader(self.sock.fileno())     # level-triggered: once is enough
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    async def send(self, buffers) -> None:
+        await send_buffers(self.sock, buffers)
+
+    async def end(self) -> None:
+        """After the last frame: the receiver reads to its end, then sees ours."""
+        self.sock.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        if self.sock.fileno() >= 0:
+            self.loop.remove_reader(self.sock.fileno())
+        self.sock.close()
+
+
+class TlsSender(asyncio.Protocol):
+    """A stream's sending end inside TLS (tls.py), on the upgraded socket: the same
+    frames, written through the TLS transport (which encrypts, so copies, anyway)."""
+
+    END_S = 2.0      # end(): how long the last frames may take to leave
+
+    def __init__(self):
+        self.loop = asyncio.get_running_loop()
+        self.closed = self.loop.create_future()
+        self.transport = None
+        self._room: asyncio.Future | None = None
+
+    @classmethod
+    async def start(cls, sock: socket.socket, context, host: str, timeout_s: float) -> "TlsSender":
+        """The TLS handshake on `sock`: the receiver's certificate must be signed by the
+        CA in `context` and name `host`; ours goes to it."""
+        loop = asyncio.get_running_loop()
+        _, sender = await loop.create_connection(cls, sock=sock, ssl=context, server_hostname=host,
+                                                 ssl_handshake_timeout=timeout_s)
+        return sender
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data) -> None:
+        self.connection_lost(None)          # the receiver sends nothing: treat it as its end
+
+    def eof_received(self):
+        self.connection_lost(None)
+        return False
+
+    def connection_lost(self, exc) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+        self.resume_writing()
+
+    def pause_writing(self) -> None:
+        if self._room is None:
+            self._room = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        room, self._room = self._room, None
+        if room is not None and not room.done():
+            room.set_result(None)
+
+    async def send(self, buffers) -> None:
+        if self.closed.done():
+            raise ConnectionResetError("the peer closed the stream")
+        self.transport.writelines(buffers)      # encrypted (copied) before this returns
+        if self._room is not None:
+            await self._room                    # backpressure: the socket is full
+
+    async def end(self) -> None:
+        self.transport.close()                  # what is buffered goes first, then close_notify
+        try:
+            await asyncio.wait_for(asyncio.shield(self.closed), self.END_S)
+        except asyncio.TimeoutError:
+            pass
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed.done():
+            self.transport.abort()

@@ -7,9 +7,10 @@ Both ends prove they hold the cluster secret, and every frame is authenticated:
                                       <-     {nonce, worker, proof = MAC("hello"|nonce|c|receiver)}
     checks the proof: a receiver without the secret gets nothing
     POST /stream  X-Streamnet-Auth = MAC("stream"|nonce|sender|receiver),
-                  Upgrade: streamnet-frames/2
+                  Upgrade: streamnet-frames/3 (or streamnet-frames/3+tls)
                                              checks it (the nonce: issued here, fresh, unused)
                                       <-     101 Switching Protocols
+    (+tls: a TLS handshake, certificates checked both ways; the frames go inside - tls.py)
     frames:  codec frame | seq (u64) | tag   tag = AES-GMAC(key, nonce = seq, frame)  (frame_io.py)
                                              key = MAC("key"|nonce|sender|receiver)
 
@@ -56,14 +57,16 @@ from aiohttp import web
 
 from .. import codec
 from ..messages import DataMsg, Message, from_wire, to_wire_all
-from .frame_io import TRAILER, FrameAuth, FrameReader, StreamError, send_buffers, size_buffers
+from .frame_io import TRAILER, FrameAuth, FrameReader, SocketSender, StreamError, TlsSender, size_buffers
+from .tls import TlsConfig
 
 __all__ = ["Auth", "FrameAuth", "PeerAuthError", "PeerLink", "StreamServer", "TRAILER"]
 
 log = logging.getLogger(__name__)
 
 HELLO, STREAM = "/hello", "/stream"
-PROTOCOL = "streamnet-frames/2"    # what /stream upgrades to
+PROTOCOL = "streamnet-frames/3"    # what /stream upgrades to (3: runs of tuples, messages.py)
+PROTOCOL_TLS = PROTOCOL + "+tls"   # ... and then runs TLS inside
 HANDSHAKE_TIMEOUT_S = 10.0         # /hello, connecting, and the answer to the upgrade
 HEARTBEAT_S = 5.0                  # an idle sender's empty frame
 READ_TIMEOUT_S = 30.0              # no byte for this long while reading: the peer stalled
@@ -150,8 +153,10 @@ def _array_bytes(msg: Message) -> int:
 class StreamServer:
     """The receiving half, mounted on the worker's aiohttp app."""
 
-    def __init__(self, auth: Auth, dispatch: Callable[[Message, str], Awaitable[None]], limits: codec.Limits):
-        self.auth, self.dispatch, self.limits = auth, dispatch, limits
+    def __init__(self, auth: Auth, dispatch: Callable[[Message, str], Awaitable[None]], limits: codec.Limits,
+                 tls: TlsConfig | None = None):
+        self.auth, self.dispatch, self.limits, self.tls = auth, dispatch, limits, tls
+        self.protocol = PROTOCOL if tls is None else PROTOCOL_TLS
         self.rejected = 0
         self.frames_in = 0
         self.bytes_in = 0
@@ -189,8 +194,9 @@ class StreamServer:
         reason = self.auth.verify(nonce, sender, request.headers.get("X-Streamnet-Auth", ""))
         if reason:
             return self._reject(peer if _clean(sender) else f"?@{request.remote}", reason, 403)
-        if request.headers.get("Upgrade", "").lower() != PROTOCOL:
-            return self._reject(peer, f"a stream must ask to upgrade to {PROTOCOL}", 426)
+        if request.headers.get("Upgrade", "").lower() != self.protocol:
+            why = " (this worker requires TLS: --tls-cert/--tls-key/--tls-ca)" if self.tls else ""
+            return self._reject(peer, f"a stream must ask to upgrade to {self.protocol}{why}", 426)
         transport = request.transport
         if transport is None or transport.is_closing():
             return web.Response(text="bye")
@@ -202,8 +208,19 @@ class StreamServer:
         key = self.auth.session_key(nonce, sender, self.auth.worker_id)
         reader = FrameReader(transport, transport.get_protocol(), self.limits, FrameAuth(key), READ_TIMEOUT_S)
         transport.set_protocol(reader)
-        transport.write(f"HTTP/1.1 101 Switching Protocols\r\nUpgrade: {PROTOCOL}\r\n"
+        transport.write(f"HTTP/1.1 101 Switching Protocols\r\nUpgrade: {self.protocol}\r\n"
                         "Connection: Upgrade\r\n\r\n".encode())
+        if self.tls is not None:    # no await before this: no byte reaches the reader unencrypted
+            try:
+                transport = await asyncio.get_running_loop().start_tls(
+                    transport, reader, self.tls.server, server_side=True, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+            except asyncio.CancelledError:
+                transport.abort()
+                raise
+            except Exception as e:  # noqa: BLE001 - ssl.SSLError, a timeout, a reset: refused
+                self._count(peer, f"TLS handshake failed: {type(e).__name__}: {e}")
+                transport.abort()
+                return web.Response(text="bye")
         self.open_streams += 1
         try:
             reason = await self._frames(reader, sender)
@@ -293,8 +310,9 @@ class PeerLink:
     """The sending half: a bounded queue and one stream to one peer worker."""
 
     def __init__(self, *, sender: str, peer: str, url: str, auth: Auth, session: aiohttp.ClientSession,
-                 limits: codec.Limits, max_queue: int = 1024):
+                 limits: codec.Limits, max_queue: int = 1024, tls: TlsConfig | None = None):
         self.sender, self.peer, self.url, self.auth = sender, peer, url.rstrip("/"), auth
+        self.tls = tls
         self.session, self.limits = session, limits
         self.queue: asyncio.Queue = _LinkQueue(max_queue)
         self.connected = False
@@ -378,11 +396,18 @@ class PeerLink:
         headers = {"X-Streamnet-From": self.sender, "X-Streamnet-Nonce": nonce,
                    "X-Streamnet-Auth": self.auth.sign(nonce, self.sender, self.peer)}
         sock = await asyncio.wait_for(self._upgrade(headers), HANDSHAKE_TIMEOUT_S)
+        out = None
         try:
+            if self.tls is None:
+                out = SocketSender(sock)
+            else:
+                out = await TlsSender.start(sock, self.tls.client, urlsplit(self.url).hostname, HANDSHAKE_TIMEOUT_S)
             self.connected = True
-            await self._send_frames(sock, FrameAuth(self.auth.session_key(nonce, self.sender, self.peer)))
-            sock.shutdown(socket.SHUT_WR)    # the receiver reads to the end of the last frame
+            await self._send_frames(out, FrameAuth(self.auth.session_key(nonce, self.sender, self.peer)))
+            await out.end()                 # the receiver reads to the end of the last frame
         finally:
+            if out is not None:
+                out.close()
             sock.close()
 
     async def _upgrade(self, headers: dict) -> socket.socket:
@@ -409,7 +434,7 @@ class PeerLink:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
             await loop.sock_sendall(sock, (f"POST {STREAM} HTTP/1.1\r\nHost: {url.netloc}\r\n{head}"
-                                           f"Connection: Upgrade\r\nUpgrade: {PROTOCOL}\r\n\r\n").encode())
+                                           f"Connection: Upgrade\r\nUpgrade: {PROTOCOL if self.tls is None else PROTOCOL_TLS}\r\n\r\n").encode())
             answer = b""
             while b"\r\n\r\n" not in answer:
                 chunk = await loop.sock_recv(sock, 4096)
@@ -451,25 +476,11 @@ class PeerLink:
                 return []
         return self.queue.take()
 
-    async def _send_frames(self, sock: socket.socket, auth: FrameAuth) -> None:
-        # the receiver sends nothing after its 101: the socket turns readable only when
-        # the peer closes it (a rejected frame, a restart) - then reconnect at once
-        loop = asyncio.get_running_loop()
-        closed, fd = loop.create_future(), sock.fileno()
-
-        def readable():
-            loop.remove_reader(fd)          # level-triggered: once is enough
-            if not closed.done():
-                closed.set_result(None)
-        loop.add_reader(fd, readable)
-        try:
-            await self._send_until_closed(sock, auth, closed)
-        finally:
-            loop.remove_reader(fd)
-
-    async def _send_until_closed(self, sock: socket.socket, auth: FrameAuth, closed: asyncio.Future) -> None:
+    async def _send_frames(self, out, auth: FrameAuth) -> None:
+        """Frames until the link closes; returns early (to reconnect) when `out` sees
+        the peer close the stream."""
         seq = 0
-        while (batch := await self._next_batch(closed)) is not None:
+        while (batch := await self._next_batch(out.closed)) is not None:
             try:
                 buffers = codec.encode(to_wire_all(batch), self.limits)
             except codec.CodecError as e:
@@ -480,7 +491,7 @@ class PeerLink:
             if size <= SMALL_FRAME:                 # small arrays: joined, tagged in one call
                 buffers = [b"".join(buffers)]
             # one write with the trailer: the receiver wakes once per frame
-            await send_buffers(sock, [*buffers, TRAILER.pack(seq, auth.tag(seq, buffers))])
+            await out.send([*buffers, TRAILER.pack(seq, auth.tag(seq, buffers))])
             seq += 1
             self.bytes_out += size + TRAILER.size
             self.frames_out += 1

@@ -1,0 +1,173 @@
+"""Streams with TLS (--tls-cert/--tls-key/--tls-ca): two workers' ends talk through it
+and nothing of a tensor shows on the wire; a sender whose certificate the cluster's CA
+did not sign, or that does not speak TLS, is refused and delivers nothing."""
+import asyncio
+import datetime
+import ipaddress
+import os
+import time
+
+import aiohttp
+import numpy as np
+import pytest
+from aiohttp import web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from streamnet.runtime import codec
+from streamnet.runtime.dataplane.tls import TlsConfig, TlsError
+from streamnet.runtime.dataplane.transport import Auth, PeerLink, StreamServer
+from streamnet.runtime.messages import DataMsg
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+MARK = b"\xab" * 64
+
+
+def _cert(path, name: str, issuer=None, ca: bool = False):
+    """A key and certificate in `path`: self-signed (a CA) or signed by issuer=(cert, key)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    b = (x509.CertificateBuilder().subject_name(subject)
+         .issuer_name(issuer[0].subject if issuer else subject).public_key(key.public_key())
+         .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+         .not_valid_after(now + datetime.timedelta(days=1))
+         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if not ca:
+        b = b.add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                            critical=False)
+    cert = b.sign(issuer[1] if issuer else key, hashes.SHA256())
+    (path / f"{name}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (path / f"{name}.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                         serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    ca = _cert(d, "ca", ca=True)
+    other_ca = _cert(d, "other-ca", ca=True)
+    for name in ("w0", "w1"):
+        _cert(d, name, issuer=ca)
+    _cert(d, "rogue", issuer=other_ca)
+
+    def config(name: str) -> TlsConfig:
+        return TlsConfig(cert=str(d / f"{name}.pem"), key=str(d / f"{name}.key"), ca=str(d / "ca.pem"))
+    return config
+
+
+class Tap:
+    """A relay between a sender and the receiver that keeps what passes, one way."""
+
+    def __init__(self, port: int):
+        self.port, self.seen, self.tasks = port, bytearray(), set()
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _pipe(self, reader, writer, keep):
+        try:
+            while data := await reader.read(1 << 16):
+                if keep:
+                    self.seen += data
+                writer.write(data)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def _serve(self, reader, writer):
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.port)
+        for coro in (self._pipe(reader, up_w, True), self._pipe(up_r, writer, False)):
+            t = asyncio.get_running_loop().create_task(coro)
+            self.tasks.add(t)
+            t.add_done_callback(self.tasks.discard)
+
+    async def close(self):
+        self.server.close()
+        for t in list(self.tasks):
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.server.wait_closed()
+
+
+async def _until(cond, what, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def _send(receiver_tls: TlsConfig | None, sender_tls: TlsConfig | None, until: str):
+    """Send a tensor of MARK bytes from w0 to w1 through a Tap; wait for it to arrive
+    (until="delivered") or for the receiver to refuse the stream ("refused").
+    Returns (messages received, streams refused, bytes seen on the wire)."""
+    secret = os.urandom(32)
+
+    async def go():
+        got = []
+
+        async def dispatch(msg, sender):
+            got.append(msg)
+        server = StreamServer(Auth(secret, "w1"), dispatch, codec.DEFAULT_LIMITS, tls=receiver_tls)
+        app = web.Application()
+        app.add_routes(server.routes())
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        tap = Tap(site._server.sockets[0].getsockname()[1])
+        port = await tap.start()
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+        link = PeerLink(sender="w0", peer="w1", url=f"http://127.0.0.1:{port}", auth=Auth(secret, "w0"),
+                        session=session, limits=codec.DEFAULT_LIMITS, tls=sender_tls)
+        link.start()
+        try:
+            await link.send(DataMsg("t", 1, "default", 0, [np.frombuffer(MARK * 100, np.uint8)], [], 1))
+            if until == "delivered":
+                await _until(lambda: got, "the tensor")
+            else:
+                await _until(lambda: server.rejected, "the receiver to refuse the stream")
+            return got, server.rejected, bytes(tap.seen)
+        finally:
+            link.abort()
+            await link.close(0.1)
+            await session.close()
+            await tap.close()
+            await runner.cleanup()
+    return asyncio.run(go())
+
+
+def test_two_ends_with_certificates_of_the_cluster_ca_talk_and_the_wire_shows_no_tensor(pki):
+    got, rejected, wire = _send(pki("w1"), pki("w0"), "delivered")
+    (msg,) = got
+    assert rejected == 0 and bytes(msg.values[0]) == MARK * 100
+    assert b"streamnet-frames/3+tls" in wire and MARK not in wire      # the upgrade in clear, frames not
+
+
+def test_without_tls_the_tensor_is_on_the_wire(pki):
+    """The peer of the test above: the tap does see a plain stream's tensor."""
+    got, rejected, wire = _send(None, None, "delivered")
+    assert len(got) == 1 and MARK in wire
+
+
+def test_a_sender_with_a_certificate_of_another_ca_is_refused(pki):
+    got, rejected, _ = _send(pki("w1"), pki("rogue"), "refused")
+    assert got == [] and rejected >= 1
+
+
+def test_a_sender_without_tls_is_refused_by_a_receiver_that_requires_it(pki):
+    got, rejected, _ = _send(pki("w1"), None, "refused")
+    assert got == [] and rejected >= 1
+
+
+def test_missing_tls_files_are_one_clear_error(tmp_path, pki):
+    with pytest.raises(TlsError, match="--tls-key .*nope.key: no such file"):
+        TlsConfig(cert=pki("w0").cert, key=str(tmp_path / "nope.key"), ca=pki("w0").ca)
