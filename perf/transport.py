@@ -13,7 +13,11 @@ process on a real ZooKeeper, pinned to its own core where the machine has two, a
 users deploy it; --engine local runs both as threads of this process
 (LocalCluster: one interpreter lock); --engine both gives both columns.
 
-    python perf/transport.py [--quick] [--engine processes|local|both]
+The processes are measured in each stream mode of --modes (default both): plain (a
+MAC over every frame) and tls (the same frames inside TLS, --tls-cert/--tls-key/
+--tls-ca with a CA made for the run), so the cost of TLS is read off one run.
+
+    python perf/transport.py [--quick] [--engine processes|local|both] [--modes plain,tls]
 
 Writes perf/results/transport.json and perf/results/transport.png.
 Targets (issue 12, between two worker processes): p50 <= 0.3 ms, >= 2 GB/s bulk,
@@ -50,15 +54,32 @@ TARGETS = {"rtt_p50_ms": 0.3, "bulk_gb_s": 2.0, "small_tuples_s": 100_000}
 
 class Processes:
     """Two streamnet-worker processes on a ZooKeeper, behind LocalCluster's face
-    (submit, run, kill, worker_status) so that one measurement serves both engines."""
+    (submit, run, kill, worker_status) so that one measurement serves both engines;
+    with tls, their streams run TLS."""
 
-    def __init__(self, zk_hosts: str):
-        from streamnet.testing import running_cluster
-        self._cm = running_cluster(zk_hosts, workers=2, threads=1, pin_cores=True)
-        self.cluster, self.state = self._cm.__enter__()
+    def __init__(self, zk_hosts: str, tls: bool = False):
+        from streamnet.runtime.dataplane.tls import make_pki
+        from streamnet.testing import Cluster
+        self.cluster = Cluster(zk_hosts, workers=0, threads=1, pin_cores=True)
+        self.state = None
+        try:
+            names = ["w0", "w1"]
+            pki = make_pki(os.path.join(self.cluster.tmp, "pki"), names) if tls else {}
+            for name in names:
+                c = pki.get(name)
+                self.cluster.start_worker(name, ["--tls-cert", c.cert, "--tls-key", c.key, "--tls-ca", c.ca]
+                                          if c else [])
+            self.state = self.cluster.state()
+            self.cluster.wait_registered(len(names), self.state)
+        except BaseException:
+            print(self.cluster.dump_logs())
+            self.close()
+            raise
 
     def close(self) -> None:
-        self._cm.__exit__(None, None, None)
+        if self.state is not None:
+            self.state.coord.close()
+        self.cluster.close()
 
     def submit(self, topology) -> None:
         self.state.submit_topology(topology.name, topology.to_dict())
@@ -100,7 +121,7 @@ def cpu_used(before: dict, after: dict) -> tuple[float, float]:
 
 
 @contextlib.contextmanager
-def engine(kind: str):
+def engine(kind: str, tls: bool = False):
     if kind == "local":
         from streamnet.runtime import LocalCluster
         with LocalCluster(workers=2, threads=1) as c:
@@ -110,7 +131,7 @@ def engine(kind: str):
     zk = ZooKeeper().start()
     procs = None
     try:
-        procs = Processes(zk.hosts)
+        procs = Processes(zk.hosts, tls)
         yield procs
     finally:
         if procs is not None:
@@ -172,10 +193,11 @@ def measure(c, quick: bool) -> dict:
 
 
 def authenticator_gb_s(repeats: int = 400) -> float:
-    """The frame tag alone, over a 247 KB frame in three buffers as the codec lays it out."""
+    """The frame tag alone, over a 247 KB frame in the buffers the codec lays it out in."""
+    from streamnet.runtime import codec
     from streamnet.runtime.dataplane.transport import FrameAuth
     auth = FrameAuth(os.urandom(32))
-    frame = [b"\0" * 80, memoryview(np.ones(247_000 // 4, np.float32)).cast("B"), b"\0" * 4]
+    frame = codec.encode([["t", np.ones(247_000 // 4, np.float32)]])
     best = float("inf")
     for _ in range(3):
         t0 = time.perf_counter()
@@ -189,16 +211,36 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--engine", choices=("processes", "local", "both"), default="processes")
+    p.add_argument("--modes", default="plain,tls", help="stream modes of the processes: plain, tls or both")
     a = p.parse_args()
+    modes = a.modes.split(",")
+    if not modes or any(m not in ("plain", "tls") for m in modes):
+        p.error(f"--modes: a comma-separated list of plain and tls; got {a.modes!r}")
     logging.basicConfig(level=logging.WARNING)
     out = {"machine": machine(), "targets": TARGETS, "load_avg_at_start": os.getloadavg()[0]}
     out["authenticator_gb_s"] = authenticator_gb_s()
     print(f"frame authenticator alone: {out['authenticator_gb_s']:.2f} GB/s")
-    kinds = ("processes", "local") if a.engine == "both" else (a.engine,)
-    for kind in kinds:
-        print(f"{kind}:")
-        with engine(kind) as c:
-            out[kind] = measure(c, a.quick)
+    kinds = []          # (column, engine, tls)
+    for kind in ("processes", "local") if a.engine == "both" else (a.engine,):
+        if kind == "local":
+            kinds.append(("local", kind, False))
+            continue
+        kinds += [("processes" if m == "plain" else "processes_tls", kind, m == "tls") for m in modes]
+    for column, kind, tls in kinds:
+        print(f"{column}:")
+        with engine(kind, tls) as c:
+            out[column] = measure(c, a.quick)
+        out[column]["load_avg_after"] = os.getloadavg()[0]
+        print(f"  (load average {out[column]['load_avg_after']:.2f})")
+    if "processes" in out and "processes_tls" in out:
+        plain, tls = out["processes"], out["processes_tls"]
+        out["tls_cost"] = {"rtt_p50": tls["rtt_62k_float32"]["p50_ms"] / plain["rtt_62k_float32"]["p50_ms"],
+                           "bulk_247KB": tls["bulk"]["247KB"]["gb_s"] / plain["bulk"]["247KB"]["gb_s"],
+                           "bulk_10MB": tls["bulk"]["10MB"]["gb_s"] / plain["bulk"]["10MB"]["gb_s"],
+                           "small_tuples": tls["small_tuples_per_s"] / plain["small_tuples_per_s"]}
+        print("TLS against plain (MAC only), same run: " + ", ".join(
+            f"{k} {v:.2f}x" for k, v in out["tls_cost"].items()))
+    kinds = [column for column, _, _ in kinds]
     path = write_json("transport.json", out)
     print(f"wrote {path}")
     try:

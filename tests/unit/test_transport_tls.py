@@ -2,8 +2,6 @@
 and nothing of a tensor shows on the wire; a sender whose certificate the cluster's CA
 did not sign, or that does not speak TLS, is refused and delivers nothing."""
 import asyncio
-import datetime
-import ipaddress
 import os
 import time
 
@@ -11,13 +9,9 @@ import aiohttp
 import numpy as np
 import pytest
 from aiohttp import web
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from streamnet.runtime import codec
-from streamnet.runtime.dataplane.tls import TlsConfig, TlsError
+from streamnet.runtime.dataplane.tls import TlsConfig, TlsError, make_pki
 from streamnet.runtime.dataplane.transport import Auth, PeerLink, StreamServer
 from streamnet.runtime.messages import DataMsg
 
@@ -25,39 +19,14 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 MARK = b"\xab" * 64
 
 
-def _cert(path, name: str, issuer=None, ca: bool = False):
-    """A key and certificate in `path`: self-signed (a CA) or signed by issuer=(cert, key)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    b = (x509.CertificateBuilder().subject_name(subject)
-         .issuer_name(issuer[0].subject if issuer else subject).public_key(key.public_key())
-         .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-         .not_valid_after(now + datetime.timedelta(days=1))
-         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
-    if not ca:
-        b = b.add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                            critical=False)
-    cert = b.sign(issuer[1] if issuer else key, hashes.SHA256())
-    (path / f"{name}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (path / f"{name}.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                                         serialization.PrivateFormat.PKCS8,
-                                                         serialization.NoEncryption()))
-    return cert, key
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pki")
-    ca = _cert(d, "ca", ca=True)
-    other_ca = _cert(d, "other-ca", ca=True)
-    for name in ("w0", "w1"):
-        _cert(d, name, issuer=ca)
-    _cert(d, "rogue", issuer=other_ca)
-
-    def config(name: str) -> TlsConfig:
-        return TlsConfig(cert=str(d / f"{name}.pem"), key=str(d / f"{name}.key"), ca=str(d / "ca.pem"))
-    return config
+    """w0 and w1 with certificates of the cluster's CA; rogue with one of another CA
+    (it trusts the cluster's CA, so only its own certificate is wrong)."""
+    configs = make_pki(str(tmp_path_factory.mktemp("pki")), ["w0", "w1"])
+    rogue = make_pki(str(tmp_path_factory.mktemp("other")), ["rogue"])["rogue"]
+    configs["rogue"] = TlsConfig(cert=rogue.cert, key=rogue.key, ca=configs["w0"].ca)
+    return configs.__getitem__
 
 
 class Tap:

@@ -52,3 +52,50 @@ class TlsConfig:
         server.verify_mode = ssl.CERT_REQUIRED                  # mutual: a sender shows its certificate
         object.__setattr__(self, "server", server)
         object.__setattr__(self, "client", client)
+
+
+def make_pki(directory: str, names: list[str], host: str = "127.0.0.1") -> dict[str, TlsConfig]:
+    """A fresh CA in `directory` and, per name, a certificate it signs for `host`: the
+    TlsConfig of each (tests, benchmarks, trying TLS out on one machine). Keys are
+    written with mode 0600."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def issue(name: str, issuer=None):
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        b = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer[0].subject if issuer else subject)
+             .public_key(key.public_key()).serial_number(x509.random_serial_number())
+             .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=30))
+             .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True))
+        if issuer is not None:
+            try:
+                alt = x509.IPAddress(ipaddress.ip_address(host))
+            except ValueError:
+                alt = x509.DNSName(host)
+            b = b.add_extension(x509.SubjectAlternativeName([alt]), critical=False)
+        cert = b.sign(issuer[1] if issuer else key, hashes.SHA256())
+        path = os.path.join(directory, name)
+        with open(path + ".pem", "wb") as f:
+            f.write(cert.public_bytes(serialization.Encoding.PEM))
+        with open(os.open(path + ".key", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+            f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption()))
+        return cert, key
+
+    os.makedirs(directory, exist_ok=True)
+    ca = issue("ca")
+    ca_file = os.path.join(directory, "ca.pem")
+    out = {}
+    for name in names:
+        issue(name, ca)
+        base = os.path.join(directory, name)
+        out[name] = TlsConfig(cert=base + ".pem", key=base + ".key", ca=ca_file)
+    return out
