@@ -1,0 +1,88 @@
+"""Runs of tuples (messages.to_wire_all): consecutive tuples of a frame with one header
+go as one wire entry, and the receiver checks, routes and delivers them as one - in
+order, each a tuple of its own, and refused whole when any part is malformed."""
+import asyncio
+
+import pytest
+
+from streamnet.runtime.codec import CodecError
+from streamnet.runtime.dataplane import routing
+from streamnet.runtime.dataplane.acker import ROOT_BITS
+from streamnet.runtime.dataplane.delivery import Delivery
+from streamnet.runtime.dataplane.executor import BoltExecutor
+from streamnet.runtime.dataplane.routing import View
+from streamnet.runtime.messages import AckMsg, DataMsg, DataRun, FailMsg, from_wire, to_wire_all
+
+
+def _t(i, target=3, anchors=(), version=2, stream="default"):
+    return DataMsg("train", target, stream, 1, [i], [list(a) for a in anchors], version)
+
+
+def test_consecutive_tuples_with_one_header_travel_as_a_run_and_the_rest_as_before():
+    msgs = [_t(0), _t(1, anchors=[(7, 8)]), _t(2), AckMsg("train", 0, 7, 9), _t(3), _t(4, target=4),
+            _t(5, stream="other"), _t(6, stream="other")]
+    wire = to_wire_all(msgs)
+    assert [w[0] for w in wire] == ["T", "a", "t", "t", "T"]
+    got = [from_wire(w) for w in wire]
+    assert got[0] == DataRun("train", 3, "default", 1, [[0], [1], [2]], [[], [[7, 8]], []], 2)
+    assert got[1:4] == msgs[3:6]
+    assert len(got[4]) == 2 and got[4].stream == "other"
+
+
+@pytest.mark.parametrize("bad", [
+    ["T", "train", 3, "default", 1, 2, [[0], [1]], [[]]],              # fewer anchors than tuples
+    ["T", "train", 3, "default", 1, 2, [[0], 5], [[], []]],            # a tuple's values not a list
+    ["T", "train", 3, "default", 1, 2, [[0]], [0]],                    # anchors not a list
+    ["T", "train", 3, "default", 1, 2, [[0]], [[[1, "x"]]]],           # an edge not an int
+    ["T", "train", 3, "default", 1, "2", [[0]], [[]]],                 # a version not an int
+    ["T", "train", 3, "default", 1, 2, [[0]]],                         # a field missing
+])
+def test_a_malformed_run_is_refused_whole(bad):
+    with pytest.raises(CodecError):
+        from_wire(bad)
+
+
+def test_a_run_is_routed_once_as_its_tuples_would_be():
+    view = View("w1", 2, frozenset({3}), {1: "w0", 3: "w1", 5: "w2"}, {"w0": "u", "w2": "v"})
+    run = DataRun("train", 3, "default", 1, [[0], [1]], [[], []], 2)
+    assert routing.inbound(run, view, "w0") == routing.DELIVER
+    assert routing.inbound(run, view, "w2") == routing.STALE                 # its source is placed on w0
+    moved = DataRun("train", 5, "default", 1, [[0], [1]], [[], []], 3)
+    assert routing.inbound(moved, view, "w0") == routing.PARK                # from a newer assignment
+    root = (1 << ROOT_BITS) | 9
+    old = DataRun("train", 5, "default", 1, [[0], [1]], [[[root, 1]], [[root, 2]]], 1)
+    assert routing.inbound(old, view, "w0") == routing.FAIL_ROOTS
+    assert routing.failures(old, view) == [FailMsg("train", 1, root)]       # one per tree, not per tuple
+
+
+class _Runtime:
+    def __init__(self):
+        self.name, self.version = "train", 2
+        self.view = View("w1", 2, frozenset({3}), {1: "w0", 3: "w1"}, {"w0": "u"})
+        self.task_cid, self.fields = {1: "src"}, {"src": {"default": ["n"]}}
+        self.parked, self.dropped, self.stale = [], 0, 0
+
+
+def test_a_run_reaches_its_bolt_as_tuples_in_order_with_their_anchors():
+    rt = _Runtime()
+    bolt = BoltExecutor.__new__(BoltExecutor)       # its queue is all delivery touches
+    bolt.queue_taken = False
+    d = Delivery(worker_id="w1", auth=None, session=None, limits=None, runtimes={"train": rt},
+                 on_unreachable=lambda *a: None)
+
+    async def go():
+        bolt.inbound = asyncio.Queue(2)              # smaller than the run: delivery waits for room
+        rt.executors = {3: bolt}
+        taken = []
+
+        async def consume():
+            while len(taken) < 3:
+                taken.append(await bolt.inbound.get())
+        consumer = asyncio.get_running_loop().create_task(consume())
+        await d.receive(DataRun("train", 3, "default", 1, [[0], [1], [2]], [[], [[7, 8]], []], 2), sender="w0")
+        await consumer
+        return taken
+    tuples = asyncio.run(go())
+    assert [t["n"] for t in tuples] == [0, 1, 2]
+    assert [t.anchors for t in tuples] == [{}, {7: 8}, {}]
+    assert rt.dropped == 0
