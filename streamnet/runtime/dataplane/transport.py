@@ -42,12 +42,9 @@ by the spouts.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import logging
 import os
 import socket
-import time
 from typing import Awaitable, Callable
 from urllib.parse import urlsplit
 
@@ -58,6 +55,7 @@ from aiohttp import web
 from .. import codec
 from ..messages import DataMsg, Message, from_wire, to_wire_all
 from .frame_io import TRAILER, FrameAuth, FrameReader, SocketSender, StreamError, TlsSender, size_buffers
+from .handshake import Auth, PeerAuthError, clean
 from .tls import TlsConfig
 
 __all__ = ["Auth", "FrameAuth", "PeerAuthError", "PeerLink", "StreamServer", "TRAILER"]
@@ -70,75 +68,9 @@ PROTOCOL_TLS = PROTOCOL + "+tls"   # ... and then runs TLS inside
 HANDSHAKE_TIMEOUT_S = 10.0         # /hello, connecting, and the answer to the upgrade
 HEARTBEAT_S = 5.0                  # an idle sender's empty frame
 READ_TIMEOUT_S = 30.0              # no byte for this long while reading: the peer stalled
-NONCE_TTL_S = 30.0
 MAX_BATCH_MSGS = 512
 MAX_BATCH_ARRAY_BYTES = 1 << 20
 _CLOSE = object()
-
-
-MAX_AUTH_FIELD = 256               # characters in a nonce, worker id or MAC header
-
-
-class PeerAuthError(ConnectionError):
-    """The peer did not prove that it holds the cluster secret."""
-
-
-def _clean(*values) -> bool:
-    return all(isinstance(v, str) and v.isascii() and len(v) <= MAX_AUTH_FIELD for v in values)
-
-
-class Auth:
-    """What the cluster secret is used for on the data plane (see the module docstring)."""
-
-    def __init__(self, secret: bytes, worker_id: str):
-        if not secret:
-            raise ValueError("a cluster secret is required")
-        self._secret, self.worker_id = secret, worker_id
-        self._nonce_key = hmac.new(secret, b"streamnet challenge", hashlib.sha256).digest()
-        self._used: dict[str, float] = {}   # nonces streams authenticated with -> expiry
-
-    def _mac(self, *parts: str) -> str:
-        return hmac.new(self._secret, "|".join(parts).encode(), hashlib.sha256).hexdigest()
-
-    def challenge(self) -> str:
-        body = f"{time.monotonic_ns() // 1_000_000:x}.{os.urandom(12).hex()}"
-        return f"{body}.{hmac.new(self._nonce_key, body.encode(), hashlib.sha256).hexdigest()[:32]}"
-
-    def hello_proof(self, nonce: str, client_nonce: str, receiver: str) -> str:
-        return self._mac("hello", nonce, client_nonce, receiver)
-
-    def check_proof(self, proof, nonce: str, client_nonce: str, receiver: str) -> bool:
-        return _clean(proof, nonce) and hmac.compare_digest(
-            self.hello_proof(nonce, client_nonce, receiver).encode(), proof.encode())
-
-    def sign(self, nonce: str, sender: str, receiver: str) -> str:
-        return self._mac("stream", nonce, sender, receiver)
-
-    def session_key(self, nonce: str, sender: str, receiver: str) -> bytes:
-        return hmac.new(self._secret, f"key|{nonce}|{sender}|{receiver}".encode(), hashlib.sha256).digest()
-
-    def verify(self, nonce: str, sender: str, mac: str) -> str | None:
-        """None if good, else the reason it is not."""
-        if not _clean(nonce, sender, mac):
-            return "malformed authentication headers"
-        body, _, tag = nonce.rpartition(".")
-        good = hmac.new(self._nonce_key, body.encode(), hashlib.sha256).hexdigest()[:32]
-        if not hmac.compare_digest(good.encode(), tag.encode()):
-            return "unknown nonce"
-        now = time.monotonic()
-        expiry = int(body.partition(".")[0], 16) / 1000 + NONCE_TTL_S
-        if expiry < now:
-            return "expired nonce"
-        for n, t in list(self._used.items()):      # in order of use: stop at the first still live
-            if t >= now:
-                break
-            del self._used[n]
-        if nonce in self._used:
-            return "reused nonce"
-        if not hmac.compare_digest(self.sign(nonce, sender, self.worker_id).encode(), mac.encode()):
-            return "bad MAC (wrong cluster secret?)"
-        self._used[nonce] = expiry     # only streams that proved the secret add here
-        return None
 
 
 def _array_bytes(msg: Message) -> int:
@@ -172,7 +104,7 @@ class StreamServer:
         answer = {"nonce": nonce, "worker": self.auth.worker_id}
         client_nonce = request.query.get("c")
         if client_nonce is not None:
-            if not (_clean(client_nonce) and 16 <= len(client_nonce) <= 64):
+            if not (clean(client_nonce) and 16 <= len(client_nonce) <= 64):
                 return web.Response(status=400, text="client nonce: 16 to 64 ASCII characters")
             answer["proof"] = self.auth.hello_proof(nonce, client_nonce, self.auth.worker_id)
         return web.json_response(answer)
@@ -193,7 +125,7 @@ class StreamServer:
         nonce = request.headers.get("X-Streamnet-Nonce", "")
         reason = self.auth.verify(nonce, sender, request.headers.get("X-Streamnet-Auth", ""))
         if reason:
-            return self._reject(peer if _clean(sender) else f"?@{request.remote}", reason, 403)
+            return self._reject(peer if clean(sender) else f"?@{request.remote}", reason, 403)
         if request.headers.get("Upgrade", "").lower() != self.protocol:
             why = " (this worker requires TLS: --tls-cert/--tls-key/--tls-ca)" if self.tls else ""
             return self._reject(peer, f"a stream must ask to upgrade to {self.protocol}{why}", 426)
@@ -313,6 +245,7 @@ class PeerLink:
                  limits: codec.Limits, max_queue: int = 1024, tls: TlsConfig | None = None):
         self.sender, self.peer, self.url, self.auth = sender, peer, url.rstrip("/"), auth
         self.tls = tls
+        self.protocol = PROTOCOL if tls is None else PROTOCOL_TLS     # what the upgrade asks for
         self.session, self.limits = session, limits
         self.queue: asyncio.Queue = _LinkQueue(max_queue)
         self.connected = False
@@ -434,7 +367,7 @@ class PeerLink:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
             await loop.sock_sendall(sock, (f"POST {STREAM} HTTP/1.1\r\nHost: {url.netloc}\r\n{head}"
-                                           f"Connection: Upgrade\r\nUpgrade: {PROTOCOL if self.tls is None else PROTOCOL_TLS}\r\n\r\n").encode())
+                                           f"Connection: Upgrade\r\nUpgrade: {self.protocol}\r\n\r\n").encode())
             answer = b""
             while b"\r\n\r\n" not in answer:
                 chunk = await loop.sock_recv(sock, 4096)
