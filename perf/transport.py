@@ -23,14 +23,19 @@ Writes perf/results/transport.json and perf/results/transport.png.
 Targets (issue 12, between two worker processes): p50 <= 0.3 ms, >= 2 GB/s bulk,
 >= 100k small tuples/s per connection.
 
-Measured (full mode, processes, 2 shared cores under load 5-8 from other jobs,
-alternating with the HMAC-over-chunked-HTTP transport before it, two runs each):
-round trip p50 2.63-3.10 -> 0.74-2.26 ms (CPU per round trip, both ends, set-up
-included: 2.1-2.7 -> 0.95-1.31 ms); bulk 247 KB 0.18-0.26 -> 0.36-1.21 GB/s
-(per CPU-second of the busier end 0.61-0.63 -> 1.67-1.90 GB), 10 MB 0.10-0.22 ->
-0.61-1.15 GB/s (0.68-0.70 -> 2.47-2.62 GB); small tuples unchanged, 22-44k/s
-(88-91k per CPU-second: the engine's per-tuple work, not the wire); the frame tag
-alone 1.1-1.2 -> 5.9-13.3 GB/s.
+Measured (full mode, processes, 2 shared cores under load 4.5-7 from other jobs,
+alternating with the code before - tuple by tuple on the wire, frozen messages, an
+incremental GMAC per frame - two runs each): round trip p50 3.00/2.57 -> 1.93/1.96 ms
+(CPU per round trip, both ends, set-up included: 1.46/1.37 -> 1.16/1.06 ms); bulk
+247 KB 0.30/0.26 -> 0.38/0.49 GB/s (per CPU-second of the busier end 1.47/1.41 ->
+1.44/1.79 GB), 10 MB 0.42/0.45 -> 0.58/0.79 GB/s (2.33/2.44 -> 2.83/2.69 GB); small
+tuples 19.5k/19.6k -> 50.7k/53.9k/s (82k/79k -> 208k/183k per CPU-second of the
+busier end: runs of tuples, one routing decision per run). The wall-clock targets
+need each worker on a core of its own; on this machine the processes wait for one.
+TLS against plain in the same run (load 4.5-5.6): round trip p50 1.34 -> 3.08 ms,
+bulk 247 KB 0.41 -> 0.29 GB/s, 10 MB 0.62 -> 0.34 GB/s, small tuples 66k -> 71k/s
+(per CPU-second of the busier end 102k -> 73k): TLS encrypts and copies each frame
+once more, on both ends, and the MAC inside it stays.
 """
 from __future__ import annotations
 
