@@ -30,8 +30,11 @@ incremental GMAC per frame - two runs each): round trip p50 3.00/2.57 -> 1.93/1.
 247 KB 0.30/0.26 -> 0.38/0.49 GB/s (per CPU-second of the busier end 1.47/1.41 ->
 1.44/1.79 GB), 10 MB 0.42/0.45 -> 0.58/0.79 GB/s (2.33/2.44 -> 2.83/2.69 GB); small
 tuples 19.5k/19.6k -> 50.7k/53.9k/s (82k/79k -> 208k/183k per CPU-second of the
-busier end: runs of tuples, one routing decision per run). The wall-clock targets
-need each worker on a core of its own; on this machine the processes wait for one.
+busier end: runs of tuples, one routing decision per run). Again at load 1.6-1.8:
+round trip p50 0.63/0.67 -> 0.70/0.64 ms (no gain: without spare CPU to overlap
+tagging with the copy, as the old incremental tag did, the critical path is the
+same); bulk 247 KB 2.14/0.48 -> 2.19/1.97 GB/s, 10 MB 2.87/0.65 -> 2.58/0.91 GB/s;
+small tuples 92k/91k -> 208k/132k/s (93k/94k -> 210k/232k per CPU-second).
 TLS against plain in the same run (load 4.5-5.6): round trip p50 1.34 -> 3.08 ms,
 bulk 247 KB 0.41 -> 0.29 GB/s, 10 MB 0.62 -> 0.34 GB/s, small tuples 66k -> 71k/s
 (per CPU-second of the busier end 102k -> 73k): TLS encrypts and copies each frame
