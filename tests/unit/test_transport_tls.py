@@ -3,7 +3,6 @@ and nothing of a tensor shows on the wire; a sender whose certificate the cluste
 did not sign, or that does not speak TLS, is refused and delivers nothing."""
 import asyncio
 import os
-import time
 
 import aiohttp
 import numpy as np
@@ -14,6 +13,7 @@ from streamnet.runtime import codec
 from streamnet.runtime.dataplane.tls import TlsConfig, TlsError, make_pki
 from streamnet.runtime.dataplane.transport import Auth, PeerLink, StreamServer
 from streamnet.runtime.messages import DataMsg
+from streamnet.testing import until
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 MARK = b"\xab" * 64
@@ -66,17 +66,9 @@ class Tap:
         await self.server.wait_closed()
 
 
-async def _until(cond, what, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-def _send(receiver_tls: TlsConfig | None, sender_tls: TlsConfig | None, until: str):
+def _send(receiver_tls: TlsConfig | None, sender_tls: TlsConfig | None, expect: str):
     """Send a tensor of MARK bytes from w0 to w1 through a Tap; wait for it to arrive
-    (until="delivered") or for the receiver to refuse the stream ("refused").
+    (expect="delivered") or for the receiver to refuse the stream ("refused").
     Returns (messages received, streams refused, bytes seen on the wire)."""
     secret = os.urandom(32)
 
@@ -100,10 +92,10 @@ def _send(receiver_tls: TlsConfig | None, sender_tls: TlsConfig | None, until: s
         link.start()
         try:
             await link.send(DataMsg("t", 1, "default", 0, [np.frombuffer(MARK * 100, np.uint8)], [], 1))
-            if until == "delivered":
-                await _until(lambda: got, "the tensor")
+            if expect == "delivered":
+                await until(lambda: got, "the tensor")
             else:
-                await _until(lambda: server.rejected, "the receiver to refuse the stream")
+                await until(lambda: server.rejected, "the receiver to refuse the stream")
             return got, server.rejected, bytes(tap.seen)
         finally:
             link.abort()
