@@ -105,7 +105,10 @@ class CoTenant:
     """A CPU-bound process on one core, started and stopped by sample counts."""
 
     def __init__(self, train: int, epochs: int):
-        self.start_at, self.stop_at = train // 2, (epochs - 1) * train + train // 2
+        # on halfway through epoch 1; off halfway through the last epoch (3 epochs), or through
+        # the one before it (4 or more: the shares have the rest of the run to come back)
+        self.start_at = train // 2
+        self.stop_at = (epochs - (1 if epochs <= 3 else 2)) * train + train // 2
         self.proc = None
         self.on = self.off = None        # (t, rounds, the spout's step) when it started / stopped
 
@@ -160,6 +163,8 @@ def cotenant(zk_hosts, train: int, epochs: int) -> dict:
             goal = [sorted(x[k] for x in settled)[len(settled) // 2] for k in range(2)] if settled else [1.0, 1.0]
             run["settled_shares"] = goal
             near = lambda shares: all(abs(shares[k] - goal[k]) <= 0.1 * goal[k] for k in range(2))  # noqa: E731
+            run["rounds_to_first_change"], run["seconds_to_first_change"] = _first_change(
+                share_log, hog.on, lambda sh: sh != [1.0, 1.0])
             run["rounds_to_follow"], run["seconds_to_follow"] = _first_change(
                 share_log, hog.on, lambda sh: near(sh) and goal != [1.0, 1.0])
             run["rounds_to_return"], run["seconds_to_return"] = _first_change(
@@ -167,9 +172,10 @@ def cotenant(zk_hosts, train: int, epochs: int) -> dict:
         out[balance] = run
         print(f"  {balance}: epochs {run['epoch_s']} s, accuracy {s.test_accuracy:.2%}, co-tenant "
               f"{hog.on} -> {hog.off}" + (f", shares followed in {run['rounds_to_follow']} rounds, back in "
-                                         f"{run['rounds_to_return']}" if balance == "load" else ""), flush=True)
+                                         f"{run['rounds_to_return']} (first change after "
+                                         f"{run['rounds_to_first_change']})" if balance == "load" else ""), flush=True)
     st, ld = out["static"]["epoch_s"], out["load"]["epoch_s"]
-    busy = range(1, len(st) - 1) if len(st) > 2 else range(len(st))      # epochs wholly under the co-tenant
+    busy = range(1, len(st) - (1 if len(st) <= 3 else 2)) if len(st) > 2 else range(len(st))  # wholly under it
     out["ratios"] = {"epoch_time_load_over_static": [round(ld[e] / st[e], 3) for e in busy],
                      "accuracy_load_minus_static_pp": round(100 * (out["load"]["test_accuracy"] -
                                                                    out["static"]["test_accuracy"]), 2)}
@@ -210,7 +216,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smaller data (about 2 minutes)")
     p.add_argument("--train-limit", type=int, help="training samples per epoch (default 30,000; quick 9,000)")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--skip-threads", action="store_true", help="only the co-tenant experiment")
     p.add_argument("--zk-hosts", help="a running ZooKeeper (default: start one)")
     a = p.parse_args()

@@ -318,7 +318,7 @@ def threads(p, run: Runner) -> dict:
         from balance import cotenant
         print("  co-tenant on one worker's core, --balance static vs load ...", flush=True)
         # the whole training set: epochs of a few seconds, long against the balancer's reaction (~1 s)
-        co = cotenant(run.zk_hosts, 60000, 3)
+        co = cotenant(run.zk_hosts, 60000, 4)
         out["balance"] = {k: {kk: vv for kk, vv in v.items() if kk != "series"} if isinstance(v, dict) and
                           "series" in v else v for k, v in co.items()}
         out["_balance_series"] = co
