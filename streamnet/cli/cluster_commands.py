@@ -160,6 +160,8 @@ def _follow_topology(state, topo: Topology, check, a, report, say, collected=Non
         wait_done(state, topo.name, a.timeout, interval=0.2, on_poll=report)
     except KeyboardInterrupt:   # only this client stops: the topology is the cluster's now
         where = f"--zk {a.zk} --cluster {a.cluster}" + (f" --secret-file {a.secret_file}" if a.secret_file else "")
+        where += (f" --zk-root {a.zk_root}" if getattr(a, "zk_root", "/streamnet") != "/streamnet" else "") + \
+            (f" --zk-tls {a.zk_tls}" if getattr(a, "zk_tls", None) else "")
         print(f"\nstreamnet-submit: interrupted; {topo.name} keeps running on cluster {a.cluster}; stop it with: "
               f"streamnet-submit kill {topo.name} {where} (add --checkpoint to keep a checkpoint)", file=sys.stderr)
         return 130

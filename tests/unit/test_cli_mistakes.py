@@ -185,6 +185,22 @@ def test_ctrl_c_on_wait_says_the_topology_keeps_running(follow, capsys):
                    "kill t1 --zk zk1:2181 --cluster prod --secret-file /etc/s (add --checkpoint to keep a checkpoint)")
 
 
+def test_ctrl_c_names_a_root_of_its_own_and_zookeeper_tls(monkeypatch, capsys):
+    import argparse
+    from types import SimpleNamespace
+
+    from streamnet.cli import cluster_commands
+    a = argparse.Namespace(zk="zk1:2181", cluster="prod", secret_file=None, timeout=5.0, summary=None,
+                           metrics_log=None, zk_root="/streamnet-prod", zk_tls="/etc/zk-tls")
+
+    def interrupted(*args, **kw):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cluster_commands, "wait_done", interrupted)
+    assert cluster_commands._follow(None, SimpleNamespace(name="t1", components=[]), None, a) == 130
+    assert "kill t1 --zk zk1:2181 --cluster prod --zk-root /streamnet-prod --zk-tls /etc/zk-tls (add" in \
+        capsys.readouterr().err
+
+
 def test_a_wait_cut_short_by_sigterm_exits_1_and_says_so(follow, capsys):
     from streamnet.training.run_stats import STOPPED_AT
     assert follow(results={STOPPED_AT: {"step": 7}}) == 1
