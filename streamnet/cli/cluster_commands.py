@@ -16,7 +16,7 @@ from .common import (add_cluster_options, allowed_modules, check_writable, conne
                      write_secret)
 from .metrics_log import MetricsLog, add_option as add_metrics_log_option
 from .progress import ProgressLine, RunProgress, stragglers_line
-from .train_args import (DEFAULT_BALANCE, add_training_options, check_paths, check_set_types, given_options,
+from .train_args import (DEFAULT_BALANCE, add_training_options, auto_threads, check_paths, check_set_types, given_options,
                          naming_the_flag)
 
 
@@ -80,6 +80,7 @@ def cmd_submit(a) -> int:
         opts["name"] = a.name
     given = given_options(a)
     check_paths(given)
+    auto_threads(given)      # (a cluster's workers each decide their own threads)
     opts.update(given)
     from ..runtime.control.roles import parse
     from ..training.checkpoint import signing_with

@@ -76,6 +76,16 @@ def positive_int(text: str) -> int:
     return n
 
 
+def threads_option(text: str) -> int | str:
+    """--threads: a number of compute threads, or 'auto'."""
+    if text == "auto":
+        return text
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e}, or 'auto'") from None
+
+
 def _int(text: str) -> int:
     try:
         return int(text)

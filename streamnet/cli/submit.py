@@ -70,6 +70,7 @@ def _train(a: argparse.Namespace, cfg, progress: RunProgress):
         from ..ui.server import for_local_cluster
         attach = lambda cluster: for_local_cluster(cluster, a.ui_host, a.ui)  # noqa: E731
     summary, _ = train_on_local_cluster(cfg, workers=cfg.units, threads=max(1, cfg.threads // cfg.units),
+                                        threads_auto=a.threads == "auto",
                                         progress=progress.record, checkpoint_dir=a.checkpoint_dir,
                                         resume=a.resume or False, keep_checkpoints=a.keep_checkpoints,
                                         attach=attach)

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from .common import threads_option
 from ..training.config import (ALGORITHMS, DATASETS, MODELS, SETUPS, AlgorithmConfig, ModelConfig, RunConfig,
                                with_overrides)
 
@@ -41,8 +42,10 @@ class Flag:
 TRAINING_FLAGS: tuple[Flag, ...] = (
     Flag("--epochs", "epochs", int, "passes over the training set"),
     Flag("--workers", "units", int, "compute units (model replicas: the compute bolt's parallelism)"),
-    Flag("--threads", "threads", int, "compute threads in all (train; default one per unit); on a "
-         "cluster each worker's own --threads decides"),
+    Flag("--threads", "threads", threads_option, "compute threads in all (train; default one per unit), or "
+         "'auto': the cores this process may run on, and with --balance load the leader then gives each "
+         "embedded worker its part of the cores other processes leave free; on a cluster each worker's own "
+         "--threads decides"),
     Flag("--batch", "batch", int, "local batch b per unit"),
     Flag("--sync-period", "sync_period", int, "H: local steps between synchronisations (mixbp)"),
     Flag("--lr", "lr", float, "learning rate"),
@@ -101,6 +104,14 @@ def naming_the_flag(err: ConfigError, given: dict, set_options: dict | None = No
     return err
 
 
+def auto_threads(options: dict) -> bool:
+    """--threads auto: the cores this process may run on, in `options`; whether it was asked."""
+    if options.get("threads") != "auto":
+        return False
+    options["threads"] = len(os.sched_getaffinity(0))
+    return True
+
+
 def check_paths(given: dict) -> None:
     """--data must be a directory: say so when it is a file (the loader would say "does not exist")."""
     d = given.get("data_dir")
@@ -139,6 +150,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     given = given_options(a)
     check_paths(given)
     o = {k: v for k, v in given.items() if k not in RUN_ONLY}
+    auto_threads(o)
     o.setdefault("threads", o.get("units", base.units))    # one compute thread per unit unless told
     o.setdefault("balance", DEFAULT_BALANCE)
     o.setdefault("sync_tasks", o.get("units", base.units))  # train starts a worker per unit: a sync task on each

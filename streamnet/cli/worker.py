@@ -28,16 +28,7 @@ import sys
 from ..errors import StreamnetError
 from ..runtime.control.coordinator import NodeExistsError
 from .common import (ENVIRONMENT, Parser, add_allow_option, add_cluster_options, add_common_options, allowed_modules,
-                     completing, connect, error_exit, port_number, positive_float, positive_int)
-
-
-def threads_option(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        return positive_int(text)
-    except argparse.ArgumentTypeError as e:
-        raise argparse.ArgumentTypeError(f"{e}, or 'auto'") from None
+                     completing, connect, error_exit, port_number, positive_float, positive_int, threads_option)
 
 
 ON_SIGNAL = ("leave", "checkpoint")

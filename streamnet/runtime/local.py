@@ -77,10 +77,11 @@ class LocalCluster:
     """with LocalCluster(workers=2) as cluster: results = cluster.run(topology)"""
 
     def __init__(self, workers: int = 2, threads: int = 2, secret: bytes | None = None,
-                 cluster: str = "local"):
+                 cluster: str = "local", threads_auto: bool = False):
         if workers < 1:
             raise StreamnetError(f"workers must be >= 1; got {workers}")
         self.num_workers, self.threads, self.cluster = workers, threads, cluster
+        self.threads_auto = threads_auto    # as `streamnet-worker --threads auto`: the balancer may set them
         self.secret = secret or os.urandom(32)
         self._threads: list[_WorkerThread] = []
 
@@ -91,7 +92,7 @@ class LocalCluster:
         try:
             for i in range(self.num_workers):
                 w = Worker(worker_id=f"w{i}", state=ClusterState(self.server.session(), self.cluster),
-                           secret=self.secret, threads=self.threads)
+                           secret=self.secret, threads=self.threads, threads_auto=self.threads_auto)
                 wt = _WorkerThread(w)
                 self._threads.append(wt)
                 wt.start()

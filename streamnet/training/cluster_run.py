@@ -94,10 +94,11 @@ def follow(state, topology, cfg: RunConfig, progress: Callable[[dict], None] | N
 def train_on_local_cluster(cfg: RunConfig, workers: int, threads: int = 1, progress=None, secret=None,
                            stop_when=None, checkpoint_dir: str | None = None, resume: bool | str = False,
                            name: str | None = None, poll_s: float = 0.5, attach=None,
-                           keep_checkpoints: int | None = None):
+                           keep_checkpoints: int | None = None, threads_auto: bool = False):
     """Train on an embedded cluster. `resume`: True continues from the newest checkpoint of
     `name` in `checkpoint_dir`, a path from that file. `attach(cluster)`, if given, returns a
-    context manager held while the cluster runs (train --ui: the web UI over it)."""
+    context manager held while the cluster runs (train --ui: the web UI over it). `threads_auto`:
+    the workers are started as with `streamnet-worker --threads auto`."""
     from ..runtime import LocalCluster
     name = name or default_name(cfg)
     point = None
@@ -105,7 +106,7 @@ def train_on_local_cluster(cfg: RunConfig, workers: int, threads: int = 1, progr
         point = resume_point(cfg, checkpoint_dir, name, None if resume is True else resume)
     topo = build_topology(cfg, name=name, checkpoint_dir=checkpoint_dir, resume=point,
                           keep_checkpoints=keep_checkpoints)
-    with LocalCluster(workers=workers, threads=threads, secret=secret) as cluster, \
+    with LocalCluster(workers=workers, threads=threads, secret=secret, threads_auto=threads_auto) as cluster, \
             (attach(cluster) if attach else nullcontext()):
         cluster.submit(topo)
         results, wall = follow(cluster.state, topo, cfg, progress, stop_when=stop_when, poll_s=poll_s)

@@ -1,6 +1,7 @@
 """`streamnet-submit train` and `run-example` as the README's CLI reference describes
 them, on small synthetic data (seconds each)."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -91,18 +92,22 @@ def test_lr_schedule_cosine_by_default_and_constant_on_request(tmp_path):
 
 def test_threads_are_the_embedded_workers_compute_threads(tmp_path, monkeypatch):
     """`--threads T` on the embedded cluster of K workers (one per unit): T // K compute
-    threads each; by default one per unit."""
+    threads each; by default one per unit; `auto`: the cores this process may run on,
+    divided among the workers, which the balancer may then change (as `streamnet-worker
+    --threads auto`)."""
     from streamnet.runtime import LocalCluster
     pools, enter = [], LocalCluster.__enter__
 
     def spy(self):
         cluster = enter(self)
-        pools.append([w.pool.size for w in cluster.workers])
+        pools.append([(w.pool.size, w.threads_auto) for w in cluster.workers])
         return cluster
     monkeypatch.setattr(LocalCluster, "__enter__", spy)
     _train(tmp_path, *SMALL, "--threads", "4", name="four.json")
     _train(tmp_path, *SMALL, name="default.json")
-    assert pools == [[2, 2], [1, 1]]
+    _train(tmp_path, *SMALL, "--threads", "auto", name="auto.json")
+    per_worker = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert pools == [[(2, False)] * 2, [(1, False)] * 2, [(per_worker, True)] * 2]
 
 
 @pytest.mark.parametrize("size", ["64", "224"])

@@ -123,7 +123,7 @@ def test_summary_path_checked_before_the_run(command, capsys):
 
 @pytest.mark.parametrize("argv,says", [
     (["train", "--workers", "0"], "--workers must be >= 1; got 0"),
-    (["train", "--threads", "0"], "--threads must be >= 1; got 0"),
+    (["train", "--batch", "0"], "--batch must be >= 1; got 0"),
     (["train", "--train-limit", "0"], "--train-limit must be positive; got 0"),
     (["train", "--momentum", "1"], "--momentum must be in [0, 1); got 1.0"),
     (["train", "--algorithm", "cumulative", "--sync-period", "4"],
@@ -334,3 +334,9 @@ def test_every_flag_has_help():
     missing += undocumented(worker.build_parser(), ["streamnet-worker"])
     missing += undocumented(ui.build_parser(), ["streamnet-ui"])
     assert not missing
+
+
+def test_train_threads_takes_a_number_or_auto(capsys):
+    assert run_main(submit.main, ["train", "--threads", "0", "--dataset", "synthetic"]) == 2
+    assert one_line_error(capsys, "streamnet-submit").startswith(
+        "streamnet-submit train: error: argument --threads: must be an integer >= 1; got 0, or 'auto'")

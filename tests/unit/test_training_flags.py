@@ -97,3 +97,9 @@ def test_submits_default_sync_tasks_is_one_per_worker_hosting_a_unit():
     sync_tasks = lambda **o: len(build(dataset="synthetic", units=3, **o)[0].tasks("sync"))  # noqa: E731
     assert [sync_tasks(live_workers=w) for w in (1, 2, 5)] == [1, 2, 3]      # up to the number of units
     assert sync_tasks(live_workers=5, sync_tasks=2) == 2 and sync_tasks() == 1
+
+
+def test_threads_auto_is_the_cores_this_process_may_run_on():
+    import os
+    a = build_parser().parse_args(["train", "--threads", "auto"])
+    assert a.threads == "auto" and config_from_args(a).threads == len(os.sched_getaffinity(0))
