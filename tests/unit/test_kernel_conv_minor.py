@@ -7,27 +7,12 @@ import pytest
 from streamnet import kernels as K
 from streamnet.kernels import conv_minor
 
-EPS = 1e-6
+from .conv_reference import fd, reference
 
 
 @pytest.fixture
 def rng():
     return np.random.default_rng(2468)
-
-
-def _fd(f, x, v):
-    return (f(x + EPS * v) - f(x - EPS * v)) / (2 * EPS)
-
-
-def _reference(x, w, b, pad):
-    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    kh, kw = w.shape[2:]
-    oh, ow = xp.shape[2] - kh + 1, xp.shape[3] - kw + 1
-    out = np.empty((x.shape[0], w.shape[0], oh, ow))
-    for i in range(oh):
-        for j in range(ow):
-            out[:, :, i, j] = np.einsum("nchw,ochw->no", xp[:, :, i:i + kh, j:j + kw], w) + b
-    return out
 
 
 def test_which_layers_take_the_path():
@@ -47,7 +32,7 @@ def test_matches_plain_convolution_and_finite_differences(c, h, w, k, pad, n, o,
     wt = rng.standard_normal((o, c, k, k))
     b = rng.standard_normal(o)
     out = K.conv2d_forward(x, wt, b, 1, pad)
-    np.testing.assert_allclose(out, _reference(x, wt, b, pad), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out, reference(x, wt, b, pad), rtol=1e-12, atol=1e-12)
     r = rng.standard_normal(out.shape)
     dw, db = np.empty_like(wt), np.empty_like(b)
     dx = K.conv2d_backward(r, x, wt, dw, db, 1, pad, True)
@@ -57,7 +42,7 @@ def test_matches_plain_convolution_and_finite_differences(c, h, w, k, pad, n, o,
         (b, db, lambda z: np.sum(r * K.conv2d_forward(x, wt, z, 1, pad))),
     ]:
         v = rng.standard_normal(arr.shape)
-        numeric = _fd(f, arr, v)
+        numeric = fd(f, arr, v)
         assert abs(np.sum(grad * v) - numeric) <= 1e-6 * max(1.0, abs(numeric))
     dw2, db2 = np.empty_like(wt), np.empty_like(b)
     assert K.conv2d_backward(r, x, wt, dw2, db2, 1, pad, False).size == 0

@@ -6,29 +6,13 @@ import pytest
 from streamnet import kernels as K
 from streamnet.kernels import conv_wide
 
+from .conv_reference import fd, reference
+
 
 @pytest.fixture
 def rng():
     """Each test seeds its own generator: its data do not depend on which tests ran before."""
     return np.random.default_rng(4321)
-
-
-EPS = 1e-6
-
-
-def _fd(f, x, v):
-    return (f(x + EPS * v) - f(x - EPS * v)) / (2 * EPS)
-
-
-def _reference(x, w, b, pad):
-    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    kh, kw = w.shape[2:]
-    oh, ow = xp.shape[2] - kh + 1, xp.shape[3] - kw + 1
-    out = np.empty((x.shape[0], w.shape[0], oh, ow))
-    for i in range(oh):
-        for j in range(ow):
-            out[:, :, i, j] = np.einsum("nchw,ochw->no", xp[:, :, i:i + kh, j:j + kw], w) + b
-    return out
 
 
 @pytest.mark.parametrize("size,k,pad,o", [(9, 5, 2, 4), (7, 3, 0, 4), (8, 5, 0, 6), (8, 5, 1, 5),
@@ -38,7 +22,7 @@ def test_wide_path_is_used_and_matches_plain_convolution(size, k, pad, o, rng):
     x = rng.standard_normal((3, 1, size, size))
     w = rng.standard_normal((o, 1, k, k))
     b = rng.standard_normal(o)
-    np.testing.assert_allclose(K.conv2d_forward(x, w, b, 1, pad), _reference(x, w, b, pad), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(K.conv2d_forward(x, w, b, 1, pad), reference(x, w, b, pad), rtol=1e-12, atol=1e-12)
 
 
 # o: 3 and 6 run the three-channel 5-wide kernels only, 4 and 7 also the one-channel ones
@@ -58,7 +42,7 @@ def test_wide_gradients_finite_differences(size, k, pad, o, rng):
         (b, db, lambda z: np.sum(r * K.conv2d_forward(x, w, z, 1, pad))),
     ]:
         v = rng.standard_normal(arr.shape)
-        numeric = _fd(f, arr, v)
+        numeric = fd(f, arr, v)
         assert abs(np.sum(grad * v) - numeric) <= 1e-6 * max(1.0, abs(numeric))
 
 
@@ -101,7 +85,7 @@ def test_kept_columns_give_the_same_gradients(stride, pad, k, c, rng):
     np.testing.assert_allclose(dx2, dx1, rtol=1e-12, atol=1e-10)
     v = rng.standard_normal(w.shape)
     f = lambda z: np.sum(r * K.conv2d_forward(x, z, b, stride, pad))
-    numeric = _fd(f, w, v)
+    numeric = fd(f, w, v)
     assert abs(np.sum(dw2 * v) - numeric) <= 1e-6 * max(1.0, abs(numeric))
 
 
