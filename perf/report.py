@@ -110,7 +110,7 @@ def repeated_run(summaries, target) -> dict:
             "samples_per_s_spread": spread([s.samples_per_s for s in summaries]),
             "test_accuracy": round(median([s.test_accuracy for s in summaries]), 4),
             "test_accuracy_spread": spread([s.test_accuracy for s in summaries], 4),
-            "time_to_target_s": median(reached), "reached_target": f"{sum(r is not None for r in reached)} of "
+            "time_to_target_s": None if median(reached) is None else round(median(reached), 2), "reached_target": f"{sum(r is not None for r in reached)} of "
                                                                     f"{len(reached)}",
             "bytes_per_sample": round(summaries[0].extra.get("bytes_per_sample", 0.0), 1),
             "_rates": [s.samples_per_s for s in summaries]}
@@ -435,7 +435,7 @@ def runs_table(sec: dict, p: dict) -> list[str]:
     for k, v in runs.items():
         rows.append(f"| {k} | {cell(v['samples_per_s'], v.get('samples_per_s_spread'), lambda x: f'{x:,.0f}')} | "
                     f"{cell(v.get('test_accuracy'), v.get('test_accuracy_spread'), lambda x: f'{100 * x:.2f} %')} | "
-                    f"{v.get('time_to_target_s') if v.get('time_to_target_s') is not None else '-'} | "
+                    f"{'-' if v.get('time_to_target_s') is None else round(v['time_to_target_s'], 2)} | "
                     f"{v.get('reached_target', '-')} |")
     return rows + [""]
 

@@ -151,6 +151,7 @@ def _ext_frame(meta, payload=b"", code=ARRAY_EXT):
                                   [msgpack.ExtType(code, msgpack.packb(meta))], []]]), payload)
 
 
+@pytest.mark.slow     # about 24 s
 def test_bad_input_closes_one_connection_with_a_logged_reason_and_the_worker_keeps_serving(caplog):
     # name: (secret, body, signed, the reason the worker logs)
     attacks = {

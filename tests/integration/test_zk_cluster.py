@@ -54,7 +54,7 @@ def _counted(c, state, name: str) -> int:
 
 # on worker processes (zk) with the faults: make fast keeps the embedded cluster's run of the same body
 @pytest.mark.parametrize("mode", ["local", pytest.param("zk", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("who", ["follower", "leader"])
+@pytest.mark.parametrize("who", ["follower", pytest.param("leader", marks=pytest.mark.slow)])   # ~20 s each
 def test_kill9_mid_topology_moves_its_tasks_and_counts_stay_exact(mode, zk_hosts, who):
     """SIGKILL of a worker mid-topology - a follower, or the leader (the scheduler):
     its tasks move to the survivors, a survivor leads, and the counts are exact. On
@@ -122,6 +122,7 @@ def test_wrong_secret_can_neither_join_read_nor_change(cluster, tmp_path):
     assert set(state.workers()) == {"w0", "w1", "w2"}
 
 
+@pytest.mark.slow     # about 17 s
 def test_rebalance_changes_parallelism_live_without_losing_tuples(cluster):
     c, state = cluster
     topo = _slow_wordcount(3000)
