@@ -53,6 +53,49 @@ async def until(cond, what: str, timeout: float = 20.0, interval: float = 0.01) 
         await asyncio.sleep(interval)
 
 
+class LoopRelay:
+    """A TCP relay on the running event loop, from a port of its own to 127.0.0.1:`target`:
+    a man in the middle for stream tests. `tamper(state, data) -> bytes`, if given, sees
+    (and may change) what the sender writes, with a dict of its own per connection."""
+
+    def __init__(self, target: int, tamper=None):
+        self.target, self.tamper, self.tasks = target, tamper, set()
+
+    async def start(self) -> int:
+        import asyncio
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _pipe(self, reader, writer, tamper):
+        import asyncio
+        try:
+            while data := await reader.read(1 << 16):
+                writer.write(tamper(data) if tamper else data)
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def _serve(self, reader, writer):
+        import asyncio
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target)
+        state: dict = {}
+        tamper = (lambda data: self.tamper(state, data)) if self.tamper else None
+        for coro in (self._pipe(reader, up_w, tamper), self._pipe(up_r, writer, None)):
+            t = asyncio.get_running_loop().create_task(coro)
+            self.tasks.add(t)
+            t.add_done_callback(self.tasks.discard)
+
+    async def close(self):
+        import asyncio
+        self.server.close()
+        for t in list(self.tasks):
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.server.wait_closed()
+
+
 def zookeeper_installed() -> bool:
     return shutil.which("java") is not None and any(
         f.startswith("zookeeper") and f.endswith(".jar") for f in os.listdir("/usr/share/java")

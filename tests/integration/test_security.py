@@ -3,7 +3,6 @@ import asyncio
 import json
 import os
 import socket
-import time
 import urllib.request
 
 import aiohttp
@@ -15,6 +14,7 @@ from streamnet.examples import wordcount
 from streamnet.runtime import LocalCluster, codec, wait_for
 from streamnet.runtime.dataplane.transport import TRAILER, Auth, PeerLink, StreamServer
 from streamnet.runtime.messages import AckMsg, DataMsg
+from streamnet.testing import LoopRelay, until
 
 from tests.unit.test_security_allow import popen_spec
 
@@ -47,52 +47,6 @@ def test_a_spec_naming_popen_written_into_the_coordinator_is_refused_by_every_wo
 
 
 # -- protected streams: a relay without the secret ---------------------------------------------
-class Relay:
-    """A TCP relay on loopback that passes a sender's connections on to a receiver,
-    and may `tamper(bytes) -> bytes` with what the sender writes on each connection."""
-
-    def __init__(self, target_port: int, tamper=None):
-        self.target_port, self.tamper, self.tasks = target_port, tamper, set()
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return self.server.sockets[0].getsockname()[1]
-
-    async def _pipe(self, reader, writer, tamper):
-        try:
-            while data := await reader.read(1 << 16):
-                writer.write(tamper(data) if tamper else data)
-                await writer.drain()
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            writer.close()
-
-    async def _serve(self, reader, writer):
-        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target_port)
-        state = {"head": b""}
-        tamper = (lambda data: self.tamper(state, data)) if self.tamper else None
-        for coro in (self._pipe(reader, up_w, tamper), self._pipe(up_r, writer, None)):
-            t = asyncio.get_running_loop().create_task(coro)
-            self.tasks.add(t)
-            t.add_done_callback(self.tasks.discard)
-
-    async def close(self):
-        self.server.close()
-        for t in list(self.tasks):
-            t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        await self.server.wait_closed()
-
-
-async def _wait(cond, what, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 async def _through_relay(tamper, messages):
     """A receiver (the StreamServer a worker mounts) recording what it dispatches, a
     sender's PeerLink that reaches it through a relay; send `messages`, one at a time."""
@@ -108,7 +62,7 @@ async def _through_relay(tamper, messages):
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    relay = Relay(site._server.sockets[0].getsockname()[1], tamper)
+    relay = LoopRelay(site._server.sockets[0].getsockname()[1], tamper)
     port = await relay.start()
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
     link = PeerLink(sender="w0", peer="w1", url=f"http://127.0.0.1:{port}", auth=Auth(secret, "w0"),
@@ -119,7 +73,7 @@ async def _through_relay(tamper, messages):
         for msg in messages:
             before = (len(got), server.rejected)
             await link.send(msg)
-            await _wait(lambda: (len(got), server.rejected) != before, "the message or its rejection")
+            await until(lambda: (len(got), server.rejected) != before, "the message or its rejection")
             outcomes.append((got[before[0]:], server.rejected - before[1]))
         return outcomes
     finally:
@@ -154,7 +108,7 @@ def test_a_relay_that_injects_a_forged_ack_gets_the_stream_closed_and_nothing_de
     def inject_once(state, data):
         """On the first stream, once upgraded: a frame of its own before the sender's first."""
         if not state.get("passed"):
-            state["head"] += data
+            state["head"] = state.get("head", b"") + data
             state["passed"] = b"\r\n\r\n" in state["head"]
             return data
         if state["head"].startswith(b"POST /stream") and not injected:
@@ -189,7 +143,7 @@ def test_a_receiver_without_the_secret_gets_nothing():
         link.start()
         await link.send(_data(7))
         try:
-            await _wait(lambda: link.reconnects >= 2, "the link to give up on that receiver twice")
+            await until(lambda: link.reconnects >= 2, "the link to give up on that receiver twice")
             return posted, link.last_error
         finally:
             await link.close(0.2)

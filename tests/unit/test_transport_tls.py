@@ -13,7 +13,7 @@ from streamnet.runtime import codec
 from streamnet.runtime.dataplane.tls import TlsConfig, TlsError, make_pki
 from streamnet.runtime.dataplane.transport import Auth, PeerLink, StreamServer
 from streamnet.runtime.messages import DataMsg
-from streamnet.testing import until
+from streamnet.testing import LoopRelay, until
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 MARK = b"\xab" * 64
@@ -29,45 +29,8 @@ def pki(tmp_path_factory):
     return configs.__getitem__
 
 
-class Tap:
-    """A relay between a sender and the receiver that keeps what passes, one way."""
-
-    def __init__(self, port: int):
-        self.port, self.seen, self.tasks = port, bytearray(), set()
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return self.server.sockets[0].getsockname()[1]
-
-    async def _pipe(self, reader, writer, keep):
-        try:
-            while data := await reader.read(1 << 16):
-                if keep:
-                    self.seen += data
-                writer.write(data)
-                await writer.drain()
-        except ConnectionError:
-            pass
-        finally:
-            writer.close()
-
-    async def _serve(self, reader, writer):
-        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.port)
-        for coro in (self._pipe(reader, up_w, True), self._pipe(up_r, writer, False)):
-            t = asyncio.get_running_loop().create_task(coro)
-            self.tasks.add(t)
-            t.add_done_callback(self.tasks.discard)
-
-    async def close(self):
-        self.server.close()
-        for t in list(self.tasks):
-            t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        await self.server.wait_closed()
-
-
 def _send(receiver_tls: TlsConfig | None, sender_tls: TlsConfig | None, expect: str):
-    """Send a tensor of MARK bytes from w0 to w1 through a Tap; wait for it to arrive
+    """Send a tensor of MARK bytes from w0 to w1 through a relay; wait for it to arrive
     (expect="delivered") or for the receiver to refuse the stream ("refused").
     Returns (messages received, streams refused, bytes seen on the wire)."""
     secret = os.urandom(32)
@@ -84,7 +47,8 @@ def _send(receiver_tls: TlsConfig | None, sender_tls: TlsConfig | None, expect: 
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        tap = Tap(site._server.sockets[0].getsockname()[1])
+        seen = bytearray()          # what the sender wrote, as the wire carried it
+        tap = LoopRelay(site._server.sockets[0].getsockname()[1], lambda state, data: seen.extend(data) or data)
         port = await tap.start()
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
         link = PeerLink(sender="w0", peer="w1", url=f"http://127.0.0.1:{port}", auth=Auth(secret, "w0"),
@@ -96,7 +60,7 @@ def _send(receiver_tls: TlsConfig | None, sender_tls: TlsConfig | None, expect: 
                 await until(lambda: got, "the tensor")
             else:
                 await until(lambda: server.rejected, "the receiver to refuse the stream")
-            return got, server.rejected, bytes(tap.seen)
+            return got, server.rejected, bytes(seen)
         finally:
             link.abort()
             await link.close(0.1)
