@@ -7,7 +7,7 @@ import pytest
 from streamnet import kernels as K
 from streamnet.kernels import conv_minor
 
-from .conv_reference import fd, reference
+from .conv_reference import check_gradients, reference
 
 
 @pytest.fixture
@@ -36,14 +36,7 @@ def test_matches_plain_convolution_and_finite_differences(c, h, w, k, pad, n, o,
     r = rng.standard_normal(out.shape)
     dw, db = np.empty_like(wt), np.empty_like(b)
     dx = K.conv2d_backward(r, x, wt, dw, db, 1, pad, True)
-    for arr, grad, f in [
-        (x, dx, lambda z: np.sum(r * K.conv2d_forward(z, wt, b, 1, pad))),
-        (wt, dw, lambda z: np.sum(r * K.conv2d_forward(x, z, b, 1, pad))),
-        (b, db, lambda z: np.sum(r * K.conv2d_forward(x, wt, z, 1, pad))),
-    ]:
-        v = rng.standard_normal(arr.shape)
-        numeric = fd(f, arr, v)
-        assert abs(np.sum(grad * v) - numeric) <= 1e-6 * max(1.0, abs(numeric))
+    check_gradients(x, wt, b, pad, r, dx, dw, db, rng)
     dw2, db2 = np.empty_like(wt), np.empty_like(b)
     assert K.conv2d_backward(r, x, wt, dw2, db2, 1, pad, False).size == 0
     np.testing.assert_array_equal(dw2, dw)

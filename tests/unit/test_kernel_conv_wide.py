@@ -6,7 +6,7 @@ import pytest
 from streamnet import kernels as K
 from streamnet.kernels import conv_wide
 
-from .conv_reference import fd, reference
+from .conv_reference import check_gradients, fd, reference
 
 
 @pytest.fixture
@@ -36,14 +36,7 @@ def test_wide_gradients_finite_differences(size, k, pad, o, rng):
     r = rng.standard_normal(out.shape)
     dw, db = np.empty_like(w), np.empty_like(b)
     dx = K.conv2d_backward(r, x, w, dw, db, 1, pad, True)
-    for arr, grad, f in [
-        (x, dx, lambda z: np.sum(r * K.conv2d_forward(z, w, b, 1, pad))),
-        (w, dw, lambda z: np.sum(r * K.conv2d_forward(x, z, b, 1, pad))),
-        (b, db, lambda z: np.sum(r * K.conv2d_forward(x, w, z, 1, pad))),
-    ]:
-        v = rng.standard_normal(arr.shape)
-        numeric = fd(f, arr, v)
-        assert abs(np.sum(grad * v) - numeric) <= 1e-6 * max(1.0, abs(numeric))
+    check_gradients(x, w, b, pad, r, dx, dw, db, rng)
 
 
 def test_wide_float32_weight_gradient_without_dx(rng):
