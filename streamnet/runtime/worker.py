@@ -19,6 +19,7 @@ from aiohttp import web
 from . import codec, monitor
 from .assignment import Assignment
 from .dataplane.delivery import Delivery
+from .dataplane.executor import Wake
 from .control.cluster_state import REFUSED, RUNNING, ClusterState
 from .dataplane.compute import ComputePool
 from .control.coordinator import CoordinatorError
@@ -52,7 +53,7 @@ class Worker:
         #: `--threads auto`: the load balancer may set this worker's threads to its free cores
         self.threads_auto = threads_auto
         self.load = LoadMeter()
-        self._load_news = asyncio.Event()     # a task reported work (report_work)
+        self._load_news = Wake()              # a task reported work (report_work)
         self.started_at = time.time()
         self.auth = Auth(secret, worker_id)
         self.monitor_token = monitor_token     # required on /status and /metrics when set (monitor.py)
@@ -116,10 +117,7 @@ class Worker:
         enough (load.py), for the leader's balancing policy."""
         next_sample = time.monotonic()
         while not self.closing:
-            try:
-                await asyncio.wait_for(self._load_news.wait(), max(0.0, next_sample - time.monotonic()))
-            except asyncio.TimeoutError:
-                pass
+            await self._load_news.wait(max(0.0, next_sample - time.monotonic()))
             self._load_news.clear()
             now = time.monotonic()
             if now >= next_sample:
