@@ -134,7 +134,9 @@ class LoadMeter:
         self.tasks.setdefault((topology, task), SpeedWindow()).add(items, seconds)
 
     def forget(self, topology: str, task: int | None = None) -> None:
-        """A task moved away (or the topology ended): its speed is no longer ours to report."""
+        """A task moved away or the topology ended (its speed is no longer ours to report),
+        or its share of the work changed (its speed is measured afresh: the first report
+        after, which may straddle the change, is left out like any first report)."""
         for key in [k for k in self.tasks if k[0] == topology and (task is None or k[1] == task)]:
             del self.tasks[key]
 

@@ -5,6 +5,7 @@ worker while it runs and back when it stops, every sample is still counted once,
 and the leader's decisions are kept for `status`. The fault tests with balancing
 on are here too (SIGKILL of a compute unit's host)."""
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -36,8 +37,25 @@ def _rounds(state, name) -> int:
     return p["rounds"] if p else 0
 
 
+def _sampled(f, seconds: float, interval: float = 0.1) -> list:
+    """f() every interval for `seconds`: a level over time, not one moment of it."""
+    out, end = [], time.monotonic() + seconds
+    while time.monotonic() < end:
+        out.append(f())
+        time.sleep(interval)
+    return out
+
+
+def _favoured():
+    try:                    # as root: the co-tenant outweighs the worker (and any other load) on its core
+        os.setpriority(os.PRIO_PROCESS, 0, -5)
+    except OSError:
+        pass
+
+
 def _hog(core: int) -> subprocess.Popen:
-    return subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"])
+    return subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"],
+                            preexec_fn=_favoured)
 
 
 def test_shares_follow_a_co_tenant_and_every_sample_counts_once(zk):
@@ -57,16 +75,17 @@ def test_shares_follow_a_co_tenant_and_every_sample_counts_once(zk):
             slow = 1                                             # the unit whose worker gets the co-tenant
             core = int(hosts[slow][1:]) % len(os.sched_getaffinity(0))     # Cluster pins w<i> to core i
             ratio = lambda: _shares(state, topo.name, topo)[slow] / _shares(state, topo.name, topo)[1 - slow]  # noqa
-            before = ratio()              # other load on the machine may have moved them already
+            # other load on the machine may have moved them already: the level they hold, over 2 s
+            before = statistics.median(_sampled(ratio, 2.0))
             hog, t_on, r_on = _hog(core), time.monotonic(), _rounds(state, topo.name)
-            wait_for(lambda: ratio() < 0.85 * min(1.0, before), 60, "the slowed unit's share to fall", interval=0.1)
+            wait_for(lambda: ratio() < 0.85 * before, 60, "the slowed unit's share to fall", interval=0.1)
             print(f"co-tenant on {hosts[slow]}: unit shares {before:.2f}:1 -> {_shares(state, topo.name, topo)} after "
                   f"{time.monotonic() - t_on:.1f} s, {_rounds(state, topo.name) - r_on} rounds")
             hog.kill()
             hog.wait(10)
             hog, t_off, r_off = None, time.monotonic(), _rounds(state, topo.name)
-            wait_for(lambda: min(_shares(state, topo.name, topo)) > 0.85 * max(_shares(state, topo.name, topo)),
-                     60, "the shares to even out again", interval=0.1)
+            wait_for(lambda: ratio() > 0.85 * before, 60, "the slowed unit's share to rise again",
+                     interval=0.1)
             print(f"co-tenant gone: shares {_shares(state, topo.name, topo)} after {time.monotonic() - t_off:.1f} s, "
                   f"{_rounds(state, topo.name) - r_off} rounds")
             log = state.balance_log(topo.name)

@@ -204,3 +204,57 @@ def test_the_meter_writes_only_news_and_within_its_budget():
     assert len(writes) <= BURST + 4.0 / MIN_PUBLISH_S + 1 and writes[:2] == [200.0, 200.1]
     m.forget(NAME, 1)
     assert m.sample(0.5, 2, False)["seconds_per_item"] == {}
+
+
+def test_a_speed_that_depends_on_the_share_does_not_turn_the_shares_each_interval():
+    # a unit measured slower at a larger batch (its own event loop's work then falls in its
+    # rounds): 15,000 items/s below a share of 1.2, 9,000 above; the other unit 7,300 always.
+    # Each turn doubles the wait of the next, so a minute holds a handful of changes, not 60
+    memory, a, changes = Memory(), placed(), []
+    for i in range(120):                                    # a pass every 0.5 s for a minute
+        fast = 15000.0 if a.shares.get(1, 1.0) < 1.2 else 9000.0
+        d = decide(NAME, topology(), a, workers_with({"w1": {1: fast}, "w2": {2: 7300.0}}), memory, i * 0.5)
+        if d.shares is not None:
+            changes.append(i * 0.5)
+            a = Assignment(**{**a.__dict__, "shares": d.shares})
+    assert 3 <= len(changes) <= 8, changes
+    gaps = [b - a for a, b in zip(changes[1:], changes[2:])]     # the waits between turns
+    assert gaps == sorted(gaps) and gaps[-1] >= balance.MAX_HOLD_S / 2, changes
+
+
+def test_a_worker_measures_a_task_afresh_when_its_share_changes():
+    import asyncio
+    from streamnet.examples import wordcount
+    from streamnet.runtime.dataplane.topology_runtime import TopologyRuntime
+
+    class Started:
+        _task = object()                  # running: apply() neither makes nor starts it
+
+    class Worker:
+        id, pool, load = "w0", None, LoadMeter()
+
+    topo = wordcount.topology()
+    tasks = range(topo.num_tasks)
+    rt = TopologyRuntime(Worker(), "wc", topo.to_dict())
+    rt.executors = {t: Started() for t in tasks}
+    w = Worker.load
+
+    def speeds():
+        return w.record(0.0, 1, False)["seconds_per_item"].get("wc", {})
+
+    def version(v, shares):
+        asyncio.run(rt.apply(Assignment(tasks={t: "w0" for t in tasks}, workers={"w0": "http://w0:1"},
+                                        threads={"w0": 1}, shares=shares), v))
+    version(1, {})
+    for t in (1, 2):
+        for _ in range(3):
+            w.report_work("wc", t, 100, 1.0)
+    assert set(speeds()) == {"1", "2"}
+    version(2, {1: 1.0, 2: 1.0})           # the same shares written out: nothing measured afresh
+    assert set(speeds()) == {"1", "2"}
+    version(3, {1: 1.3, 2: 0.7})
+    assert speeds() == {}
+    w.report_work("wc", 1, 130, 9.0)       # the round that straddled the change is left out ...
+    assert speeds() == {}
+    w.report_work("wc", 1, 130, 1.3)       # ... the next one is the new speed
+    assert speeds() == {"1": pytest.approx(0.01)}

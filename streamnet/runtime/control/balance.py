@@ -11,8 +11,11 @@ For a topology whose config says `balance: load`:
   while the total stays the same (the consumer - a training spout - turns weights
   into batch sizes). Shares change only when one moves by more than CHANGE, and a
   change that turns back (a task whose share last rose now falls, or the reverse) not
-  sooner than MIN_INTERVAL_S after the last change: noise does not make it flap, while
-  a change that goes on the same way (the speeds still settling) is made at once.
+  sooner than MIN_INTERVAL_S after the last change, doubled for every turn of the last
+  TURN_MEMORY_S (at most MAX_HOLD_S): noise does not make it flap, nor does a speed
+  that depends on the share itself (a unit measured slower at a larger batch, which
+  would turn the shares back and forth each interval), while a change that goes on the
+  same way (the speeds still settling) is made at once.
 - **threads**: a worker started with `--threads auto` gets as many compute threads as
   its host has cores not kept busy by other processes, divided among the workers that
   share those cores (at least 1, never more than the cores it may run on), with a
@@ -34,6 +37,8 @@ from ..topology import Topology
 
 CHANGE = 0.15          # a share moves only by more than this fraction
 MIN_INTERVAL_S = 1.0   # between two changes of a component's shares (or a worker's threads)
+MAX_HOLD_S = 16.0      # the longest a turn of the shares waits (MIN_INTERVAL_S doubled per recent turn)
+TURN_MEMORY_S = 120.0  # turns this recent lengthen the wait of the next one
 MIN_SHARE = 0.1        # no task's share falls below this (it keeps a little work, and its speed is seen)
 THREAD_MARGIN = 0.75   # free cores must differ from the threads by this much before threads change
 SLOW = 0.5             # a task this far below its component's median speed is a candidate to move
@@ -47,6 +52,7 @@ class Memory:
     """What the policy remembers between passes (the leader keeps one per topology)."""
     changed_at: dict[str, float] = field(default_factory=dict)     # component or "threads:<w>" -> time
     direction: dict[int, int] = field(default_factory=dict)        # task -> +1/-1: its share's last move
+    turns: dict[str, list[float]] = field(default_factory=dict)     # component -> times its shares turned back
     slow_passes: dict[int, int] = field(default_factory=dict)      # task -> passes in a row slow
     moved_at: dict[int, float] = field(default_factory=dict)       # task -> time it was moved
     history: list[dict] = field(default_factory=list)              # the last HISTORY decisions
@@ -101,9 +107,12 @@ def decide(name: str, topology: Topology, assignment: Assignment, workers: dict,
         worst = max(abs(target[t] - current[t]) / current[t] for t in sp)
         moves = {t: (target[t] > current[t]) - (target[t] < current[t]) for t in sp}
         turns = any(m and memory.direction.get(t, m) != m for t, m in moves.items())
-        if worst > CHANGE and (not turns or now - memory.changed_at.get(cid, -math.inf) >= MIN_INTERVAL_S):
+        recent = [at for at in memory.turns.get(cid, []) if now - at < TURN_MEMORY_S]
+        hold = min(MAX_HOLD_S, MIN_INTERVAL_S * 2 ** len(recent))
+        if worst > CHANGE and (not turns or now - memory.changed_at.get(cid, -math.inf) >= hold):
             shares.update(target)
             memory.changed_at[cid] = now
+            memory.turns[cid] = recent + [now] if turns else recent
             memory.direction.update({t: m for t, m in moves.items() if m})
             med = statistics.median(sp.values())
             d.notes.append(f"{cid} shares " + ", ".join(

@@ -57,6 +57,9 @@ class TopologyRuntime:
             if version <= self.version:
                 return
             self.version = version
+            for t in self.executors:        # a new share: its speed is measured afresh, at the new work size
+                if assignment.shares.get(t, 1.0) != self.shares.get(t, 1.0):
+                    self.worker.load.forget(self.name, t)
             self.shares = dict(assignment.shares)
             before = self.task_worker
             self.task_worker = dict(assignment.tasks)
