@@ -2,7 +2,10 @@
 (control/balance.py).
 
 - per task: seconds per work item over a moving window, from what the task reports
-  (`Context.report_work`: a training unit reports samples and compute seconds);
+  (`Context.report_work`: a training unit reports samples and compute seconds), and
+  the work share it was measured under: a new share starts a new window (a unit's
+  speed may depend on its batch), so the leader never takes a speed measured under
+  one share for the speed under another;
 - the host: cores this process may run on, how many of them other processes keep
   busy (CPU time of the cores in our affinity mask minus our own, from /proc/stat
   and the process's CPU clock), steal time where the kernel reports it, the 1-minute
@@ -37,9 +40,10 @@ class SpeedWindow:
     pause, a collection) not at all. A task's first report is left out: it holds the
     warm-up (numba compiling, caches filling), not its speed."""
 
-    def __init__(self, window: int = WINDOW):
+    def __init__(self, window: int = WINDOW, share: float = 1.0):
         self.reports: deque[tuple[float, float]] = deque(maxlen=window)
         self.warm = False
+        self.share = share        # the work share these reports were measured under
 
     def add(self, items: float, seconds: float) -> None:
         if not (items > 0 and seconds >= 0):
@@ -130,13 +134,17 @@ class LoadMeter:
         self.tokens, self.refilled_at = float(BURST), None     # the write budget (due())
         self.host_rec: dict = {}          # the last host sample
 
-    def report_work(self, topology: str, task: int, items: float, seconds: float) -> None:
-        self.tasks.setdefault((topology, task), SpeedWindow()).add(items, seconds)
+    def report_work(self, topology: str, task: int, items: float, seconds: float, share: float = 1.0) -> None:
+        """A task's report, done under work `share`. A new share starts a new window
+        whose first report (the round that straddled the change) is left out like any
+        first report."""
+        w = self.tasks.get((topology, task))
+        if w is None or w.share != share:
+            w = self.tasks[(topology, task)] = SpeedWindow(share=share)
+        w.add(items, seconds)
 
     def forget(self, topology: str, task: int | None = None) -> None:
-        """A task moved away or the topology ended (its speed is no longer ours to report),
-        or its share of the work changed (its speed is measured afresh: the first report
-        after, which may straddle the change, is left out like any first report)."""
+        """A task moved away (or the topology ended): its speed is no longer ours to report."""
         for key in [k for k in self.tasks if k[0] == topology and (task is None or k[1] == task)]:
             del self.tasks[key]
 
@@ -150,11 +158,14 @@ class LoadMeter:
         rec = dict(self.host_rec)
         rec.update(busy=round(busy_fraction, 3), threads=threads, threads_auto=threads_auto)
         speeds: dict[str, dict[str, float]] = {}
+        shares: dict[str, dict[str, float]] = {}
         for (topology, task), w in sorted(self.tasks.items()):
             spi = w.seconds_per_item()
             if spi is not None:
                 speeds.setdefault(topology, {})[str(task)] = spi
+                shares.setdefault(topology, {})[str(task)] = w.share
         rec["seconds_per_item"] = speeds
+        rec["work_share"] = shares        # the share each speed was measured under
         return rec
 
     def due(self, rec: dict, now: float) -> bool:
@@ -177,18 +188,20 @@ def _moved(a: float, b: float, frac: float) -> bool:
 
 
 def moved(old: dict, new: dict, frac: float = CHANGE) -> bool:
-    """Whether a figure the policy acts on moved: a speed by more than `frac`, the cores
-    other processes keep busy by more than FOREIGN_STEP (idle noise is not news)."""
+    """Whether a figure the policy acts on moved: a speed by more than `frac` or the share
+    it was measured under, the cores other processes keep busy by more than FOREIGN_STEP
+    (idle noise is not news). A speed that is gone (a task measured afresh under a new
+    share, not yet warm) is not news: the next one is."""
     if old.get("threads") != new.get("threads") or old.get("cores") != new.get("cores"):
         return True
     if abs(old.get("foreign_busy", 0.0) - new.get("foreign_busy", 0.0)) > FOREIGN_STEP:
         return True
     a, b = old.get("seconds_per_item", {}), new.get("seconds_per_item", {})
-    if set(a) != set(b):
-        return True
+    sa, sb = old.get("work_share", {}), new.get("work_share", {})
     for topology, speeds in b.items():
-        if set(speeds) != set(a[topology]):
-            return True
-        if any(_moved(a[topology][t], s, frac) for t, s in speeds.items()):
-            return True
+        for t, s in speeds.items():
+            if t not in a.get(topology, {}) or _moved(a[topology][t], s, frac):
+                return True
+            if sa.get(topology, {}).get(t) != sb.get(topology, {}).get(t):
+                return True
     return False

@@ -105,10 +105,11 @@ class Worker:
             info["load"] = self.load.published
         return info
 
-    def report_work(self, topology: str, task: int, items: float, seconds: float) -> None:
-        """A task's work report (Context.report_work, on the event loop): into its speed
-        window, and the load loop looks at once whether that is news."""
-        self.load.report_work(topology, task, items, seconds)
+    def report_work(self, topology: str, task: int, items: float, seconds: float, share: float = 1.0) -> None:
+        """A task's work report (Context.report_work, on the event loop), done under its
+        work `share` of the moment: into its speed window, and the load loop looks at
+        once whether that is news."""
+        self.load.report_work(topology, task, items, seconds, share)
         self._load_news.set()
 
     async def _measure_load(self) -> None:

@@ -9,13 +9,16 @@ For a topology whose config says `balance: load`:
   (seconds per work item) gets a share of the component's work proportional to its
   speed, as a weight with mean 1.0, so that all of them finish a round together
   while the total stays the same (the consumer - a training spout - turns weights
-  into batch sizes). Shares change only when one moves by more than CHANGE, and a
-  change that turns back (a task whose share last rose now falls, or the reverse) not
-  sooner than MIN_INTERVAL_S after the last change, doubled for every turn of the last
-  TURN_MEMORY_S (at most MAX_HOLD_S): noise does not make it flap, nor does a speed
-  that depends on the share itself (a unit measured slower at a larger batch, which
-  would turn the shares back and forth each interval), while a change that goes on the
-  same way (the speeds still settling) is made at once.
+  into batch sizes). A speed counts only if it was measured under the task's current
+  share (a unit's speed may depend on its batch). Shares change only when one moves by
+  more than CHANGE, and a change that turns back (a task whose share last rose now
+  falls, or the reverse) not sooner than MIN_INTERVAL_S after the last change, and not
+  when the policy saw, within SEEN_S, what the speeds are at the shares it would turn
+  back to and they would send it here again (a unit measured slower at its larger
+  batch would otherwise turn the shares back and forth each interval). What it saw is
+  forgotten when the speeds at the same shares move by more than WORLD_CHANGE: other
+  load came or went. Noise does not make it flap; a change that goes on the same way
+  (the speeds still settling) is made at once.
 - **threads**: a worker started with `--threads auto` gets as many compute threads as
   its host has cores not kept busy by other processes, divided among the workers that
   share those cores (at least 1, never more than the cores it may run on), with a
@@ -37,8 +40,8 @@ from ..topology import Topology
 
 CHANGE = 0.15          # a share moves only by more than this fraction
 MIN_INTERVAL_S = 1.0   # between two changes of a component's shares (or a worker's threads)
-MAX_HOLD_S = 16.0      # the longest a turn of the shares waits (MIN_INTERVAL_S doubled per recent turn)
-TURN_MEMORY_S = 120.0  # turns this recent lengthen the wait of the next one
+SEEN_S = 30.0          # the speeds a component showed at its recent shares are remembered this long ...
+WORLD_CHANGE = 0.3     # ... unless a task's relative speed at the same shares moves by more than this
 MIN_SHARE = 0.1        # no task's share falls below this (it keeps a little work, and its speed is seen)
 THREAD_MARGIN = 0.75   # free cores must differ from the threads by this much before threads change
 SLOW = 0.5             # a task this far below its component's median speed is a candidate to move
@@ -52,7 +55,7 @@ class Memory:
     """What the policy remembers between passes (the leader keeps one per topology)."""
     changed_at: dict[str, float] = field(default_factory=dict)     # component or "threads:<w>" -> time
     direction: dict[int, int] = field(default_factory=dict)        # task -> +1/-1: its share's last move
-    turns: dict[str, list[float]] = field(default_factory=dict)     # component -> times its shares turned back
+    seen: dict[str, list] = field(default_factory=dict)   # component -> [(time, shares, relative speeds)]
     slow_passes: dict[int, int] = field(default_factory=dict)      # task -> passes in a row slow
     moved_at: dict[int, float] = field(default_factory=dict)       # task -> time it was moved
     history: list[dict] = field(default_factory=list)              # the last HISTORY decisions
@@ -71,7 +74,8 @@ class Decision:
 
 
 def _speeds(topology: Topology, name: str, assignment: Assignment, workers: dict) -> dict[str, dict[int, float]]:
-    """Per component, task -> items per second, for components whose tasks all report."""
+    """Per component, task -> items per second, for components whose tasks all report a
+    speed measured under their current share."""
     out: dict[str, dict[int, float]] = {}
     for c in topology.components:
         speeds = {}
@@ -80,11 +84,41 @@ def _speeds(topology: Topology, name: str, assignment: Assignment, workers: dict
             spi = rec.get("seconds_per_item", {}).get(name, {}).get(str(t))
             if not spi or spi <= 0 or not math.isfinite(spi):
                 break
+            under = rec.get("work_share", {}).get(name, {}).get(str(t))
+            if under is not None and abs(under - assignment.shares.get(t, 1.0)) > 1e-6:
+                break                     # measured under a share it no longer has: wait for a fresh one
             speeds[t] = 1.0 / spi
         else:
             if len(speeds) > 1:
                 out[c["id"]] = speeds
     return out
+
+
+def _gap(a: dict[int, float], b: dict[int, float]) -> float:
+    """The largest relative difference between two sets of shares."""
+    return max(abs(a[t] - b[t]) / b[t] for t in b)
+
+
+def _remember(memory: Memory, cid: str, shares: dict[int, float], rel: dict[int, float], now: float) -> list:
+    """Note the relative speeds seen at `shares`; forget everything seen when they moved
+    at the same shares (other load came or went: what was seen elsewhere is stale too)."""
+    seen = [e for e in memory.seen.get(cid, []) if now - e[0] < SEEN_S and set(e[1]) == set(shares)]
+    same = [e for e in seen if _gap(e[1], shares) < 0.01]
+    if any(_gap(e[2], rel) > WORLD_CHANGE for e in same):
+        seen = []
+    seen = [e for e in seen if e not in same] + [(now, dict(shares), dict(rel))]
+    memory.seen[cid] = seen
+    return seen
+
+
+def _turns_back_here(seen: list, current: dict[int, float], target: dict[int, float]) -> bool:
+    """Whether the speeds last seen at (about) the `target` shares would send the shares
+    back toward `current` rather than keep them at target."""
+    there = [e for e in seen if _gap(e[1], target) <= CHANGE and _gap(e[1], current) > 0.01]
+    if not there:
+        return False
+    again = _normalise(there[-1][2])
+    return _gap(again, current) < _gap(again, target)
 
 
 def _normalise(weights: dict[int, float]) -> dict[int, float]:
@@ -102,17 +136,17 @@ def decide(name: str, topology: Topology, assignment: Assignment, workers: dict,
     shares = dict(assignment.shares)
     for cid, sp in speeds.items():
         mean = sum(sp.values()) / len(sp)
-        target = _normalise({t: s / mean for t, s in sp.items()})
+        rel = {t: s / mean for t, s in sp.items()}
+        target = _normalise(rel)
         current = {t: shares.get(t, 1.0) for t in sp}
-        worst = max(abs(target[t] - current[t]) / current[t] for t in sp)
+        seen = _remember(memory, cid, current, rel, now)
         moves = {t: (target[t] > current[t]) - (target[t] < current[t]) for t in sp}
         turns = any(m and memory.direction.get(t, m) != m for t, m in moves.items())
-        recent = [at for at in memory.turns.get(cid, []) if now - at < TURN_MEMORY_S]
-        hold = min(MAX_HOLD_S, MIN_INTERVAL_S * 2 ** len(recent))
-        if worst > CHANGE and (not turns or now - memory.changed_at.get(cid, -math.inf) >= hold):
+        if _gap(target, current) > CHANGE and (not turns or (
+                now - memory.changed_at.get(cid, -math.inf) >= MIN_INTERVAL_S
+                and not _turns_back_here(seen, current, target))):
             shares.update(target)
             memory.changed_at[cid] = now
-            memory.turns[cid] = recent + [now] if turns else recent
             memory.direction.update({t: m for t, m in moves.items() if m})
             med = statistics.median(sp.values())
             d.notes.append(f"{cid} shares " + ", ".join(

@@ -57,9 +57,6 @@ class TopologyRuntime:
             if version <= self.version:
                 return
             self.version = version
-            for t in self.executors:        # a new share: its speed is measured afresh, at the new work size
-                if assignment.shares.get(t, 1.0) != self.shares.get(t, 1.0):
-                    self.worker.load.forget(self.name, t)
             self.shares = dict(assignment.shares)
             before = self.task_worker
             self.task_worker = dict(assignment.tasks)
@@ -132,7 +129,7 @@ class TopologyRuntime:
                       save_state=None,
                       put_checkpoint=lambda p: self.worker.state.put_checkpoint(self.name, p),
                       compute_share=lambda: self.compute_share(c["id"]),
-                      report_work=lambda items, seconds: self.worker.report_work(self.name, task, items, seconds),
+                      report_work=lambda items, seconds: self.report_work(task, items, seconds),
                       work_shares=self.work_shares)
         if c["kind"] == "spout":
             ex = SpoutExecutor(self, task, c, instance, ctx)
@@ -140,6 +137,10 @@ class TopologyRuntime:
             ex = BoltExecutor(self, task, c, instance, ctx, queue_size=int(self.topology.config["queue_size"]))
         ctx._save_state = lambda v: fencing.save_state(self, ex, v)
         return ex
+
+    def report_work(self, task: int, items: float, seconds: float) -> None:
+        """A task's work report, to the worker's load meter with the share it was done under."""
+        self.worker.report_work(self.name, task, items, seconds, self.shares.get(task, 1.0))
 
     def work_shares(self, cid: str) -> list[float] | None:
         """The assignment's work shares of `cid`'s tasks, by task index (None: none set)."""
