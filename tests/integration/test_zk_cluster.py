@@ -225,3 +225,33 @@ def _get_json(url: str):
             return json.load(r)
     except OSError:
         return None
+
+
+def test_a_recursive_delete_outlasts_children_created_while_it_runs(zk):
+    # kill_topology removes a topology's nodes while a worker may still publish under them:
+    # a child created between listing a node's children and deleting it is listed again
+    import uuid
+    coord = ZkCoordinator(zk, os.urandom(24).hex().encode(), session_timeout=10)
+    root = "/sn-delete-" + uuid.uuid4().hex[:8]
+    try:
+        coord.create(f"{root}/results/a", b"", makepath=True)
+        late = iter([f"{root}/results/b", f"{root}/results/c"])    # a worker publishing, twice
+        real = coord.zk.get_children_async
+
+        def listing_then_a_publish(path, *args, **kwargs):
+            answer = real(path, *args, **kwargs)
+            if path == f"{root}/results":
+                nxt = next(late, None)
+                if nxt:
+                    answer.get(timeout=10)
+                    coord.zk.create(nxt, b"", acl=coord.zk.get_acls(root)[0])
+            return answer
+        coord.zk.get_children_async = listing_then_a_publish
+        coord.delete(root, recursive=True)
+        assert coord.zk.exists(root) is None
+        assert next(late, None) is None                  # both late children were created, and removed
+    finally:
+        coord.zk.get_children_async = real
+        if coord.zk.exists(root):
+            coord.zk.delete(root, recursive=True)
+        coord.close()

@@ -261,13 +261,18 @@ class ZkCoordinator(Coordinator):
         else:
             self._write(self.zk.delete_async, path, version=version)
 
-    def _delete_tree(self, path):
-        try:
-            for child in self._read(self.zk.get_children_async, path):
-                self._delete_tree(f"{path.rstrip('/')}/{child}")
-            self._write(self.zk.delete_async, path)
-        except kx.NoNodeError:
-            pass       # removed meanwhile (an ephemeral child's session ended)
+    def _delete_tree(self, path, attempts: int = 5):
+        for _ in range(attempts):
+            try:
+                for child in self._read(self.zk.get_children_async, path):
+                    self._delete_tree(f"{path.rstrip('/')}/{child}")
+                self._write(self.zk.delete_async, path)
+                return
+            except kx.NoNodeError:
+                return     # removed meanwhile (an ephemeral child's session ended)
+            except kx.NotEmptyError:
+                continue   # a child was created meanwhile (a worker still publishing): list again
+        raise kx.NotEmptyError(f"{path}: children kept appearing while it was deleted ({attempts} tries)")
 
     @_translate
     def exists(self, path):
