@@ -121,7 +121,7 @@ def test_balanced_training_survives_sigkill_of_a_units_host(zk):
         wait_for(lambda: _rounds(state, topo.name) >= 20, 120, "training to get going", interval=0.2)
         host = where[topo.tasks("compute")[0]]
         c.kill9(host)
-        wait_for(lambda: host not in placement(state, topo.name).values(), 15, "the dead worker's tasks to move",
+        wait_for(lambda: host not in placement(state, topo.name).values(), 30, "the dead worker's tasks to move",
                  interval=0.05)
         results = finish(state, topo.name, timeout=600)
     s = summarise(cfg, results, workers=2)

@@ -321,7 +321,7 @@ def _task(status, topology, component):
 def test_a_lost_tuple_is_failed_after_message_timeout_s_and_replayed():
     with LocalCluster(workers=2) as c:
         _allow_this_module(c)
-        topo = _numbers("lossy", "LosingBolt", 50, {"lose_every": 10}, message_timeout_s=1.0)
+        topo = _numbers("lossy", "LosingBolt", 50, {"lose_every": 10}, message_timeout_s=3.0)
         c.submit(topo)
         c.wait_done(topo.name, 60)
         spout = _task(c.worker_status(), topo.name, "numbers")
@@ -359,10 +359,20 @@ def test_metrics_are_the_running_workers_status_in_prometheus_text():
         c.submit(topo)
         c.wait_done(topo.name, 60)
         w = c.workers[0]
-        with urllib.request.urlopen(f"http://127.0.0.1:{w.port}/metrics", timeout=5) as r:
-            content_type, text = r.headers["Content-Type"], r.read().decode()
-        with urllib.request.urlopen(f"http://127.0.0.1:{w.port}/status", timeout=5) as r:
-            status = json.load(r)
+
+        def get(path):
+            with urllib.request.urlopen(f"http://127.0.0.1:{w.port}{path}", timeout=5) as r:
+                return r.headers["Content-Type"], r.read().decode()
+
+        def between_two_equal_statuses():
+            """/metrics read between two /status reads whose transport figures agree (an idle
+            link's heartbeat moves them now and then)"""
+            before = json.loads(get("/status")[1])
+            content_type, text = get("/metrics")
+            status = json.loads(get("/status")[1])
+            same = all(before[k] == status[k] for k in ("transport", "links"))
+            return same and (content_type, text, status)
+        content_type, text, status = wait_for(between_two_equal_statuses, 30, "a quiet moment on the links")
         c.kill(topo.name)
     assert content_type.startswith("text/plain")
     got = {(s.name, frozenset(s.labels.items())): s.value

@@ -539,7 +539,8 @@ def _resumable(tmp_path, name: str):
     return replace(cfg, epochs=4), ckdir
 
 
-def test_a_resumed_sync_task_moved_after_its_checkpoint_was_changed_goes_on_from_the_replicas(tmp_path):
+def test_a_resumed_sync_task_moved_after_its_checkpoint_was_changed_goes_on_from_the_replicas(tmp_path,
+                                                                                               monkeypatch):
     """The checkpoint a run resumed from is read once, at the start: a sync task that
     starts again on another worker (its host died) recovers from the coordinator and the
     replicas. Before, it read the file again and failed the whole run when the file had
@@ -547,6 +548,8 @@ def test_a_resumed_sync_task_moved_after_its_checkpoint_was_changed_goes_on_from
     from streamnet.testing import cluster_in_mode, finish, placement
     from streamnet.training.nsmap import build_topology, resume_point
     from streamnet.training.summary_from_results import summarise
+    from streamnet.training.sync_bolt import SyncBolt
+    monkeypatch.setattr(SyncBolt, "PUBLISH_S", 0.05)   # the kill lands long before the run's last round
     cfg, ckdir = _resumable(tmp_path, "moved")
     point = resume_point(cfg, ckdir, "moved")
     topo = build_topology(cfg, name="moved", checkpoint_dir=ckdir, resume=point)

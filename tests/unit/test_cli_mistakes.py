@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from streamnet.cli import submit, worker
+from streamnet.runtime import wait_for
 from streamnet.ui import cli as ui
 
 UNREACHABLE_ZK = "127.0.0.1:1"      # never contacted: each mistake is caught before connecting
@@ -218,9 +219,9 @@ def test_train_stopped_by_sigterm_exits_1(tmp_path):
     try:
         deadline = time.monotonic() + 120
         line = ""
-        while "training" not in line and time.monotonic() < deadline:    # the start line, then the run
+        while ": round " not in line:        # the first progress line: the run is under way
+            assert time.monotonic() < deadline and p.poll() is None, f"no progress line; last: {line!r}"
             line = p.stderr.readline()
-        time.sleep(3)
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=120)
     finally:
@@ -276,12 +277,18 @@ def test_duplicate_worker_name(zk, secret, capsys):
         assert worker.main(cmd) == 2
         assert f"a worker named w1 is already registered in cluster {cluster}" in \
             one_line_error(capsys, "streamnet-worker")
-        time.sleep(0.5)
-        left = [t.name for t in threading.enumerate() if t.ident not in threads and t.is_alive()]
-        assert not left, f"the refused worker left threads running (its ZooKeeper client?): {left}"
+        new = lambda: [t.name for t in threading.enumerate() if t.ident not in threads and t.is_alive()]  # noqa
+        try:
+            wait_for(lambda: not new(), 10, "the refused worker's threads to end")
+        except Exception:
+            raise AssertionError(f"the refused worker left threads running (its ZooKeeper client?): {new()}")
     finally:
         first.terminate()
-        first.wait(30)
+        try:
+            first.wait(30)
+        except subprocess.TimeoutExpired:
+            first.kill()
+            first.wait(10)
 
 
 @pytest.mark.parametrize("argv,says", [
