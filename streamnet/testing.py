@@ -144,6 +144,7 @@ class ZooKeeper:
             except subprocess.CalledProcessError as e:
                 self._run("stop")
                 if attempt == 2:
+                    shutil.rmtree(self.dir, ignore_errors=True)     # the caller has no server to stop
                     raise RuntimeError(f"ZooKeeper did not start on ports {self.client_ports} "
                                        f"{self.peer_ports}: {e.stderr}") from None
                 print(f"ZooKeeper did not start ({e.stderr.strip()}); trying new ports")
