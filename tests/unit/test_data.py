@@ -162,3 +162,16 @@ def test_bad_samples_are_quarantined_with_a_report(tmp_path):
     assert np.isfinite(x).all() and y.max() < 10
     kept = np.delete(np.arange(30), [3, 7, 11])
     np.testing.assert_array_equal(y, labels[kept])
+
+
+def test_tasks_preparing_at_once_share_one_copy_of_the_dataset():
+    # the local cluster prepares every worker's tasks on their own threads at once
+    from concurrent.futures import ThreadPoolExecutor
+    from streamnet.training import DataConfig, lenet5_mixbp
+    from streamnet.training.schedule import _dataset, dataset_for
+    cfg = lenet5_mixbp(units=8, data=DataConfig(dataset="synthetic", synthetic_train=4096, synthetic_test=64))
+    _dataset.cache_clear()
+    with ThreadPoolExecutor(8) as pool:
+        copies = list(pool.map(lambda _: dataset_for(cfg), range(8)))
+    assert all(c is copies[0] for c in copies)
+    assert _dataset.cache_info().misses == 1
