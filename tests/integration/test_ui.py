@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamnet.runtime import LocalCluster, wait_for
-from streamnet.testing import ROOT, free_port, running_cluster
+from streamnet.testing import ROOT, running_cluster
 from streamnet.training import DataConfig
 from streamnet.training.config import lenet5_mixbp
 from streamnet.training.nsmap import build_topology
@@ -76,16 +76,36 @@ def _get_json(port: int, path: str):
         return None          # not listening (yet, or any more)
 
 
+def _announced_port(proc: subprocess.Popen, says: str, timeout: float = 120.0) -> int:
+    """The port a process started with port 0 announces on stderr in a line with `says`
+    (http://HOST:PORT/): no free port picked here that another program may take first."""
+    import re
+    import threading
+    found: list = []
+
+    def read():
+        for line in proc.stderr:
+            m = says in line and re.search(r"http://[^:/]+:(\d+)/", line)
+            if m:
+                found.append(int(m.group(1)))
+                return
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    assert found, f"no '{says} http://...' line on stderr within {timeout:.0f} s"
+    return found[0]
+
+
 def test_streamnet_ui_reads_a_zookeeper_cluster(zk):
     """The daemon: the cluster's workers (their /status) and a topology's graph, read with the
     cluster secret; Ctrl-C (or SIGTERM) ends it with 0."""
     with running_cluster(zk, workers=2) as (c, state):
         submitted = c.submit_cli("submit", "wordcount", "--set", "count=1000")
         assert submitted.returncode == 0, submitted.stderr
-        port = free_port()
-        ui = subprocess.Popen([sys.executable, "-m", "streamnet.ui.cli", *c.args(), "--port", str(port),
+        ui = subprocess.Popen([sys.executable, "-m", "streamnet.ui.cli", *c.args(), "--port", "0",
                                "--poll", "0.3"], stderr=subprocess.PIPE, text=True, cwd=ROOT)
         try:
+            port = _announced_port(ui, "streamnet-ui: serving cluster")
             def get(path):
                 return _get_json(port, path)
             wait_for(lambda: (get("/api/cluster") or {}).get("workers") and
@@ -109,12 +129,12 @@ def test_streamnet_ui_reads_a_zookeeper_cluster(zk):
 def test_train_ui_serves_the_embedded_cluster_while_it_trains():
     """`streamnet-submit train --ui PORT`: the UI is up while the run goes (its training
     page has accuracy points), and gone with it; Ctrl-C stops the run cleanly."""
-    port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     p = subprocess.Popen([sys.executable, "-m", "streamnet.cli.submit", "train", "--dataset", "synthetic",
-                          "--epochs", "5000", "--workers", "2", "--ui", str(port)],
+                          "--epochs", "5000", "--workers", "2", "--ui", "0"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     try:
+        port = _announced_port(p, "streamnet UI on")
         run = wait_for(lambda: next((r for r in (_get_json(port, "/api/training") or {}).get("runs", [])
                                      if r["accuracy"]), None), 120, "train --ui to show an evaluated epoch",
                        interval=0.2)
