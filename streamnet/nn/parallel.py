@@ -1,31 +1,36 @@
 """One model step split across threads by batch.
 
 `ParallelStep(model, threads)` is made once per model (it owns one replica of the
-network per thread: the layers' saved activations and a gradient row each) and
-then called like `model.loss_and_grad`:
+network per chunk of the batch: the layers' saved activations and a gradient row
+each) and then called like `model.loss_and_grad`:
 
     step = ParallelStep(model, threads=2)
     loss, grads = step.loss_and_grad(x, y)   # grads is model.grads, as for one thread
 
-The batch is cut into `threads` contiguous shards (sizes differ by at most one);
-replica k computes the mean loss and gradient of shard k into row k of a (T, P)
-buffer, reading the model's own parameter vector (shared, not copied). The rows
-are then combined as sum_k (n_k / N) * row_k in the fixed order k = 0..T-1, each
-thread reducing one slice of the vector, so the result is the same whatever order
-the threads finish in, and equals the one-thread gradient up to float32 rounding
-of the summation order (tests/unit/test_model_parallel_step.py: 1e-5 relative).
+The batch is cut into contiguous chunks (sizes differ by at most one): one per
+thread for big models, up to CHUNKS_PER_THREAD per thread of at least MIN_CHUNK
+samples for small ones. Threads take the next chunk from a shared counter until
+none is left, so a thread that starts late or is preempted (a shared machine) runs
+fewer chunks instead of holding the others at the join. Replica c computes the mean
+loss and gradient of chunk c into row c of a (C, P) buffer, reading the model's own
+parameter vector (shared, not copied), whichever thread runs it. The rows are then
+combined as sum_c (n_c / N) * row_c in the fixed order c = 0..C-1 (by the thread that
+finishes the last chunk for small models; each thread one slice of the vector after
+a barrier for big ones), so the result is the same whatever order the threads finish
+in, and equals the one-thread gradient up to float32 rounding of the summation order
+(tests/unit/test_model_parallel_step.py: 1e-5 relative).
 
-Dropout stays exact: each replica's mask is drawn at its shard's global sample
+Dropout stays exact: each replica's mask is drawn at its chunk's global sample
 offset, from the model's step counter, so 1, 2 or 4 threads drop the same units.
 
-Where the time goes (LeNet-5 batch 64, idle 16-core VM, one trial of 40 steps
-each, min-median): one thread 3.1 ms; one 32-sample shard alone 1.46 ms (ideal
-2.1x); the two shards at once on two threads with no synchronisation at all
-1.62-1.80 ms; the whole ParallelStep 1.55-1.77 ms. So the hand-offs and the
-reduction cost next to nothing (the reduction did: 109 us per thread per step
-until weighted_sum_rows vectorised); what is lost is that each shard's own CPU
-time grows ~11 % while the other runs, and at times one shard's by ~50 % (cores
-sharing the host's resources): no way of splitting the batch changes that.
+Where the time goes (LeNet-5 batch 64, 2 vCPUs shared with other jobs; a step's
+timeline over steps where no thread of ours was preempted): the hand-offs cost
+~0.13 ms of a ~2.1 ms step (checks and plan 0.02, submit 0.02, the worker's wake
+0.02, the reduction 0.05 -- the rows come from the other core's cache -- and the
+join 0.02); two free-running threads on 32-sample batches reach 2.0-2.2x one
+thread's batch-64 rate on an idle machine (32 is also faster per sample), but a
+step that waits for a fixed half lost most of that whenever another job took a
+core: 0.7x of one thread, while the free-running pair kept 1.1-1.3x.
 """
 from __future__ import annotations
 
@@ -35,6 +40,16 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 import numpy as np
 
 from .. import kernels as K
+
+
+#: models with fewer parameters than this are "small": their batch is cut into up to
+#: CHUNKS_PER_THREAD chunks per thread (a row per chunk is cheap to keep and to sum;
+#: a big model's dense weights would be read once more per chunk), and the thread
+#: that finishes the last chunk sums all rows alone (LeNet-5, 62k parameters, 4 rows:
+#: cheaper than waking every thread at a barrier to sum a slice each)
+SMALL_MODEL = 1 << 20
+CHUNKS_PER_THREAD = 2
+MIN_CHUNK = 16  # samples: LeNet-5 runs 16-sample steps as fast per sample as 32 or 64
 
 
 def shard_bounds(n: int, parts: int) -> list[tuple[int, int]]:
@@ -55,25 +70,33 @@ class ParallelStep:
     Workspaces (replicas, gradient rows) live on this object: make one per model
     and keep it. Not re-entrant: one step at a time per object (a second
     concurrent call raises RuntimeError); the model's parameters must not change
-    during a step. `executor`, if given, runs shards 1..T-1 (shard 0 runs on the
-    calling thread); it must have T-1 workers free for the duration of the step,
-    so do not pass the pool the caller itself is running on unless it is that
-    much larger. Without one, the object owns a pool of T-1 threads; `close()`
-    shuts it down (also a context manager).
+    during a step. `executor`, if given, runs threads 1..T-1 of the step (thread 0
+    is the calling one); it must have T-1 workers free for the duration of the
+    step, so do not pass the pool the caller itself is running on unless it is
+    that much larger. Without one, the object owns a pool of T-1 threads;
+    `close()` shuts it down (also a context manager).
     """
 
     def __init__(self, model, threads: int, executor: Executor | None = None):
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self.model, self.threads = model, int(threads)
-        self._rows = np.zeros((self.threads, model.num_params), dtype=np.float32)
-        self._replicas = [model.replica(grads=self._rows[k]) for k in range(self.threads)]
+        self.small = model.num_params < SMALL_MODEL
+        most = self.threads * (CHUNKS_PER_THREAD if self.small else 1)
+        self._rows = np.zeros((most, model.num_params), dtype=np.float32)
+        self._replicas = [model.replica(grads=self._rows[c]) for c in range(most)]
         self._own_pool = executor is None and self.threads > 1
         self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="streamnet-step") \
             if self._own_pool else executor
         self._busy = threading.Lock()
-        # slices of the gradient vector reduced by each thread, fixed once
+        self._lock = threading.Lock()  # guards the chunk counters of the step in progress
+        # slices of the gradient vector reduced by each thread (big models), fixed once
         self._slices = shard_bounds(model.num_params, self.threads)
+        self._plans: dict[int, tuple] = {}
+
+    def chunks(self, n: int) -> list[tuple[int, int]]:
+        """The chunks a batch of n is cut into (the rows it fills, in order)."""
+        return self._plan(n)[0]
 
     def loss_and_grad(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
         """Same contract as `Model.loss_and_grad`: returns (mean loss, model.grads)."""
@@ -84,41 +107,77 @@ class ParallelStep:
         finally:
             self._busy.release()
 
+    def _plan(self, n: int):
+        """(chunks, weights, threads, barrier or None) for a batch of n, made once per size."""
+        plan = self._plans.get(n)
+        if plan is None:
+            parts = min(self.threads, n)
+            if self.small:
+                parts = max(parts, min(self.threads * CHUNKS_PER_THREAD, n // MIN_CHUNK))
+            chunks = shard_bounds(n, parts) if n else [(0, 0)]
+            weights = np.array([(hi - lo) / max(n, 1) for lo, hi in chunks], dtype=np.float64)
+            used = min(self.threads, len(chunks))
+            barrier = threading.Barrier(used) if used > 1 and not self.small else None
+            plan = self._plans[n] = (chunks, weights, used, barrier)
+        return plan
+
     def _step(self, x, y):
         model = self.model
         x = model._check_input(x)
         labels = model._check_labels(y, x.shape[0])
-        n = x.shape[0]
-        shards = shard_bounds(n, self.threads) if n else [(0, 0)]
+        chunks, weights, used, barrier = self._plan(x.shape[0])
         steps = model.random_state()
-        weights = np.array([(hi - lo) / max(n, 1) for lo, hi in shards], dtype=np.float64)
-        rows = self._rows[:len(shards)]
-        # one task per thread: its shard, then (once every shard is done) its slice
-        # of the reduction; a second round of tasks cost a thread wake-up each step
-        done = threading.Barrier(len(shards))
+        rows = self._rows[:len(chunks)]
+        if barrier is not None:
+            barrier.reset()  # a failed step leaves it broken
+        state = {"next": 0, "left": len(chunks), "failed": False}
+        lock = self._lock
+
+        def take() -> int:
+            with lock:
+                c = state["next"]
+                state["next"] = c + 1
+                return c if c < len(chunks) and not state["failed"] else -1
 
         def run(k):
-            lo, hi = shards[k]
-            rep = self._replicas[k]
-            rep.set_random_state(steps)
-            rep.set_sample_offset(lo)
-            try:
-                loss = rep.loss_and_grad(x[lo:hi], labels[lo:hi])[0]
-            except BaseException:
-                done.abort()  # release the others: they raise BrokenBarrierError
-                raise
-            done.wait()
-            for j in range(k, len(self._slices), len(shards)):
-                a, b = self._slices[j]
-                K.weighted_sum_rows(model.grads, rows, weights, a, b)
-            return loss
+            losses = {}
+            c = take()
+            while c >= 0:
+                lo, hi = chunks[c]
+                rep = self._replicas[c]
+                rep.set_random_state(steps)
+                rep.set_sample_offset(lo)
+                try:
+                    losses[c] = rep.loss_and_grad(x[lo:hi], labels[lo:hi])[0]
+                except BaseException:
+                    with lock:
+                        state["failed"] = True  # nobody takes more chunks or reduces
+                    if barrier is not None:
+                        barrier.abort()  # release the others: they raise BrokenBarrierError
+                    raise
+                with lock:
+                    state["left"] -= 1
+                    last = state["left"] == 0 and not state["failed"]
+                if last and barrier is None:
+                    K.weighted_sum_rows(model.grads, rows, weights, 0, model.num_params)
+                c = take()
+            if barrier is not None:
+                barrier.wait()
+                for j in range(k, len(self._slices), used):
+                    a, b = self._slices[j]
+                    K.weighted_sum_rows(model.grads, rows, weights, a, b)
+            return losses
 
-        losses = self._fan_out(run, len(shards))
+        per_thread = self._fan_out(run, used, cancel_late=barrier is None)
+        losses = {c: v for part in per_thread if part for c, v in part.items()}
         model.set_random_state(self._replicas[0].random_state())
-        return float(sum(w * v for w, v in zip(weights, losses))), model.grads
+        return float(sum(weights[c] * losses[c] for c in range(len(chunks)))), model.grads
 
-    def _fan_out(self, fn, count: int) -> list:
-        """fn(0) here, fn(1..count-1) on the pool; results in index order."""
+    def _fan_out(self, fn, count: int, cancel_late: bool = False) -> list:
+        """fn(0) here, fn(1..count-1) on the pool; results in index order. With
+        cancel_late, a pool task that has not started by the time fn(0) returns is
+        cancelled (result None): on a busy machine a pool thread may wait long for
+        a core, and the chunks are all done by then."""
         futures = [self._pool.submit(fn, k) for k in range(1, count)]
         try:
             first = fn(0)
@@ -129,7 +188,7 @@ class ParallelStep:
             cause = next((e for e in [exc] + errors if e is not None
                           and not isinstance(e, threading.BrokenBarrierError)), exc)
             raise cause
-        return [first] + [f.result() for f in futures]
+        return [first] + [None if cancel_late and f.cancel() else f.result() for f in futures]
 
     def close(self) -> None:
         if self._own_pool and self._pool is not None:
