@@ -1,0 +1,56 @@
+"""ParallelStep's chunks: which thread runs a chunk never changes the result, and a
+pool thread that gets no core in time does not hold the step."""
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from streamnet import nn
+from streamnet.nn.parallel import MIN_CHUNK, ParallelStep
+
+
+def _batch(model, n, seed=0):
+    rng = np.random.default_rng(seed)
+    size = model.input_shape[1]
+    return rng.standard_normal((n, 1, size, size)).astype(np.float32), rng.integers(0, 10, n)
+
+
+def test_a_small_model_takes_chunks_of_at_least_min_chunk_samples():
+    with ParallelStep(nn.lenet5(seed=1), 2) as step:
+        assert step.small
+        assert step.chunks(64) == [(0, 16), (16, 32), (32, 48), (48, 64)]
+        assert step.chunks(40) == [(0, 20), (20, 40)]          # 2 chunks of 20, not 4 of 10
+        assert step.chunks(3) == [(0, 2), (2, 3)]              # one per thread at least
+        assert all(hi - lo >= MIN_CHUNK for lo, hi in step.chunks(48))
+
+
+def test_a_big_model_takes_one_chunk_per_thread():
+    with ParallelStep(nn.alexnet(64, dropout=0.0, seed=1), 2) as step:
+        assert not step.small
+        assert step.chunks(64) == [(0, 32), (32, 64)]
+
+
+def test_the_calling_thread_alone_gives_the_same_bits_and_a_late_pool_task_is_cancelled():
+    model = nn.lenet5(seed=2)
+    x, y = _batch(model, 64)
+    with ParallelStep(model, 2) as step:
+        ref_loss, g = step.loss_and_grad(x, y)
+        ref = g.copy()
+    release = threading.Event()
+    pool = ThreadPoolExecutor(1)
+    try:
+        blocker = pool.submit(release.wait)              # the pool's one thread is busy
+        step = ParallelStep(model, 2, executor=pool)
+        got = []
+        runner = threading.Thread(target=lambda: got.extend(
+            (loss, g.copy()) for loss, g in (step.loss_and_grad(x, y) for _ in range(2))))
+        runner.start()
+        runner.join(timeout=60)                          # without the pool thread
+        assert not runner.is_alive(), "the step waited for a pool thread that never started"
+        assert not blocker.done()
+        for loss, g in got:
+            assert loss == ref_loss
+            np.testing.assert_array_equal(g, ref)        # chunk c fills row c, whoever runs it
+    finally:
+        release.set()
+        pool.shutdown(wait=True)
