@@ -18,7 +18,9 @@ Method (a shared 2-core machine, so every figure is a ratio of paired blocks):
 - The thread figure pairs `ParallelStep(threads=2)` against one thread on the same
   batch: the calling thread pinned to one core, the step's second thread to another
   core on a different physical core where the machine says which (SMT siblings
-  share one core's units); the load average is recorded with every figure.
+  share one core's units); the load average is recorded with every figure. In the
+  same loop of alternating blocks, a whole SGD step on 2 threads against PyTorch's
+  on 2 threads (torch.set_num_threads(2), its threads free on both cores).
 - `--final`: only the figures the closing note needs (FINAL_CASES: 1-thread steps
   against PyTorch with their share of the matmul peak, and 2-thread / 1-thread),
   15 pairs each, pinned as above; 156 s on an idle 16-core machine (python 3.12,
@@ -299,34 +301,71 @@ def measure_layers(name, batch, pairs, block_s) -> list[dict]:
 # -- one step on 2 threads against 1 ---------------------------------------------
 
 def measure_threads(cases, pairs, block_s, cores: list[int]) -> dict:
-    """The calling thread (both figures) stays on cores[0]; the step's second thread
-    runs on cores[1], or unpinned when there is only one core."""
+    """Two figures per case, in one loop of alternating blocks:
+    - speed-up: `ParallelStep(threads=2)` against one thread, loss and gradient;
+      the calling thread (both) stays on cores[0], the step's second thread runs on
+      cores[1] (unpinned when there is only one core);
+    - against PyTorch on 2 threads (torch.set_num_threads(2)): a whole SGD step each
+      (as measure_steps), PyTorch's block run with the calling thread allowed both
+      cores, so its second OpenMP thread (made then, inheriting that mask) has one."""
     from concurrent.futures import ThreadPoolExecutor
 
+    import numpy as np
+    import torch
+
+    from streamnet import kernels as K
     from streamnet.nn import ParallelStep
     out = {}
     second = (lambda: os.sched_setaffinity(0, {cores[1]})) if len(cores) > 1 else None
+    both = set(cores[:2])
+
+    def torch_threads(fn, n):
+        def run():
+            os.sched_setaffinity(0, both)
+            torch.set_num_threads(n)
+            try:
+                return fn()
+            finally:
+                torch.set_num_threads(1)
+                os.sched_setaffinity(0, {cores[0]})
+        return run
+
     for name, batch in cases:
-        model = build(name)
+        model, _, theirs = step_pair(name, batch)
         x, y = batch_for(model, batch)
+        velocity = np.zeros_like(model.params)
         pool = ThreadPoolExecutor(1, initializer=second)
         two = ParallelStep(model, threads=2, executor=pool)
         one = lambda: model.loss_and_grad(x, y)  # noqa: E731
         par = lambda: two.loss_and_grad(x, y)  # noqa: E731
-        for fn in (one, par):
+
+        def par_sgd():
+            _, g = two.loss_and_grad(x, y)
+            K.sgd_step(model.params, g, velocity, 1e-3, 0.9, 0.0, False)
+        for fn in (one, par, par_sgd, torch_threads(theirs, 2)):
             fn(); fn()
         reps = reps_for(one, block_s)
         load0 = load()
-        t1, t2 = paired(timed_block(one, reps), timed_block(par, reps), pairs)
+        t1, t2, ts, tt = [], [], [], []
+        blocks = [(t1, timed_block(one, reps)), (t2, timed_block(par, reps)),
+                  (ts, timed_block(par_sgd, reps)), (tt, torch_threads(timed_block(theirs, reps), 2))]
+        for i in range(pairs):  # alternating order, as paired()
+            for dst, fn in (blocks if i % 2 == 0 else blocks[::-1]):
+                dst.append(fn())
         pool.shutdown()
         ratios = [a / b for a, b in zip(t1, t2)]
+        vs_torch = [b / a for a, b in zip(ts, tt)]
         r = {"batch": batch, "pairs": pairs, "cores": cores[:2], "one_thread_ms": spread([v * 1e3 for v in t1]),
              "two_threads_ms": spread([v * 1e3 for v in t2]), "speedup": spread(ratios),
-             "speedups": ratios, "load_before": load0, "load_after": load()}
+             "speedups": ratios, "two_threads_sgd_ms": spread([v * 1e3 for v in ts]),
+             "torch_two_threads_ms": spread([v * 1e3 for v in tt]), "vs_torch_two_threads": spread(vs_torch),
+             "load_before": load0, "load_after": load()}
         out[f"{name}_b{batch}"] = r
-        s = r["speedup"]
+        s, v = r["speedup"], r["vs_torch_two_threads"]
         print(f"threads {name:10s} b{batch}: 1 thread {r['one_thread_ms']['median']:.2f} ms, 2 threads "
-              f"{r['two_threads_ms']['median']:.2f} ms, speed-up {s['median']:.2f}x (IQR {s['q1']:.2f}-{s['q3']:.2f})"
+              f"{r['two_threads_ms']['median']:.2f} ms, speed-up {s['median']:.2f}x (IQR {s['q1']:.2f}-{s['q3']:.2f}); "
+              f"SGD step on 2 threads {r['two_threads_sgd_ms']['median']:.2f} ms vs PyTorch 2 threads "
+              f"{r['torch_two_threads_ms']['median']:.2f} ms: {v['median']:.2f}x (IQR {v['q1']:.2f}-{v['q3']:.2f})"
               f"  load {load0:.2f}->{r['load_after']:.2f}", flush=True)
     return out
 
@@ -362,8 +401,9 @@ def summary(results: dict) -> None:
         print(f"  {key:16s} 1 thread: {s['median']:.2f}x PyTorch ({s['q1']:.2f}-{s['q3']:.2f}), "
               f"{r['numba_fraction_of_peak']:.1%} of peak (PyTorch {r['torch_fraction_of_peak']:.1%})")
     for key, r in results.get("thread_scaling", {}).items():
-        s = r["speedup"]
-        print(f"  {key:16s} 2 threads / 1: {s['median']:.2f}x ({s['q1']:.2f}-{s['q3']:.2f}) "
+        s, v = r["speedup"], r["vs_torch_two_threads"]
+        print(f"  {key:16s} 2 threads / 1: {s['median']:.2f}x ({s['q1']:.2f}-{s['q3']:.2f}); "
+              f"2 threads vs PyTorch 2 threads: {v['median']:.2f}x ({v['q1']:.2f}-{v['q3']:.2f}) "
               f"on cores {r['cores']}, load {r['load_before']:.2f}")
 
 
