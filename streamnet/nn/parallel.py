@@ -82,7 +82,7 @@ class ParallelStep:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self.model, self.threads = model, int(threads)
         self.small = model.num_params < SMALL_MODEL
-        most = self.threads * (CHUNKS_PER_THREAD if self.small else 1)
+        most = self._most_chunks = self.threads * (CHUNKS_PER_THREAD if self.small else 1)
         self._rows = np.zeros((most, model.num_params), dtype=np.float32)
         self._replicas = [model.replica(grads=self._rows[c]) for c in range(most)]
         self._own_pool = executor is None and self.threads > 1
@@ -112,8 +112,7 @@ class ParallelStep:
         plan = self._plans.get(n)
         if plan is None:
             parts = min(self.threads, n)
-            if self.small:
-                parts = max(parts, min(self.threads * CHUNKS_PER_THREAD, n // MIN_CHUNK))
+            parts = max(parts, min(self._most_chunks, n // MIN_CHUNK))
             chunks = shard_bounds(n, parts) if n else [(0, 0)]
             weights = np.array([(hi - lo) / max(n, 1) for lo, hi in chunks], dtype=np.float64)
             used = min(self.threads, len(chunks))
