@@ -30,7 +30,14 @@ timeline over steps where no thread of ours was preempted): the hand-offs cost
 join 0.02); two free-running threads on 32-sample batches reach 2.0-2.2x one
 thread's batch-64 rate on an idle machine (32 is also faster per sample), but a
 step that waits for a fixed half lost most of that whenever another job took a
-core: 0.7x of one thread, while the free-running pair kept 1.1-1.3x.
+core: 0.7x of one thread, while the free-running pair kept 1.1-1.3x. What the
+chunks cost: CPU time per step (all threads, getrusage, load ~8) 1 thread 3.55-3.60
+ms, 2 threads with 2 fixed halves 3.88-4.00, with 4 chunks 4.06-4.12 - the two
+extra chunks' layer calls and the 4-row sum - so on an idle machine the chunks may
+cost a few per cent of the speed-up that they win back under load. Not measured on
+an idle machine (none was to be had). Big models keep one chunk per thread: AlexNet-
+64 batch 64 in 4 chunks ran 0.76x of one thread against 0.94x for 2 halves (9
+paired blocks, load 4.8-6.6: not conclusive either way).
 """
 from __future__ import annotations
 
