@@ -2,7 +2,7 @@
 weights, batch and thread count, measured in paired alternating blocks in one
 process, plus a per-layer table and the 2-thread / 1-thread step speed-up.
 
-    python perf/kernels.py [--quick] [--parts layers,steps,threads] [--pairs 15]
+    python perf/kernels.py [--quick] [--parts layers,steps,threads] [--pairs 15] [--out NAME.json]
     python perf/kernels.py --final    # the closing check on a quiet machine, < 4 min
 
 Method (a shared 2-core machine, so every figure is a ratio of paired blocks):
@@ -53,6 +53,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--pairs", type=int, help="paired blocks per figure (default 15)")
     p.add_argument("--block-seconds", type=float, help="target length of one block")
     p.add_argument("--core", type=int, help="core for 1-thread figures (default: picked, see pick_cores)")
+    p.add_argument("--out", help="results file name under perf/results (default kernels.json, "
+                                 "kernels-final.json with --final); a partial run can go beside the full one")
     p.add_argument("--final", action="store_true",
                    help="the closing check: steps and threads for LeNet-5 b64 and AlexNet-64 b32/b64 "
                         "(15 pairs each, under 4 minutes on an idle machine); writes kernels-final.json")
@@ -446,7 +448,7 @@ def main() -> int:
                 r["torch_fraction_of_peak"] = r["torch_gflops"] / peak
     results["elapsed_s"] = time.perf_counter() - t_start
     summary(results)
-    path = write_json("kernels-final.json" if a.final else "kernels.json", results)
+    path = write_json(a.out or ("kernels-final.json" if a.final else "kernels.json"), results)
     print(f"wrote {path} ({results['elapsed_s']:.0f} s)")
     if results.get("layers"):
         try:
