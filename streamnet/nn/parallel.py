@@ -9,15 +9,18 @@ each) and then called like `model.loss_and_grad`:
 
 The batch is cut into contiguous chunks (sizes differ by at most one): one per
 thread for big models, up to CHUNKS_PER_THREAD per thread of at least MIN_CHUNK
-samples for small ones. Threads take the next chunk from a shared counter until
-none is left, so a thread that starts late or is preempted (a shared machine) runs
-fewer chunks instead of holding the others at the join. Replica c computes the mean
-loss and gradient of chunk c into row c of a (C, P) buffer, reading the model's own
-parameter vector (shared, not copied), whichever thread runs it. The rows are then
-combined as sum_c (n_c / N) * row_c in the fixed order c = 0..C-1 (by the thread that
-finishes the last chunk for small models; each thread one slice of the vector after
-a barrier for big ones), so the result is the same whatever order the threads finish
-in, and equals the one-thread gradient up to float32 rounding of the summation order
+samples for small ones (or `chunks_per_thread`). Threads take the next chunk from a
+shared counter until none is left, so a thread that starts late or is preempted (a
+shared machine) runs fewer chunks instead of holding the others at the join; a pool
+task that has not started when the calling thread is done is cancelled. Replica c
+computes the mean loss and gradient of chunk c into row c of a (C, P) buffer,
+reading the model's own parameter vector (shared, not copied), whichever thread
+runs it. Once every chunk is done, the rows are combined as sum_c (n_c / N) * row_c
+in the fixed order c = 0..C-1, the threads taking slices of the vector from a second
+counter (one slice, the whole vector, for a small model: cheaper than waking a
+second thread; one per thread for a big one), so the result is the same whatever
+order the threads finish in or whichever ran what, and equals the one-thread
+gradient up to float32 rounding of the summation order
 (tests/unit/test_model_parallel_step.py: 1e-5 relative).
 
 Dropout stays exact: each replica's mask is drawn at its chunk's global sample
@@ -50,10 +53,9 @@ from .. import kernels as K
 
 
 #: models with fewer parameters than this are "small": their batch is cut into up to
-#: CHUNKS_PER_THREAD chunks per thread (a row per chunk is cheap to keep and to sum;
-#: a big model's dense weights would be read once more per chunk), and the thread
-#: that finishes the last chunk sums all rows alone (LeNet-5, 62k parameters, 4 rows:
-#: cheaper than waking every thread at a barrier to sum a slice each)
+#: CHUNKS_PER_THREAD chunks per thread by default (a row per chunk is cheap to keep
+#: and to sum; a big model's dense weights would be read once more per chunk), and
+#: one thread sums all rows (LeNet-5, 62k parameters, 4 rows in ~50 us)
 SMALL_MODEL = 1 << 20
 CHUNKS_PER_THREAD = 2
 MIN_CHUNK = 16  # samples: LeNet-5 runs 16-sample steps as fast per sample as 32 or 64
@@ -84,12 +86,17 @@ class ParallelStep:
     `close()` shuts it down (also a context manager).
     """
 
-    def __init__(self, model, threads: int, executor: Executor | None = None):
+    def __init__(self, model, threads: int, executor: Executor | None = None,
+                 chunks_per_thread: int | None = None):
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self.model, self.threads = model, int(threads)
         self.small = model.num_params < SMALL_MODEL
-        most = self._most_chunks = self.threads * (CHUNKS_PER_THREAD if self.small else 1)
+        if chunks_per_thread is None:
+            chunks_per_thread = CHUNKS_PER_THREAD if self.small else 1
+        if chunks_per_thread < 1:
+            raise ValueError(f"chunks_per_thread must be >= 1, got {chunks_per_thread}")
+        most = self._most_chunks = self.threads * int(chunks_per_thread)
         self._rows = np.zeros((most, model.num_params), dtype=np.float32)
         self._replicas = [model.replica(grads=self._rows[c]) for c in range(most)]
         self._own_pool = executor is None and self.threads > 1
@@ -97,8 +104,9 @@ class ParallelStep:
             if self._own_pool else executor
         self._busy = threading.Lock()
         self._lock = threading.Lock()  # guards the chunk counters of the step in progress
-        # slices of the gradient vector reduced by each thread (big models), fixed once
-        self._slices = shard_bounds(model.num_params, self.threads)
+        # slices of the gradient vector that threads take to sum the rows, fixed once:
+        # the whole vector for a small model, one slice per thread for a big one
+        self._slices = shard_bounds(model.num_params, 1 if self.small else self.threads)
         self._plans: dict[int, tuple] = {}
 
     def chunks(self, n: int) -> list[tuple[int, int]]:
@@ -115,39 +123,40 @@ class ParallelStep:
             self._busy.release()
 
     def _plan(self, n: int):
-        """(chunks, weights, threads, barrier or None) for a batch of n, made once per size."""
+        """(chunks, weights, threads used) for a batch of n, made once per size."""
         plan = self._plans.get(n)
         if plan is None:
             parts = min(self.threads, n)
             parts = max(parts, min(self._most_chunks, n // MIN_CHUNK))
             chunks = shard_bounds(n, parts) if n else [(0, 0)]
             weights = np.array([(hi - lo) / max(n, 1) for lo, hi in chunks], dtype=np.float64)
-            used = min(self.threads, len(chunks))
-            barrier = threading.Barrier(used) if used > 1 and not self.small else None
-            plan = self._plans[n] = (chunks, weights, used, barrier)
+            plan = self._plans[n] = (chunks, weights, min(self.threads, len(chunks)))
         return plan
 
     def _step(self, x, y):
         model = self.model
         x = model._check_input(x)
         labels = model._check_labels(y, x.shape[0])
-        chunks, weights, used, barrier = self._plan(x.shape[0])
+        chunks, weights, used = self._plan(x.shape[0])
         steps = model.random_state()
         rows = self._rows[:len(chunks)]
-        if barrier is not None:
-            barrier.reset()  # a failed step leaves it broken
-        state = {"next": 0, "left": len(chunks), "failed": False}
+        slices = self._slices
+        # threads take chunks, then (once every chunk is done) slices of the sum, from
+        # shared counters: a thread that gets no core in time takes nothing, and one
+        # that never started is cancelled (_fan_out), so nobody waits for it
+        state = {"chunk": 0, "left": len(chunks), "slice": 0, "failed": False}
+        all_done = threading.Event()
         lock = self._lock
 
-        def take() -> int:
+        def take(counter: str, limit: int) -> int:
             with lock:
-                c = state["next"]
-                state["next"] = c + 1
-                return c if c < len(chunks) and not state["failed"] else -1
+                i = state[counter]
+                state[counter] = i + 1
+                return i if i < limit and not state["failed"] else -1
 
         def run(k):
             losses = {}
-            c = take()
+            c = take("chunk", len(chunks))
             while c >= 0:
                 lo, hi = chunks[c]
                 rep = self._replicas[c]
@@ -157,44 +166,40 @@ class ParallelStep:
                     losses[c] = rep.loss_and_grad(x[lo:hi], labels[lo:hi])[0]
                 except BaseException:
                     with lock:
-                        state["failed"] = True  # nobody takes more chunks or reduces
-                    if barrier is not None:
-                        barrier.abort()  # release the others: they raise BrokenBarrierError
+                        state["failed"] = True  # nobody takes more chunks or slices
+                    all_done.set()  # release the others
                     raise
                 with lock:
                     state["left"] -= 1
-                    last = state["left"] == 0 and not state["failed"]
-                if last and barrier is None:
-                    K.weighted_sum_rows(model.grads, rows, weights, 0, model.num_params)
-                c = take()
-            if barrier is not None:
-                barrier.wait()
-                for j in range(k, len(self._slices), used):
-                    a, b = self._slices[j]
-                    K.weighted_sum_rows(model.grads, rows, weights, a, b)
+                    if state["left"] == 0:
+                        all_done.set()
+                c = take("chunk", len(chunks))
+            all_done.wait()  # the chunks other threads are still running
+            j = take("slice", len(slices))
+            while j >= 0:
+                a, b = slices[j]
+                K.weighted_sum_rows(model.grads, rows, weights, a, b)
+                j = take("slice", len(slices))
             return losses
 
-        per_thread = self._fan_out(run, used, cancel_late=barrier is None)
+        per_thread = self._fan_out(run, used)
         losses = {c: v for part in per_thread if part for c, v in part.items()}
         model.set_random_state(self._replicas[0].random_state())
         return float(sum(weights[c] * losses[c] for c in range(len(chunks)))), model.grads
 
-    def _fan_out(self, fn, count: int, cancel_late: bool = False) -> list:
-        """fn(0) here, fn(1..count-1) on the pool; results in index order. With
-        cancel_late, a pool task that has not started by the time fn(0) returns is
-        cancelled (result None): on a busy machine a pool thread may wait long for
-        a core, and the chunks are all done by then."""
+    def _fan_out(self, fn, count: int) -> list:
+        """fn(0) here, fn(1..count-1) on the pool; results in index order. A pool
+        task that has not started by the time fn(0) returns is cancelled (result
+        None): on a busy machine a pool thread may wait long for a core, and the
+        step's work is all done by then."""
         futures = [self._pool.submit(fn, k) for k in range(1, count)]
         try:
             first = fn(0)
         except BaseException as exc:
-            # never leave a shard running on shared buffers; report the shard that
-            # failed, not the others' broken barrier
+            # never leave a chunk running on shared buffers; report the first error
             errors = [f.exception() for f in futures]
-            cause = next((e for e in [exc] + errors if e is not None
-                          and not isinstance(e, threading.BrokenBarrierError)), exc)
-            raise cause
-        return [first] + [None if cancel_late and f.cancel() else f.result() for f in futures]
+            raise next((e for e in [exc] + errors if e is not None), exc)
+        return [first] + [None if f.cancel() else f.result() for f in futures]
 
     def close(self) -> None:
         if self._own_pool and self._pool is not None:

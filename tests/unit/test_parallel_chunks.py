@@ -4,6 +4,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
 from streamnet import nn
 from streamnet.nn.parallel import MIN_CHUNK, ParallelStep
@@ -51,6 +52,40 @@ def test_the_calling_thread_alone_gives_the_same_bits_and_a_late_pool_task_is_ca
         for loss, g in got:
             assert loss == ref_loss
             np.testing.assert_array_equal(g, ref)        # chunk c fills row c, whoever runs it
+    finally:
+        release.set()
+        pool.shutdown(wait=True)
+
+
+def test_more_chunks_per_thread_equal_one_thread():
+    model = nn.lenet5(seed=3)
+    x, y = _batch(model, 96)
+    g1 = model.loss_and_grad(x, y)[1].copy()
+    with ParallelStep(model, 2, chunks_per_thread=3) as step:
+        assert len(step.chunks(96)) == 6
+        g = step.loss_and_grad(x, y)[1]
+    np.testing.assert_allclose(g, g1, rtol=0, atol=1e-5 * np.abs(g1).max())
+    with pytest.raises(ValueError, match="chunks_per_thread"):
+        ParallelStep(model, 2, chunks_per_thread=0)
+
+
+def test_a_big_model_sums_every_slice_when_its_pool_thread_never_starts():
+    model = nn.alexnet(64, dropout=0.0, seed=4)
+    x, y = _batch(model, 32)
+    with ParallelStep(model, 2) as step:
+        ref = step.loss_and_grad(x, y)[1].copy()
+    release = threading.Event()
+    pool = ThreadPoolExecutor(1)
+    try:
+        pool.submit(release.wait)
+        step = ParallelStep(model, 2, executor=pool)
+        assert len(step._slices) == 2                    # the sum is cut in slices
+        done = []
+        runner = threading.Thread(target=lambda: done.append(step.loss_and_grad(x, y)[1].copy()))
+        runner.start()
+        runner.join(timeout=120)
+        assert not runner.is_alive(), "the step waited for a pool thread that never started"
+        np.testing.assert_array_equal(done[0], ref)
     finally:
         release.set()
         pool.shutdown(wait=True)
