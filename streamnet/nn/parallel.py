@@ -29,18 +29,22 @@ offset, from the model's step counter, so 1, 2 or 4 threads drop the same units.
 Where the time goes (LeNet-5 batch 64, 2 vCPUs shared with other jobs; a step's
 timeline over steps where no thread of ours was preempted): the hand-offs cost
 ~0.13 ms of a ~2.1 ms step (checks and plan 0.02, submit 0.02, the worker's wake
-0.02, the reduction 0.05 -- the rows come from the other core's cache -- and the
-join 0.02); two free-running threads on 32-sample batches reach 2.0-2.2x one
-thread's batch-64 rate on an idle machine (32 is also faster per sample), but a
-step that waits for a fixed half lost most of that whenever another job took a
-core: 0.7x of one thread, while the free-running pair kept 1.1-1.3x. What the
-chunks cost: CPU time per step (all threads, getrusage, load ~8) 1 thread 3.55-3.60
-ms, 2 threads with 2 fixed halves 3.88-4.00, with 4 chunks 4.06-4.12 - the two
-extra chunks' layer calls and the 4-row sum - so on an idle machine the chunks may
-cost a few per cent of the speed-up that they win back under load. Not measured on
-an idle machine (none was to be had). Big models keep one chunk per thread: AlexNet-
-64 batch 64 in 4 chunks ran 0.76x of one thread against 0.94x for 2 halves (9
-paired blocks, load 4.8-6.6: not conclusive either way).
+0.02, the sum 0.05 -- the rows come from the other core's cache -- and the join
+0.02). The rest is each chunk running ~18 % slower while the other thread runs
+(a 32-sample step alone 1.69 ms, the same on a replica or as half of a 64-sample
+step; ~2.0 ms in the pair), while two free-running threads on 32-sample batches
+reached 1.97x one thread's rate - a guess, not tested: in a step both threads run
+the same layer at the same moment, so they meet on the shared cache, memory and
+GIL at once, where free-running threads drift out of step. So a
+step of ~3.5 ms ends near 1.5x on two threads, and AlexNet-64's ~1 s step at
+1.9x. On a shared machine a step that waits for a fixed half lost all of it
+whenever another job took a core (0.7x of one thread, the free-running pair
+1.1-1.3x): hence the chunks and the cancelled late task. What the chunks cost:
+CPU time per step (all threads, getrusage, load ~8) 1 thread 3.55-3.60 ms, 2 halves
+3.88-4.00, 4 chunks 4.06-4.12 - the two extra chunks' layer calls and the 4-row
+sum; on a quiet moment the 4 chunks gave the halves' speed-up (1.51x against 1.52x
+over unpreempted steps). Big models keep one chunk per thread: AlexNet-64 batch 64
+in 4 chunks ran 1.84x against 1.90x for 2 (a quiet moment).
 """
 from __future__ import annotations
 
