@@ -16,7 +16,10 @@ blocks, one core, load 12-19), LeNet-5 conv2 batch 64: forward 1.48x, backward
 Not better: blocks of 8 (the same at batch 64, slower at 32) or 32 (forward
 1.08x); writing the output sample-outer (0.85x); gathering the output gradient
 with contiguous writes and transposing it (no change); the input gradient's GEMM
-on the transposed gradient, saving one gather (GEMM 0.26 -> 0.46 ms). Where the
+on the transposed gradient, saving one gather (GEMM 0.26 -> 0.46 ms); the weight
+gradient as one GEMM per block over all its output rows' columns (rows x 1600)
+instead of one per row (backward 0.80x at batch 64 and 32, IQR 0.74-0.83, paired,
+load 2.9; likely the block's 960 KB of columns crowding L2). Where the
 backward's 1.24 ms go (ablation, batch 64): weight-gradient GEMM 0.42, input-
 gradient GEMM 0.23, output-gradient gather 0.17, col2im 0.12, im2col 0.11.
 
