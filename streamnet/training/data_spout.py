@@ -3,6 +3,17 @@
 A round's trees completing is the synchronisation barrier (see sync_bolt.py): the
 spout emits the next round only when every tree of this one is acked, and replays
 the work of a unit whose tree failed or timed out.
+
+The spout's saved position is where a spout started anew (its worker died) begins
+again; exactly-once is the sync bolt's business (it counts each step once and
+answers work for a step it already combined as a replay, without computing it).
+So the position is saved at most every SAVE_S during an epoch, and always when an
+epoch ends, after a checkpoint round and when the run stops: a ZooKeeper write
+(1-2 ms, more under load) left each round's critical path, and a new spout re-sends
+at most SAVE_S of rounds, which the units answer "applied" at once. Under load
+balancing the position is saved after every round as before: a new spout that went
+back further would cut the rounds it re-sends with the shares of the moment, and the
+round that was in flight could then reach the sync bolt in two different cuts.
 """
 from __future__ import annotations
 
@@ -21,6 +32,7 @@ from .streams import WORK, row
 log = logging.getLogger(__name__)
 
 SHARE_LOG = 50      # changes of the work shares kept in the published log
+SAVE_S = 0.5        # the position is saved at least this often (and at every epoch end)
 
 
 class DataSpout(Spout):
@@ -57,6 +69,7 @@ class DataSpout(Spout):
         self.replayed_samples = 0     # this task's, for /metrics (not saved)
         self._count_replay(0)
         self.draining = self.stopped = False
+        self._saved_at = -float("inf")              # time.monotonic() of the last save of the position
 
     def restore(self, state):
         self.epoch, self.round, self.step = state["epoch"], state["round"], state["step"]
@@ -118,17 +131,23 @@ class DataSpout(Spout):
                 self.stopped = True
                 log.warning("drained: stopped before epoch %d, round %d (step %d)",
                             self.epoch + 1, self.round + 1, self.step)
-            self._take_shares()
-            self.ctx.save_state({"epoch": self.epoch, "round": self.round, "step": self.step,
-                                 "replayed": self.replayed, "stopped": self.stopped, "shares": self.shares})
+            shares_changed = self._take_shares()
+            if (self.balanced or self.round == 0 or self.flagged or self.stopped or shares_changed
+                    or time.monotonic() - self._saved_at >= SAVE_S):
+                self._save()
 
-    def _take_shares(self) -> None:
+    def _save(self) -> None:
+        self.ctx.save_state({"epoch": self.epoch, "round": self.round, "step": self.step,
+                             "replayed": self.replayed, "stopped": self.stopped, "shares": self.shares})
+        self._saved_at = time.monotonic()
+
+    def _take_shares(self) -> bool:
         """At a round boundary, the load balancer's current shares become the next
-        round's (saved with the position, so a spout started anew cuts that round the
-        same way, and units never mix batches of two cuts)."""
+        round's (saved with the position at once, so a spout started anew cuts that
+        round the same way, and units never mix batches of two cuts). True if they changed."""
         new = self.ctx.work_shares("compute") if self.balanced else None
         if not new or len(new) != len(self.shares) or new == self.shares:
-            return
+            return False
         before, after = self.schedule.batch_sizes(self.shares), self.schedule.batch_sizes(new)
         log.info("batch shares from round %d of epoch %d: %s", self.round + 1, self.epoch + 1, ", ".join(
             f"unit {k} batch {b} -> {a}" for k, (b, a) in enumerate(zip(before, after)) if a != b) or "unchanged")
@@ -140,6 +159,7 @@ class DataSpout(Spout):
         self.share_log = self.share_log[-(SHARE_LOG - 1):] + [
             {"step": self.step, "epoch": self.epoch, "round": self.round, "time": time.time(), "shares": self.shares}]
         self.ctx.publish("shares", self.share_log)
+        return True
 
     def fail(self, key):
         key = tuple(key)
