@@ -24,6 +24,7 @@ of a round it already combined by sending the current parameters again
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -147,17 +148,30 @@ class SyncBolt(SyncRecovery, Bolt):
             self.barrier_s[u] += done - self.arrived[u]
         if self.stragglers is not None:
             self.stragglers.judge(self.round_started, [a for a in map(self._arrival, tuples) if a is not None])
-        step = tuples[0]["step"]
-        params = await self.ctx.compute(self.agg.combine, contributions, tuples[0]["lr_scale"], step)
+        step, (epoch, rnd) = tuples[0]["step"], key
+        # Count the round and save the counters - the save is also the fencing check: a
+        # superseded task's fails - on a thread while the compute pool combines (the event
+        # loop stays free meanwhile). Nothing of the round leaves before both are done:
+        # what a bolt emits waits in its executor until execute returns.
+        self.counts.count_round(self.plans, step, epoch, rnd, sum(c.samples for c in contributions),
+                                self.plans.worked(epoch, rnd, [t["unit"] for t in tuples]))
+        saving = asyncio.ensure_future(asyncio.to_thread(self._save, self.counts.saved()))
+        try:
+            params = await self.ctx.compute(self.agg.combine, contributions, tuples[0]["lr_scale"], step)
+        except BaseException:
+            await asyncio.wait([saving])      # one save at a time; the round is combined again on replay
+            self.counts.undo_last_round()
+            self.counts.next_step = step
+            raise
+        await saving
         del self.pending[key]
         self._combined(key, step, tuples, contributions, params, flagged)
 
     def _combined(self, key, step: int, tuples: list, contributions: list, params, flagged: bool) -> None:
-        """Count the round, send the new parameters (and an epoch end's evaluation and
-        checkpoint) anchored to every contribution, save the counters, then ack."""
+        """The round is counted and saved: send the new parameters (and an epoch end's
+        evaluation and checkpoint) anchored to every contribution, then ack."""
         epoch, rnd = key
         n = sum(c.samples for c in contributions)
-        self.counts.count_round(self.plans, step, epoch, rnd, n, self.plans.worked(epoch, rnd, [t["unit"] for t in tuples]))
         self.loss.record(epoch + 1, sum(c.loss_sum for c in contributions), n)
         self.unit_states = {}
         next_step = self.counts.next_step
@@ -175,7 +189,6 @@ class SyncBolt(SyncRecovery, Bolt):
                          state=self._checkpoint_state(tuples, (epoch + 1, 0) if end else (epoch, rnd + 1)))
             self.last_checkpoint = (step, values)
             self.collector.emit(values, stream="checkpoint", anchors=tuples)
-        self._save()
         for t in tuples:
             self.collector.ack(t)
         self._report(epoch)
@@ -196,9 +209,9 @@ class SyncBolt(SyncRecovery, Bolt):
             return None
         return Arrival(tup["unit"], worker, self.arrived[tup["unit"]], compute_s, queue_s)
 
-    def _save(self):
+    def _save(self, state: dict) -> None:
         try:
-            self.ctx.save_state(self.counts.saved())
+            self.ctx.save_state(state)
         except FencedError:
             raise
         except CoordinatorError as e:  # best effort: the next round saves again
