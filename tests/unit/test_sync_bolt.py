@@ -1,0 +1,94 @@
+"""The sync bolt as the engine builds it (SyncBolt(**config), prepare(ctx, collector)):
+a round's counters are saved (the save is the fencing check) before anything of the
+round is sent; a fenced save sends nothing; a combine that fails leaves the round
+uncounted, to be combined on replay."""
+import asyncio
+
+import numpy as np
+import pytest
+
+from streamnet.runtime import FencedError
+from streamnet.runtime.component import BoltCollector, Context, Tuple
+from streamnet.training import AlgorithmConfig, DataConfig, ModelConfig, RunConfig
+from streamnet.training.config import run_config_to_dict
+from streamnet.training.streams import CONTRIBUTION, OK, PARAMS, row
+from streamnet.training.sync_bolt import SyncBolt
+
+CFG = RunConfig(model=ModelConfig(name="lenet5"), data=DataConfig(dataset="synthetic", synthetic_train=64,
+                                                                   synthetic_test=16),
+                algorithm=AlgorithmConfig(name="mixbp", batch=4, sync_period=2), units=1, epochs=1, seed=3)
+TASKS = {"compute": range(1, 2), "sync": range(2, 3)}
+
+
+class Recorder:
+    """Stands where the bolt's executor stands behind the real BoltCollector; `events`
+    is the order of saves and emits."""
+
+    def __init__(self, events: list):
+        self.events, self.acked = events, []
+
+    def emit(self, values, stream, anchors, direct_task):
+        self.events.append(("emit", stream, values))
+        return []
+
+    def ack(self, tup):
+        self.acked.append(tup)
+
+    def fail(self, tup):
+        raise AssertionError(f"the sync bolt failed {tup}")
+
+
+async def _compute(fn, *args):
+    return fn(*args)
+
+
+def _bolt(save):
+    events = []
+    bolt = SyncBolt(run=run_config_to_dict(CFG))
+    ctx = Context(topology="t", component="sync", task=2, task_index=0, parallelism=1, worker="w0", config={},
+                  component_config=bolt.config, component_tasks=TASKS.__getitem__, compute=_compute,
+                  publish=lambda k, v: None, save_state=lambda state: save(events, state))
+    out = Recorder(events)
+    bolt.prepare(ctx, BoltCollector(out))
+    return bolt, out
+
+
+def _contribution(bolt, step=0) -> Tuple:
+    values = row(CONTRIBUTION, unit=0, epoch=0, round=step, step=step, lr_scale=1.0, samples=8, steps=2,
+                 loss_sum=2.0, slice=0, vector=np.full(bolt.agg.params.size, 0.01, np.float32), finite=True,
+                 status=OK, checkpoint=False, unit_state=None, timing=None)
+    return Tuple(values, list(CONTRIBUTION), "default", "compute", 1, {})
+
+
+def test_the_round_is_saved_before_its_parameters_leave():
+    bolt, out = _bolt(lambda events, state: events.append(("save", state["next_step"])))
+    before = bolt.agg.params.copy()
+    tup = _contribution(bolt)
+    asyncio.run(bolt.execute(tup))
+    assert out.events[0] == ("save", 1)
+    (_, stream, values), = [e for e in out.events if e[0] == "emit"]
+    sent = dict(zip(PARAMS, values))
+    assert stream == "params" and sent["step"] == 1
+    np.testing.assert_allclose(sent["params"], before - 0.01)        # MixBP: start minus the mean change
+    assert out.acked == [tup] and bolt.counts.next_step == 1 and bolt.counts.rounds == 1
+
+
+def test_a_fenced_save_sends_nothing():
+    def fenced(events, state):
+        raise FencedError("taken over")
+    bolt, out = _bolt(fenced)
+    with pytest.raises(FencedError):
+        asyncio.run(bolt.execute(_contribution(bolt)))
+    assert out.events == [] and out.acked == []
+
+
+def test_a_combine_that_fails_leaves_the_round_uncounted():
+    bolt, out = _bolt(lambda events, state: events.append(("save", state["next_step"])))
+
+    def broken(*args):
+        raise RuntimeError("combine failed")
+    bolt.agg.combine = broken
+    with pytest.raises(RuntimeError):
+        asyncio.run(bolt.execute(_contribution(bolt)))
+    assert [e[0] for e in out.events] == ["save"] and out.acked == []
+    assert (bolt.counts.next_step, bolt.counts.rounds, bolt.counts.samples) == (0, 0, 0)
