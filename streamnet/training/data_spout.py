@@ -131,8 +131,9 @@ class DataSpout(Spout):
                 self.stopped = True
                 log.warning("drained: stopped before epoch %d, round %d (step %d)",
                             self.epoch + 1, self.round + 1, self.step)
-            shares_changed = self._take_shares()
-            if (self.balanced or self.round == 0 or self.flagged or self.stopped or shares_changed
+            self._take_shares()
+            # under load balancing every round (a change of shares with it), else at most every SAVE_S
+            if (self.balanced or self.round == 0 or self.flagged or self.stopped
                     or time.monotonic() - self._saved_at >= SAVE_S):
                 self._save()
 
@@ -141,13 +142,13 @@ class DataSpout(Spout):
                              "replayed": self.replayed, "stopped": self.stopped, "shares": self.shares})
         self._saved_at = time.monotonic()
 
-    def _take_shares(self) -> bool:
+    def _take_shares(self) -> None:
         """At a round boundary, the load balancer's current shares become the next
         round's (saved with the position at once, so a spout started anew cuts that
-        round the same way, and units never mix batches of two cuts). True if they changed."""
+        round the same way, and units never mix batches of two cuts)."""
         new = self.ctx.work_shares("compute") if self.balanced else None
         if not new or len(new) != len(self.shares) or new == self.shares:
-            return False
+            return
         before, after = self.schedule.batch_sizes(self.shares), self.schedule.batch_sizes(new)
         log.info("batch shares from round %d of epoch %d: %s", self.round + 1, self.epoch + 1, ", ".join(
             f"unit {k} batch {b} -> {a}" for k, (b, a) in enumerate(zip(before, after)) if a != b) or "unchanged")
@@ -159,7 +160,6 @@ class DataSpout(Spout):
         self.share_log = self.share_log[-(SHARE_LOG - 1):] + [
             {"step": self.step, "epoch": self.epoch, "round": self.round, "time": time.time(), "shares": self.shares}]
         self.ctx.publish("shares", self.share_log)
-        return True
 
     def fail(self, key):
         key = tuple(key)

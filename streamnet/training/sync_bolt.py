@@ -161,7 +161,6 @@ class SyncBolt(SyncRecovery, Bolt):
         except BaseException:
             await asyncio.wait([saving])      # one save at a time; the round is combined again on replay
             self.counts.undo_last_round()
-            self.counts.next_step = step
             raise
         await saving
         del self.pending[key]

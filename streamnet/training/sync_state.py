@@ -65,12 +65,14 @@ class SyncState:
         self.clock.record(epoch + 1, samples, plans.epoch_end(epoch, rnd))
 
     def undo_last_round(self) -> None:
-        """The last combine was saved but never delivered (its sync task died): uncount it."""
+        """The last combine was counted but never delivered (its sync task died, or the
+        combine failed): uncount it, so that its step is the next to combine again."""
         last = self.last_round
         self.ledger.record(last.epoch, last.round, last.units, 0, delta=-1)
         self.epoch_samples[last.epoch] -= last.samples
         self.samples -= last.samples
         self.rounds -= 1
+        self.next_step = last.step
 
     # -- in the coordinator ----------------------------------------------------
 

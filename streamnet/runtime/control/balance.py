@@ -42,6 +42,7 @@ CHANGE = 0.15          # a share moves only by more than this fraction
 MIN_INTERVAL_S = 1.0   # between two changes of a component's shares (or a worker's threads)
 SEEN_S = 30.0          # the speeds a component showed at its recent shares are remembered this long ...
 WORLD_CHANGE = 0.3     # ... unless a task's relative speed at the same shares moves by more than this
+SAME = 0.01            # shares this close are the same shares
 MIN_SHARE = 0.1        # no task's share falls below this (it keeps a little work, and its speed is seen)
 THREAD_MARGIN = 0.75   # free cores must differ from the threads by this much before threads change
 SLOW = 0.5             # a task this far below its component's median speed is a candidate to move
@@ -103,7 +104,7 @@ def _remember(memory: Memory, cid: str, shares: dict[int, float], rel: dict[int,
     """Note the relative speeds seen at `shares`; forget everything seen when they moved
     at the same shares (other load came or went: what was seen elsewhere is stale too)."""
     seen = [e for e in memory.seen.get(cid, []) if now - e[0] < SEEN_S and set(e[1]) == set(shares)]
-    same = [e for e in seen if _gap(e[1], shares) < 0.01]
+    same = [e for e in seen if _gap(e[1], shares) < SAME]
     if any(_gap(e[2], rel) > WORLD_CHANGE for e in same):
         seen = []
     seen = [e for e in seen if e not in same] + [(now, dict(shares), dict(rel))]
@@ -114,7 +115,7 @@ def _remember(memory: Memory, cid: str, shares: dict[int, float], rel: dict[int,
 def _turns_back_here(seen: list, current: dict[int, float], target: dict[int, float]) -> bool:
     """Whether the speeds last seen at (about) the `target` shares would send the shares
     back toward `current` rather than keep them at target."""
-    there = [e for e in seen if _gap(e[1], target) <= CHANGE and _gap(e[1], current) > 0.01]
+    there = [e for e in seen if _gap(e[1], target) <= CHANGE and _gap(e[1], current) > SAME]
     if not there:
         return False
     again = _normalise(there[-1][2])
