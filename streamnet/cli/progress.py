@@ -31,7 +31,7 @@ class ProgressLine:
         self.stream = stream or sys.stderr
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.min_interval = min_interval if self.tty else log_interval
-        self._last = 0.0
+        self._last = float("-inf")       # monotonic() starts near boot: 0.0 would hold the first line back
         self._open = False
 
     def update(self, text: str, force: bool = False) -> None:
@@ -68,7 +68,7 @@ class RunProgress:
         self.stream = stream or sys.stderr
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.log_interval = log_interval
-        self._last_line = 0.0
+        self._last_line = float("-inf")
         self._epochs_shown: set[int] = set()
         self.run_bar: tqdm | None = None      # made at the first record: a resumed run starts part-way
         self.epoch_bar: tqdm | None = None
