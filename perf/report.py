@@ -444,7 +444,7 @@ def markdown(report: dict) -> str:
     p, m = report["profile"], report["machine"]
     lines = [f"# streamnet against its claims - {report['date']}", "",
              f"Machine: {m['cores']} cores ({m['cpu']}), {m['platform']}, Python {m['python']}; load average "
-             f"at the start {m['load_start']}, at the end {m['load_end']}. Profile `{report['profile_name']}`: "
+             f"at the start {m['load_start']}, at the end {m['load_end']}; code at commit {m.get('commit')}. Profile `{report['profile_name']}`: "
              f"LeNet-5 on {'Fashion-MNIST' if p['dataset'] == 'fashion-mnist' else p['dataset']}"
              f"{', first %d training samples' % p['train_limit'] if p['train_limit'] else ''}, {p['epochs']} "
              f"epoch(s), target accuracy {p['target']:.0%}; workers as "
@@ -464,6 +464,19 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _commit() -> str | None:
+    """The code measured: the checkout's commit, marked when it has uncommitted changes."""
+    import subprocess
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return rev + (" (with uncommitted changes)" if dirty else "")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", choices=PROFILES, default="quick")
@@ -480,7 +493,7 @@ def main(argv=None) -> int:
     report = {"date": time.strftime("%Y-%m-%d %H:%M"), "profile_name": a.profile, "profile": p,
               "machine": {"cores": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
                           "platform": platform.platform(), "python": platform.python_version(),
-                          "load_start": round(os.getloadavg()[0], 2)}}
+                          "load_start": round(os.getloadavg()[0], 2), "commit": _commit()}}
     zk = None
     if p["engine"] == "processes":
         from streamnet.testing import ZooKeeper
