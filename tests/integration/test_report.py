@@ -11,12 +11,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 pytest.importorskip("matplotlib")
 
 
-def test_the_report_has_every_section_figure_and_verdict(tmp_path):
-    out = tmp_path / "report"
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "perf", "report.py"), "--profile", "tiny",
-                        "--dataset", "synthetic", "--out", str(out)], capture_output=True, text=True, timeout=600,
-                       cwd=ROOT)
+def report(out, *args):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "perf", "report.py"), "--profile", "tiny",
+                           "--dataset", "synthetic", "--out", str(out), *args], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    r = report(out)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return out
+
+
+def test_the_report_has_every_section_figure_and_verdict(tiny_report):
+    out = tiny_report
     page = (out / "README.md").read_text()
     data = json.loads((out / "report.json").read_text())
     for key, title in (("speedup", "## 1. Speed-up with workers"), ("recovery", "## 2. Recovery"),
@@ -32,3 +42,33 @@ def test_the_report_has_every_section_figure_and_verdict(tmp_path):
     assert set(runs) == {"cumulative/1", "cumulative/2", "mixbp-H8/1", "mixbp-H8/2"}
     assert all(v["samples_per_s"] > 0 for v in runs.values())
     assert data["recovery"]["trials"] and all(t["each_sample_counted_once"] for t in data["recovery"]["trials"])
+
+
+def test_only_reruns_the_named_sections_and_keeps_the_others(tiny_report):
+    before = json.loads((tiny_report / "report.json").read_text())
+    r = report(tiny_report, "--only", "bp_family")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "1. Speed-up" not in r.stdout and "3. The BP family" in r.stdout       # only that section ran
+    after = json.loads((tiny_report / "report.json").read_text())
+    for key in ("speedup", "recovery", "threads", "date", "machine"):
+        assert after[key] == before[key], key
+    assert after["rerun"]["sections"] == ["bp_family"] and after["bp_family"]["verdict"]
+    assert set(after["figures"]) == set(before["figures"])
+    assert "re-run on" in (tiny_report / "README.md").read_text()
+
+
+def test_only_refuses_a_report_of_another_profile(tiny_report):
+    r = report(tiny_report, "--only", "bp_family", "--profile", "quick")
+    assert r.returncode != 0 and "profile 'tiny'" in r.stderr
+
+
+def test_a_faster_epoch_counts_for_the_balancer_only_if_the_shares_followed():
+    sys.path.insert(0, os.path.join(ROOT, "perf"))
+    from report import balancing_helped
+
+    def bal(ratio, follow):
+        return {"ratios": {"epoch_time_load_over_static": ratio}, "load": {"rounds_to_follow": follow}}
+    assert balancing_helped(bal([0.79], 12))
+    assert not balancing_helped(bal([0.79], None))       # the shares never moved: not the balancer's doing
+    assert not balancing_helped(bal([0.85], 12))
+    assert not balancing_helped(bal([], 12))
