@@ -9,7 +9,7 @@ import pytest
 from streamnet.cli.worker import DEFAULT_PRELOAD, build_parser, preload_paths
 from streamnet.runtime.control.cluster_state import ClusterState
 from streamnet.runtime.control.inprocess import InProcessServer
-from streamnet.runtime.topology import TopologyError
+from streamnet.runtime.topology import DEFAULT_ALLOWED_MODULES, TopologyError
 from streamnet.runtime.worker import Worker
 
 CALLS: list[dict] = []
@@ -75,8 +75,11 @@ def test_a_bad_preload_stops_the_start_before_registering(path, why, monkeypatch
 
 
 def test_the_worker_command_preloads_the_kernels_unless_told_otherwise():
-    def paths(*argv):
-        return preload_paths(build_parser().parse_args(list(argv)).preload)
+    def paths(*argv, allow=DEFAULT_ALLOWED_MODULES):
+        return preload_paths(build_parser().parse_args(list(argv)).preload, allow)
     assert paths() == DEFAULT_PRELOAD == ("streamnet.training.warmup:load_kernels",)
     assert paths("--preload", "none") == ()
     assert paths("--preload", "a.b:f,c.d:g", "--preload", "e:h") == ("a.b:f", "c.d:g", "e:h")
+    # a worker that may not run training components does not load its kernels (nor refuse to start)
+    assert paths(allow=("myorg.topologies",)) == ()
+    assert paths("--preload", "streamnet.training.warmup:load_kernels", allow=("myorg",)) == DEFAULT_PRELOAD
