@@ -3,9 +3,10 @@
 trainer (no engine) pinned to the same core - paired, alternating, in one run.
 
 The ratio is issue 12's first figure: 1 unit on the engine / the in-process trainer,
-same model, batch, H and threads (target >= 0.9x), over the whole run (the worker's
-own warm-up - loading the compiled kernels, the first round - included) and in the
-steady state (the epochs after the first). Each pair runs back to back, their order
+same model, batch, H and threads (target >= 0.9x), over the whole run (the first
+round included; the worker loads the compiled kernels when it starts, before it
+registers - `streamnet-worker --preload` - as the in-process side has them loaded by
+its warm-up run) and in the steady state (the epochs after the first). Each pair runs back to back, their order
 alternating, so a drift of the machine hits both sides alike; the script prints every
 pair and the medians with their ranges, and the engine's own account of its time
 (compute, communication, barrier wait).

@@ -32,6 +32,8 @@ from .common import (ENVIRONMENT, Parser, add_allow_option, add_cluster_options,
 
 
 ON_SIGNAL = ("leave", "checkpoint")
+#: run at start, before the worker registers: loads the compiled kernels (training/warmup.py)
+DEFAULT_PRELOAD = ("streamnet.training.warmup:load_kernels",)
 
 
 def build_parser() -> Parser:
@@ -55,6 +57,11 @@ def build_parser() -> Parser:
                    help="require 'Authorization: Bearer <the file's token>' on /status and /metrics (as "
                         "Prometheus' authorization scrape setting sends it; default: $STREAMNET_MONITOR_TOKEN_FILE, "
                         "else they need none)")
+    p.add_argument("--preload", action="append", metavar="MODULE:FUNCTION",
+                   help="a function to run on the compute threads at start, before the worker registers "
+                        "(repeatable; 'none': nothing; default: " + ",".join(DEFAULT_PRELOAD) + ", which loads "
+                        "the compiled kernels so that the first round does not wait for them, where "
+                        "--allow-module allows it)")
     p.add_argument("--stop-grace", type=positive_float, default=120.0, help="seconds to wait for a clean stop")
     tls = p.add_argument_group("TLS for tuple streams (all three, or none: frames then carry a MAC only)")
     tls.add_argument("--tls-cert", metavar="PEM", help="this worker's certificate (its subjectAltName names "
@@ -64,6 +71,16 @@ def build_parser() -> Parser:
                                                      "from senders without one are refused")
     add_allow_option(p)
     return p
+
+
+def preload_paths(given: list[str] | None, allow: tuple[str, ...]) -> tuple[str, ...]:
+    """--preload as given (comma-separated lists allowed), 'none' for nothing. Without it,
+    the default - where the worker may run training at all (its --allow-module list)."""
+    if given is None:
+        from ..runtime.topology import module_allowed
+        return tuple(p for p in DEFAULT_PRELOAD if module_allowed(p.partition(":")[0], allow))
+    paths = tuple(p.strip() for item in given for p in item.split(",") if p.strip())
+    return tuple(p for p in paths if p != "none")
 
 
 async def serve(a) -> int:
@@ -87,7 +104,7 @@ async def serve(a) -> int:
     worker = Worker(worker_id=name, state=state, secret=secret, host=a.host, port=a.port,
                     threads=len(os.sched_getaffinity(0)) if auto else a.threads, threads_auto=auto,
                     advertise_host=a.advertise_host, allow_modules=allowed_modules(a), monitor_token=token,
-                    tls=tls)
+                    tls=tls, preload=preload_paths(a.preload, allowed_modules(a)))
     with signing_with(secret):       # checkpoints written and resumed here carry its MAC
         try:
             try:

@@ -127,12 +127,14 @@ class Context:
                  save_state: Callable[[Any], None], put_checkpoint: Callable[[dict], None] = None,
                  compute_share: Callable[[], int] = lambda: 1,
                  report_work: Callable[[float, float], None] = lambda items, seconds: None,
-                 work_shares: Callable[[str], list[float] | None] = lambda component: None):
+                 work_shares: Callable[[str], list[float] | None] = lambda component: None,
+                 save_state_async: Callable[[Any], Awaitable[None]] | None = None):
         self.topology, self.component, self.task = topology, component, task
         self.task_index, self.parallelism, self.worker = task_index, parallelism, worker
         self.config, self.component_config = config, component_config
         self._component_tasks, self._compute, self._publish = component_tasks, compute, publish
         self._save_state = save_state
+        self._save_state_async = save_state_async
         self._put_checkpoint = put_checkpoint
         self._compute_share = compute_share
         self._report_work, self._work_shares = report_work, work_shares
@@ -177,6 +179,14 @@ class Context:
         (here or on another worker, after a failure or a rebalance) the engine calls
         restore(state) with the last one saved. Keep it small (ZooKeeper nodes: < 1 MB)."""
         self._save_state(state)
+
+    async def save_state_async(self, state) -> None:
+        """save_state for a coroutine (an async execute): the event loop goes on while
+        the coordinator answers, and no thread waits for it."""
+        if self._save_state_async is None:
+            self._save_state(state)
+        else:
+            await self._save_state_async(state)
 
     def put_checkpoint(self, pointer: dict) -> None:
         """Record the topology's latest checkpoint (step, path, checksum) in the coordinator."""

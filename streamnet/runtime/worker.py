@@ -28,7 +28,7 @@ from .control.publisher import ResultPublisher
 from .control.scheduler import SchedulerService
 from .load import LoadMeter
 from .dataplane.topology_runtime import TopologyRuntime
-from .topology import DEFAULT_ALLOWED_MODULES, TopologyError
+from .topology import DEFAULT_ALLOWED_MODULES, TopologyError, resolve
 from .dataplane.guard import HEADER_TIMEOUT_S, ConnectionGuard, GuardedRunner
 from .dataplane.transport import Auth, StreamServer
 
@@ -43,8 +43,10 @@ class Worker:
                  port: int = 0, threads: int = 2, advertise_host: str | None = None,
                  limits: codec.Limits = codec.DEFAULT_LIMITS, schedule: bool = True,
                  allow_modules: tuple[str, ...] = DEFAULT_ALLOWED_MODULES, threads_auto: bool = False,
-                 monitor_token: str | None = None, tls=None):
+                 monitor_token: str | None = None, tls=None, preload: tuple[str, ...] = ()):
         self.id, self.state, self.host, self.port = worker_id, state, host, port
+        #: "package.module:function" paths run once on the compute threads at start (see _preload)
+        self.preload = tuple(preload)
         #: module prefixes this worker imports components and groupings from
         self.allow_modules = tuple(allow_modules)
         self.refused: dict[str, int] = {}   # topology -> spec version refused (logged once)
@@ -70,6 +72,7 @@ class Worker:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.pool = ComputePool(self.threads, name=f"{self.id}-compute")
+        await self._preload()
         self.session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, connect=5, sock_connect=5),
             connector=aiohttp.TCPConnector(limit=0, force_close=True))
@@ -97,6 +100,23 @@ class Worker:
         self._spawn(self._measure_load())
         self.started.set()
         log.info("worker %s serving on %s:%d with %d compute threads", self.id, self.host, self.port, self.threads)
+
+    async def _preload(self) -> None:
+        """Run the preload functions (`streamnet-worker --preload`: training's loads the
+        compiled kernels, 0.4-0.5 s) on the compute threads, before the worker registers:
+        nothing is assigned to it until it is ready, so no first round pays for them.
+        They are the operator's configuration, but code all the same: only from the
+        allowed modules. An error stops the start (TopologyError names the path)."""
+        for path in self.preload:
+            try:
+                fn = resolve(path, self.allow_modules)
+            except TopologyError as e:
+                raise TopologyError(f"preload {path!r}: {e}") from None
+            if not callable(fn):
+                raise TopologyError(f"preload {path!r} is not a function")
+            t0 = time.perf_counter()
+            await asyncio.wrap_future(self.pool.submit(fn))
+            log.info("worker %s: preloaded %s in %.2f s", self.id, path, time.perf_counter() - t0)
 
     def info(self) -> dict:
         info = {"host": self.advertise_host, "port": self.port, "threads": self.pool.size,

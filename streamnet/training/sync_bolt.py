@@ -150,12 +150,12 @@ class SyncBolt(SyncRecovery, Bolt):
             self.stragglers.judge(self.round_started, [a for a in map(self._arrival, tuples) if a is not None])
         step, (epoch, rnd) = tuples[0]["step"], key
         # Count the round and save the counters - the save is also the fencing check: a
-        # superseded task's fails - on a thread while the compute pool combines (the event
-        # loop stays free meanwhile). Nothing of the round leaves before both are done:
-        # what a bolt emits waits in its executor until execute returns.
+        # superseded task's fails - while the compute pool combines (the event loop stays
+        # free meanwhile). Nothing of the round leaves before both are done: what a bolt
+        # emits waits in its executor until execute returns.
         self.counts.count_round(self.plans, step, epoch, rnd, sum(c.samples for c in contributions),
                                 self.plans.worked(epoch, rnd, [t["unit"] for t in tuples]))
-        saving = asyncio.ensure_future(asyncio.to_thread(self._save, self.counts.saved()))
+        saving = asyncio.ensure_future(self._save(self.counts.saved()))
         try:
             params = await self.ctx.compute(self.agg.combine, contributions, tuples[0]["lr_scale"], step)
         except BaseException:
@@ -208,9 +208,9 @@ class SyncBolt(SyncRecovery, Bolt):
             return None
         return Arrival(tup["unit"], worker, self.arrived[tup["unit"]], compute_s, queue_s)
 
-    def _save(self, state: dict) -> None:
+    async def _save(self, state: dict) -> None:
         try:
-            self.ctx.save_state(state)
+            await self.ctx.save_state_async(state)
         except FencedError:
             raise
         except CoordinatorError as e:  # best effort: the next round saves again

@@ -131,3 +131,18 @@ def test_a_parameter_slice_that_is_not_one_of_the_sync_tasks_is_refused():
     tup = _params(1, np.zeros(10, np.float32), s=2)
     asyncio.run(bolt.execute(tup))
     assert failed == [tup] and out.acked == [] and bolt.params_step == 0
+
+
+def test_with_one_slice_the_sync_task_judges_finiteness_and_still_drops_a_diverged_unit():
+    from streamnet.training.bp import Aggregator, Contribution, plan_for
+    bolt, out = _bolt(sync_tasks=1)
+    asyncio.run(bolt.execute(_work(0)))
+    sent, = [dict(zip(CONTRIBUTION, v)) for _, v in out.emitted]
+    assert sent["finite"] is None and sent["status"] == OK         # not checked twice
+    agg = Aggregator(bolt.unit.model.params, plan_for(CFG.algorithm))
+    before = agg.params.copy()
+    diverged = sent["vector"].copy()
+    diverged[7] = np.nan
+    agg.combine([Contribution(1, sent["samples"], sent["steps"], sent["loss_sum"], diverged, sent["finite"])])
+    assert agg.refused == [(1, "non-finite")]
+    np.testing.assert_array_equal(agg.params, before)

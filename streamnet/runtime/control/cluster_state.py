@@ -216,6 +216,18 @@ class ClusterState:
             raise NodeExistsError(f"{path} exists")
         raise BadVersionError(f"{path} was changed by someone else")
 
+    def save_state_async(self, name: str, key: str, value, version: int):
+        """save_state of a claimed node (version >= 0) for a caller on an event loop: a
+        Future of the new version. A ConnectionLostError leaves the write unsettled:
+        settle_state (on a thread) finds out whether it was applied, as save_state does."""
+        return self.coord.set_async(self.path("topologies", name, "state", key), codec.encode_bytes(value), version)
+
+    def settle_state(self, name: str, key: str, value, version: int) -> int:
+        """After a save_state_async lost its connection: the new version, whether that
+        write was applied or is made now (BadVersionError: another instance wrote)."""
+        path, data = self.path("topologies", name, "state", key), codec.encode_bytes(value)
+        return retry_while_lost(lambda: self._settle_state_write(path, data, version), RESEND_S)
+
     def load_state(self, name: str, key: str) -> tuple[object, int]:
         """(state, version), or (None, -1) if none was saved."""
         try:

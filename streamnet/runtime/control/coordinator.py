@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
+from concurrent.futures import Future
 from typing import Callable
 
 from ...errors import StreamnetError
@@ -87,6 +88,17 @@ class Coordinator(ABC):
 
     @abstractmethod
     def set(self, path: str, data: bytes, version: int = -1) -> int: ...
+
+    def set_async(self, path: str, data: bytes, version: int = -1) -> Future:
+        """set() for a caller that must not block (an event loop): a Future of the new
+        version, or of the error set() raises. ZooKeeper completes it when the answer
+        comes, with no thread of the caller's waiting for it; here it is done at once."""
+        fut: Future = Future()
+        try:
+            fut.set_result(self.set(path, data, version))
+        except Exception as e:  # noqa: BLE001 - handed to the caller
+            fut.set_exception(e)
+        return fut
 
     @abstractmethod
     def delete(self, path: str, version: int = -1, recursive: bool = False) -> None: ...

@@ -21,6 +21,7 @@ import os
 import socket
 import threading
 import time
+from concurrent.futures import Future
 from typing import Callable
 
 from kazoo import exceptions as kx
@@ -253,6 +254,31 @@ class ZkCoordinator(Coordinator):
     @_translate
     def set(self, path, data, version=-1):
         return self._write(self.zk.set_async, path, bytes(data), version=version).version
+
+    def set_async(self, path, data, version=-1) -> Future:
+        """Sent only while connected, as every call is; the Future is completed on kazoo's
+        completion thread. A connection lost with the write in flight fails it with
+        ConnectionLostError: it may or may not have been applied."""
+        fut: Future = Future()
+
+        def done(result):
+            try:
+                fut.set_result(self._answer(path, result))
+            except BaseException as e:  # noqa: BLE001 - every outcome goes to the caller
+                fut.set_exception(e)
+        if not self._connected.is_set():
+            fut.set_exception(ConnectionLostError("not connected to ZooKeeper"))
+            return fut
+        try:
+            self.zk.set_async(path, bytes(data), version=version).rawlink(done)
+        except Exception as e:  # noqa: BLE001 - e.g. the client closed meanwhile
+            fut.set_exception(e)
+        return fut
+
+    @_translate
+    def _answer(self, path, result):
+        """A set_async answer's new version, or its error as set() raises it."""
+        return result.get_nowait().version
 
     @_translate
     def delete(self, path, version=-1, recursive=False):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ..control.coordinator import BadVersionError, NodeExistsError, retry_while_lost
+from ..control.coordinator import BadVersionError, ConnectionLostError, NodeExistsError, retry_while_lost
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,31 @@ def save_state(rt, ex, value) -> None:
     try:
         ex.state_version = rt.worker.state.save_state(rt.name, key, value, ex.state_version)
     except (BadVersionError, NodeExistsError):
-        raise FencedError(f"task {key} of {rt.name} was taken over by another instance; this one "
-                          f"(on worker {rt.worker.id}) stops without saving or acking") from None
+        raise _fenced(rt, key) from None
+
+
+async def save_state_async(rt, ex, value) -> None:
+    """save_state for a task on the event loop, with no thread waiting for the
+    coordinator's answer: the sync bolt saves every round, and a ZooKeeper write 9 ms
+    after the last (as between LeNet-5 rounds) took 1.6 ms through a thread against
+    1.2 ms this way (medians, one core, idle machine)."""
+    if ex.state_version < 0:      # not claimed yet (claim_state creates the node): never while running
+        await asyncio.to_thread(save_state, rt, ex, value)
+        return
+    state, key = rt.worker.state, state_key(ex)
+    try:
+        try:
+            version = await asyncio.wrap_future(state.save_state_async(rt.name, key, value, ex.state_version))
+        except ConnectionLostError:     # may have been applied: look, as save_state does
+            version = await asyncio.to_thread(state.settle_state, rt.name, key, value, ex.state_version)
+    except (BadVersionError, NodeExistsError):
+        raise _fenced(rt, key) from None
+    ex.state_version = version
+
+
+def _fenced(rt, key: str) -> FencedError:
+    return FencedError(f"task {key} of {rt.name} was taken over by another instance; this one "
+                       f"(on worker {rt.worker.id}) stops without saving or acking")
 
 
 async def restart_fenced(rt, old) -> None:

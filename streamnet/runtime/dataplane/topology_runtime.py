@@ -136,6 +136,7 @@ class TopologyRuntime:
         else:
             ex = BoltExecutor(self, task, c, instance, ctx, queue_size=int(self.topology.config["queue_size"]))
         ctx._save_state = lambda v: fencing.save_state(self, ex, v)
+        ctx._save_state_async = lambda v: fencing.save_state_async(self, ex, v)
         return ex
 
     def report_work(self, task: int, items: float, seconds: float) -> None:

@@ -1,0 +1,91 @@
+"""Context.save_state_async (the sync bolt's per-round save) keeps save_state's
+contract on both coordinators: compare-and-set on the version the instance owns, a
+superseded instance fails with FencedError, and a write whose connection dropped is
+settled (applied or not) before the next one, never taken for another instance's."""
+import asyncio
+from concurrent.futures import Future
+
+import pytest
+
+from streamnet.runtime.control.cluster_state import ClusterState
+from streamnet.runtime.control.coordinator import ConnectionLostError
+from streamnet.runtime.control.inprocess import InProcessServer
+from streamnet.runtime.dataplane import fencing
+from streamnet.runtime.dataplane.fencing import FencedError
+
+
+class Instance:
+    """What fencing reads of a task instance (an executor)."""
+
+    def __init__(self):
+        self.cid, self.state_version, self.restored = "sync", -1, None
+        self.ctx = type("Ctx", (), {"task_index": 0})()
+
+
+class Runtime:
+    def __init__(self, state):
+        self.name = "train"
+        self.worker = type("W", (), {"state": state, "id": "w0", "closing": False})()
+
+
+@pytest.fixture(params=["inprocess", "zk"])
+def state(request):
+    if request.param == "inprocess":
+        server = InProcessServer()
+        coord = server.session()
+        yield ClusterState(coord, "c")
+        coord.close()
+        server.shutdown()
+        return
+    from streamnet.runtime.control.zk import ZkCoordinator
+    coord = ZkCoordinator(request.getfixturevalue("zk"), b"s" * 32)
+    try:
+        yield ClusterState(coord, f"save-async-{id(coord)}")
+    finally:
+        coord.close()
+
+
+def test_the_owner_saves_and_a_superseded_instance_is_fenced(state):
+    rt, old, new = Runtime(state), Instance(), Instance()
+
+    async def go():
+        await fencing.claim_state(rt, old)
+        await fencing.save_state_async(rt, old, {"next_step": 1})
+        await fencing.save_state_async(rt, old, {"next_step": 2})
+        assert state.load_state("train", "sync.0") == ({"next_step": 2}, old.state_version)
+        await fencing.claim_state(rt, new)              # a new instance takes the task over
+        assert new.restored == {"next_step": 2}
+        with pytest.raises(FencedError, match="taken over by another instance"):
+            await fencing.save_state_async(rt, old, {"next_step": 3})
+        await fencing.save_state_async(rt, new, {"next_step": 3})
+    asyncio.run(go())
+    assert state.load_state("train", "sync.0") == ({"next_step": 3}, new.state_version)
+
+
+class LostAnswers(ClusterState):
+    """Every async save loses its connection with the write in flight: `applied` says
+    whether ZooKeeper had applied it."""
+    applied = True
+
+    def save_state_async(self, name, key, value, version):
+        if self.applied:
+            self.save_state(name, key, value, version)
+        fut = Future()
+        fut.set_exception(ConnectionLostError("lost the ZooKeeper connection: ConnectionLoss"))
+        return fut
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_a_save_whose_connection_dropped_is_settled_not_taken_for_another_instance(applied):
+    server = InProcessServer()
+    state = LostAnswers(server.session(), "c")
+    state.applied = applied
+    rt, ex = Runtime(state), Instance()
+
+    async def go():
+        await fencing.claim_state(rt, ex)
+        for step in (1, 2, 3):
+            await fencing.save_state_async(rt, ex, {"next_step": step})
+    asyncio.run(go())
+    assert state.load_state("train", "sync.0") == ({"next_step": 3}, ex.state_version) and ex.state_version == 3
+    server.shutdown()
