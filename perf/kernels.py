@@ -11,7 +11,9 @@ Method (a shared 2-core machine, so every figure is a ratio of paired blocks):
   of PyTorch back to back, alternating which goes first; the report is the median
   and interquartile range of the per-pair ratio (> 1: streamnet is faster).
 - The per-layer table times each layer's forward and backward the same way for
-  both: the layer alone, on the activations the network really feeds it.
+  both: the layer alone, on the activations the network really feeds it; a fused
+  compute step (nn/model.py compute_order, e.g. conv1+maxpool+relu) against the
+  same PyTorch modules in sequence.
 - The matmul peak (1024^3 sgemm, one core) is measured in the same run, before
   and after the step figures; the higher is the one a step's share is taken of
   (one idle 16-core VM gave 161 and 186 GFLOP/s minutes apart).
@@ -240,7 +242,14 @@ def measure_layers(name, batch, pairs, block_s) -> list[dict]:
     rows = []
     h = model._check_input(x)
     rng = np.random.default_rng(1)
-    mods = [seq[model.layers.index(layer)] for layer in model._order]
+
+    def parts(layer):  # the declared layers of a compute step (a fused one has several)
+        return getattr(layer, "parts", [layer])
+
+    def module(layer):
+        mods = [seq[model.layers.index(p)] for p in parts(layer)]
+        return mods[0] if len(mods) == 1 else torch.nn.Sequential(*mods)
+    mods = [module(layer) for layer in model._order]
     for i, (layer, mod) in enumerate(zip(model._order, mods)):
         out = layer.forward(h, True)
         dy = rng.standard_normal(out.shape).astype(np.float32)
@@ -282,8 +291,8 @@ def measure_layers(name, batch, pairs, block_s) -> list[dict]:
         load0 = load()
         of, tf = paired(timed_block(o_fwd, reps), timed_block(t_fwd, reps), pairs)
         ob, tb = paired(bwd_block(o_bwd, reps), bwd_block(t_bwd, reps), pairs)
-        row = {"layer": i, "name": layer.name or layer.type, "type": layer.type,
-               "in_shape": list(h.shape), "gflop_fwd": 2 * macs[id(layer)] * batch / 1e9,
+        row = {"layer": i, "name": "+".join(p.name or p.type for p in parts(layer)), "type": layer.type,
+               "in_shape": list(h.shape), "gflop_fwd": 2 * sum(macs[id(p)] for p in parts(layer)) * batch / 1e9,
                "numba_fwd_ms": median(of) * 1e3, "torch_fwd_ms": median(tf) * 1e3,
                "numba_bwd_ms": median(ob) * 1e3, "torch_bwd_ms": median(tb) * 1e3,
                "fwd_ratio": spread([t / o for o, t in zip(of, tf) if o > 0]),

@@ -184,58 +184,184 @@ def _dw_one(dplane, xp, oi, wp, dw_acc):
 
 
 @jit_fast
-def wide_backward(dout, x, weight, dweight, dbias, pad, need_dx):
-    """As conv2d_backward, for one input channel and stride 1."""
+def _sample_backward(dplanes, xp, weight, wp, dw_acc, db_acc, need_dx, dxp, dx, ni, pad):
+    """One sample's share of the gradients, from its output-gradient planes (wide,
+    garbage columns zero) and its padded input xp: bias and weight gradients added
+    to db_acc and dw_acc, and dx[ni] written when need_dx."""
+    o, length = dplanes.shape
+    kh, kw = weight.shape[2], weight.shape[3]
+    h, w = dx.shape[2], dx.shape[3]
+    oh, ow = length // wp, wp - kw + 1
+    for oi in range(o):
+        acc = 0.0
+        for y in range(oh):
+            src = dplanes[oi, y * wp:]
+            for z in range(ow):
+                acc += src[z]
+        db_acc[oi] += acc
+    grouped = o - o % 3 if kw == 5 else 0  # channels whose weight gradient runs three at a time
+    for o0 in range(0, grouped, 3):
+        _dw5x3(dplanes, xp, o0, wp, dw_acc)
+    for oi in range(grouped, o):
+        _dw_one(dplanes[oi], xp, oi, wp, dw_acc)
+    if need_dx:
+        dxp[:] = 0.0
+        for oi in range(o):
+            dplane = dplanes[oi]
+            for i in range(kh):
+                for j in range(kw):
+                    a = weight[oi, 0, i, j]
+                    dst = dxp[i * wp + j:]
+                    for t in range(length):
+                        dst[t] += a * dplane[t]
+        for y in range(h):
+            dst = dx[ni, 0, y]
+            src = dxp[(y + pad) * wp + pad:]
+            for z in range(w):
+                dst[z] = src[z]
+
+
+@jit
+def _backward_buffers(x, weight, pad, need_dx):
+    """(xp, dplanes, dw_acc, db_acc, dx, dxp) for a backward pass: dplanes one sample's
+    output-gradient planes, zeroed (garbage columns stay zero)."""
     n, _, h, w = x.shape
     o, _, kh, kw = weight.shape
     hp, wp = h + 2 * pad, w + 2 * pad
-    oh, ow = hp - kh + 1, wp - kw + 1
-    length = oh * wp
     xp = np.zeros(hp * wp + kw, dtype=x.dtype)
-    dplanes = np.zeros((o, length), dtype=x.dtype)  # one sample's; garbage columns stay zero
+    dplanes = np.zeros((o, (hp - kh + 1) * wp), dtype=x.dtype)
     dw_acc = np.zeros((o, kh, kw), dtype=np.float64)
     db_acc = np.zeros(o, dtype=np.float64)
-    grouped = o - o % 3 if kw == 5 else 0  # channels whose weight gradient runs three at a time
     if need_dx:
         dx = np.empty((n, 1, h, w), dtype=x.dtype)
         dxp = np.empty(hp * wp + kw, dtype=x.dtype)
     else:
-        dx = np.empty((0, 0, 0, 0), dtype=x.dtype)
+        dx = np.empty((0, 1, h, w), dtype=x.dtype)
         dxp = np.empty(0, dtype=x.dtype)
-    for ni in range(n):
-        _padded(x, ni, pad, xp)
-        for oi in range(o):
-            acc = 0.0
-            for y in range(oh):
-                src = dout[ni, oi, y]
-                dst = dplanes[oi, y * wp:]
-                for z in range(ow):
-                    g = src[z]
-                    dst[z] = g
-                    acc += g
-            db_acc[oi] += acc
-        for o0 in range(0, grouped, 3):
-            _dw5x3(dplanes, xp, o0, wp, dw_acc)
-        for oi in range(grouped, o):
-            _dw_one(dplanes[oi], xp, oi, wp, dw_acc)
-        if need_dx:
-            dxp[:] = 0.0
-            for oi in range(o):
-                dplane = dplanes[oi]
-                for i in range(kh):
-                    for j in range(kw):
-                        a = weight[oi, 0, i, j]
-                        dst = dxp[i * wp + j:]
-                        for t in range(length):
-                            dst[t] += a * dplane[t]
-            for y in range(h):
-                dst = dx[ni, 0, y]
-                src = dxp[(y + pad) * wp + pad:]
-                for z in range(w):
-                    dst[z] = src[z]
+    return xp, dplanes, dw_acc, db_acc, dx, dxp
+
+
+@jit
+def _store_grads(dw_acc, db_acc, dweight, dbias):
+    o, kh, kw = dw_acc.shape
     for oi in range(o):
         dbias[oi] = db_acc[oi]
         for i in range(kh):
             for j in range(kw):
                 dweight[oi, 0, i, j] = dw_acc[oi, i, j]
-    return dx
+
+
+@jit_fast
+def wide_backward(dout, x, weight, dweight, dbias, pad, need_dx):
+    """As conv2d_backward, for one input channel and stride 1."""
+    n = x.shape[0]
+    o, _, kh, kw = weight.shape
+    wp = x.shape[3] + 2 * pad
+    oh, ow = dout.shape[2], dout.shape[3]
+    xp, dplanes, dw_acc, db_acc, dx, dxp = _backward_buffers(x, weight, pad, need_dx)
+    for ni in range(n):
+        _padded(x, ni, pad, xp)
+        for oi in range(o):
+            for y in range(oh):
+                src = dout[ni, oi, y]
+                dst = dplanes[oi, y * wp:]
+                for z in range(ow):
+                    dst[z] = src[z]
+        _sample_backward(dplanes, xp, weight, wp, dw_acc, db_acc, need_dx, dxp, dx, ni, pad)
+    _store_grads(dw_acc, db_acc, dweight, dbias)
+    return dx if need_dx else np.empty((0, 0, 0, 0), dtype=x.dtype)
+
+
+# -- fused with a 2x2 max pool (and a ReLU after it) ------------------------------
+
+@jit
+def use_wide_pool(c, stride, pool_kernel, pool_stride):
+    """The fused convolution + max pool applies: the wide path, pooled 2x2 stride 2."""
+    return use_wide(c, stride) and pool_kernel == 2 and pool_stride == 2
+
+
+@jit
+def _pool_plane(plane, wp, out, arg, ni, oi, relu):
+    """2x2 max pool of a wide plane's first ow columns into out[ni, oi] (ReLU'd after,
+    when relu), winners' wide indices into arg[ni, oi]. Ties and comparison order as
+    pool._maxpool2, so values and winners are the same as the unfused layers'."""
+    ph, pw = out.shape[2], out.shape[3]
+    for y in range(ph):
+        b0 = 2 * y * wp
+        r0 = plane[b0:]
+        r1 = plane[b0 + wp:]
+        o = out[ni, oi, y]
+        a = arg[ni, oi, y]
+        for z in range(pw):
+            j = 2 * z
+            best, bi = r0[j], b0 + j
+            if r0[j + 1] > best:
+                best, bi = r0[j + 1], b0 + j + 1
+            if r1[j] > best:
+                best, bi = r1[j], b0 + wp + j
+            if r1[j + 1] > best:
+                best, bi = r1[j + 1], b0 + wp + j + 1
+            if relu and not best > 0:
+                best = 0.0
+            o[z] = best
+            a[z] = bi
+
+
+@jit_fast
+def wide_pool_forward(x, weight, bias, pad, relu):
+    """maxpool2x2(conv(x, weight) + bias), then ReLU when relu: (out, arg), arg the
+    winners' indices in the wide output plane (rows of wp = w + 2*pad), for
+    wide_pool_backward. The convolution's output is never stored whole: each
+    sample's planes are pooled while they are in L1 (LeNet-5 conv1, batch 64: a
+    1.2 MB output written, read back by the pool, and its gradient made, zeroed,
+    scattered and read back in the backward pass)."""
+    n, _, h, w = x.shape
+    o, _, kh, kw = weight.shape
+    hp, wp = h + 2 * pad, w + 2 * pad
+    oh, ow = hp - kh + 1, wp - kw + 1
+    xp = np.zeros(hp * wp + kw, dtype=x.dtype)
+    planes = np.empty((3, oh * wp), dtype=x.dtype)
+    out = np.empty((n, o, oh // 2, ow // 2), dtype=x.dtype)
+    arg = np.empty((n, o, oh // 2, ow // 2), dtype=np.int32)
+    grouped = o - o % 3 if kw == 5 else 0
+    for ni in range(n):
+        _padded(x, ni, pad, xp)
+        for o0 in range(0, grouped, 3):
+            _taps5x3(planes, xp, weight, bias, o0, wp)
+            for k in range(3):
+                _pool_plane(planes[k], wp, out, arg, ni, o0 + k, relu)
+        for oi in range(grouped, o):
+            _taps(planes[0], xp, weight[oi, 0], bias[oi], wp)
+            _pool_plane(planes[0], wp, out, arg, ni, oi, relu)
+    return out, arg
+
+
+@jit_fast
+def wide_pool_backward(dout, out, arg, x, weight, dweight, dbias, pad, relu, need_dx):
+    """Backward of wide_pool_forward: dout (N, O, PH, PW) the gradient of its output
+    `out`; overwrite dweight and dbias, return dx (or an empty array). Each winner's
+    gradient goes into the sample's zeroed planes, which then run the unfused
+    backward's per-sample code: the same sums in the same order, so the same bits."""
+    n = x.shape[0]
+    o = weight.shape[0]
+    wp = x.shape[3] + 2 * pad
+    ph, pw = dout.shape[2], dout.shape[3]
+    xp, dplanes, dw_acc, db_acc, dx, dxp = _backward_buffers(x, weight, pad, need_dx)
+    for ni in range(n):
+        _padded(x, ni, pad, xp)
+        for oi in range(o):
+            plane = dplanes[oi]
+            for y in range(ph):
+                for z in range(pw):
+                    g = dout[ni, oi, y, z]
+                    if relu and not out[ni, oi, y, z] > 0:
+                        g = 0.0
+                    plane[arg[ni, oi, y, z]] += g
+        _sample_backward(dplanes, xp, weight, wp, dw_acc, db_acc, need_dx, dxp, dx, ni, pad)
+        for oi in range(o):  # back to zero for the next sample: only the winners were set
+            plane = dplanes[oi]
+            for y in range(ph):
+                for z in range(pw):
+                    plane[arg[ni, oi, y, z]] = 0.0
+    _store_grads(dw_acc, db_acc, dweight, dbias)
+    return dx if need_dx else np.empty((0, 0, 0, 0), dtype=x.dtype)

@@ -54,3 +54,25 @@ def dense_backward(dy, x, weight, dweight, dbias, need_dx):
     if weight.size < TALL:
         return np.dot(dy, weight)
     return np.ascontiguousarray(np.dot(weight.T, dyt).T)
+
+
+@jit
+def dense_relu_forward(x, weight, bias):
+    """relu(dense_forward(x, weight, bias)), in one call: a layer call fewer per
+    step, each of which re-takes the GIL (see nn/parallel.py)."""
+    y = dense_forward(x, weight, bias)
+    flat = y.reshape(-1)
+    for i in range(flat.size):
+        v = flat[i]
+        flat[i] = v if v > 0 else 0.0
+    return y
+
+
+@jit
+def dense_relu_backward(dy, out, x, weight, dweight, dbias, need_dx):
+    """dense_backward of relu_backward(dy, out): out is dense_relu_forward's output."""
+    g = np.empty_like(dy)
+    gf, df, of = g.reshape(-1), dy.reshape(-1), out.reshape(-1)
+    for i in range(gf.size):
+        gf[i] = df[i] if of[i] > 0 else 0.0
+    return dense_backward(g, x, weight, dweight, dbias, need_dx)

@@ -85,7 +85,7 @@ class Conv2d(Layer):
         self._x = x
         self._kept = False
         if train:
-            need = K.columns_size(x.shape, self.w.shape, self.stride, self.padding)
+            need = self._columns_size(x.shape)
             if 0 < need <= self.KEEP_COLUMNS_MAX:
                 ws = getattr(self, "_cols", None)
                 if ws is None or ws.size != need or ws.dtype != x.dtype:
@@ -93,6 +93,13 @@ class Conv2d(Layer):
                 self._kept = True
                 return K.conv2d_forward_keep(x, self.w, self.b, self.stride, self.padding, ws)
         return K.conv2d_forward(x, self.w, self.b, self.stride, self.padding)
+
+    def _columns_size(self, shape):
+        """K.columns_size, kept per input shape: a kernel call fewer per step (each
+        re-takes the GIL on return, see nn/parallel.py)."""
+        if getattr(self, "_size_of", (None,))[0] != shape:
+            self._size_of = (shape, K.columns_size(shape, self.w.shape, self.stride, self.padding))
+        return self._size_of[1]
 
     def backward(self, dy, need_dx):
         if self._kept:
@@ -268,6 +275,66 @@ class Flatten(Layer):
 
     def backward(self, dy, need_dx):
         return dy.reshape(self._x_shape)
+
+
+class ConvMaxPool(Layer):
+    """A convolution, the 2x2 max pool after it and the ReLU after that (if any) as one
+    kernel call each way (kernels/conv_wide.py, wide_pool_forward): a compute step
+    the model makes of its declared layers, never declared itself, where the
+    convolution takes the direct one-channel path (LeNet-5's conv1). The parameters
+    are the conv layer's; values and gradients are bit-identical to the three
+    layers'. Why: the convolution's full-size output and its gradient never go
+    through memory, and three layer calls become one."""
+    type = "conv2d+maxpool"
+
+    def __init__(self, conv: Conv2d, pool: MaxPool2d, relu: ReLU | None):
+        self.conv, self.pool, self.relu = conv, pool, relu
+        self.name = conv.name
+        self.parts = [conv, pool] + ([relu] if relu is not None else [])
+
+    @staticmethod
+    def fits(conv: Layer, pool: Layer) -> bool:
+        return (conv.type == "conv2d" and pool.type == "maxpool"
+                and K.use_wide_pool(conv.cin, conv.stride, pool.kernel, pool.stride))
+
+    def forward(self, x, train):
+        c = self.conv
+        out, arg = K.wide_pool_forward(x, c.w, c.b, c.padding, self.relu is not None)
+        self._x, self._out, self._arg = x, out, arg
+        return out
+
+    def backward(self, dy, need_dx):
+        c = self.conv
+        dx = K.wide_pool_backward(dy, self._out, self._arg, self._x, c.w, c.dw, c.db, c.padding,
+                                  self.relu is not None, need_dx)
+        self._x = self._out = self._arg = None
+        return dx if need_dx else None
+
+
+class DenseReLU(Layer):
+    """A dense layer and the ReLU after it as one kernel call each way (kernels/dense.py,
+    dense_relu_forward): a compute step the model makes of its declared layers, with
+    the dense layer's parameters; bit-identical to the two layers. Why: every kernel
+    call re-takes the GIL on return, and a thread that finds the other one holding it
+    sleeps until it is woken (nn/parallel.py)."""
+    type = "dense+relu"
+
+    def __init__(self, dense: Dense, relu: ReLU):
+        self.dense, self.relu = dense, relu
+        self.name = dense.name
+        self.parts = [dense, relu]
+
+    def forward(self, x, train):
+        d = self.dense
+        self._x = x
+        self._out = K.dense_relu_forward(x, d.w, d.b)
+        return self._out
+
+    def backward(self, dy, need_dx):
+        d = self.dense
+        dx = K.dense_relu_backward(dy, self._out, self._x, d.w, d.dw, d.db, need_dx)
+        self._x = self._out = None
+        return dx if need_dx else None
 
 
 LAYER_TYPES: dict[str, type[Layer]] = {

@@ -17,34 +17,38 @@ computes the mean loss and gradient of chunk c into row c of a (C, P) buffer,
 reading the model's own parameter vector (shared, not copied), whichever thread
 runs it. Once every chunk is done, the rows are combined as sum_c (n_c / N) * row_c
 in the fixed order c = 0..C-1, the threads taking slices of the vector from a second
-counter (one slice, the whole vector, for a small model: cheaper than waking a
-second thread; one per thread for a big one), so the result is the same whatever
-order the threads finish in or whichever ran what, and equals the one-thread
-gradient up to float32 rounding of the summation order
+counter (for a small model one slice, the whole vector, summed by the calling thread,
+which waits for the join anyway: the last chunk's thread never sums and then has
+the caller wait for its future, a second sleep and wake-up -- LeNet-5 batch 64
+1.77x -> 1.81x, 12 paired blocks; one slice per thread for a big model), so the
+result is the same whatever order the threads finish in or whichever ran what, and
+equals the one-thread gradient up to float32 rounding of the summation order
 (tests/unit/test_model_parallel_step.py: 1e-5 relative).
 
 Dropout stays exact: each replica's mask is drawn at its chunk's global sample
 offset, from the model's step counter, so 1, 2 or 4 threads drop the same units.
 
-Where the time goes (LeNet-5 batch 64, 2 vCPUs shared with other jobs; a step's
-timeline over steps where no thread of ours was preempted): the hand-offs cost
-~0.13 ms of a ~2.1 ms step (checks and plan 0.02, submit 0.02, the worker's wake
-0.02, the sum 0.05 -- the rows come from the other core's cache -- and the join
-0.02). The rest is each chunk running ~18 % slower while the other thread runs
-(a 32-sample step alone 1.69 ms, the same on a replica or as half of a 64-sample
-step; ~2.0 ms in the pair), while two free-running threads on 32-sample batches
-reached 1.97x one thread's rate - a guess, not tested: in a step both threads run
-the same layer at the same moment, so they meet on the shared cache, memory and
-GIL at once, where free-running threads drift out of step. So a
-step of ~3.5 ms ends near 1.5x on two threads, and AlexNet-64's ~1 s step at
-1.9x. On a shared machine a step that waits for a fixed half lost all of it
-whenever another job took a core (0.7x of one thread, the free-running pair
-1.1-1.3x): hence the chunks and the cancelled late task. What the chunks cost:
-CPU time per step (all threads, getrusage, load ~8) 1 thread 3.55-3.60 ms, 2 halves
-3.88-4.00, 4 chunks 4.06-4.12 - the two extra chunks' layer calls and the 4-row
-sum; on a quiet moment the 4 chunks gave the halves' speed-up (1.51x against 1.52x
-over unpreempted steps). Big models keep one chunk per thread: AlexNet-64 batch 64
-in 4 chunks ran 1.84x against 1.90x for 2 (a quiet moment).
+Where the time goes (LeNet-5 batch 64, 2 chunks of 32, idle 2-vCPU VM, a step's
+timeline, medians of 300 steps): the caller starts its chunk 0.021 ms into the
+step, the pool thread 0.038 ms (its wake-up); both chunks end near 1.19 ms, and
+the sum and the join take the last 0.06 ms of a 1.26 ms step. Each chunk runs
+~5-10 % slower than alone, and that is the GIL: the same 32-sample step free-
+running in a second *thread* slowed the first by 7.6 %, in a second *process* by
+0.2 % (3 alternating rounds of 200 steps). Not the cores: a vectorised FMA loop,
+an L2 or a 32 MB stream, or small sgemms on the other core cost 0.6-5.7 %; every
+kernel is nogil, but each call re-takes the GIL on return, and a thread that finds
+the other one holding it (between its kernels) sleeps until woken, on a VM a long
+wait; how long varies with the host (a thread making tiny numba calls in a loop
+slowed a step by 11 % at one moment and 61 % at another). Hence the fused layer
+steps (nn/model.py, compute_order): fewer calls per chunk. So a step of ~2.2 ms
+ends near 1.7x on two threads, and AlexNet-64's ~1 s step at 1.9x. On a shared
+machine a step that waits for a fixed half lost all of it whenever another job
+took a core (0.7x of one thread, the free-running pair 1.1-1.3x): hence the chunks
+and the cancelled late task. What the chunks cost: CPU time per step (all threads,
+getrusage, load ~8) 1 thread 3.55-3.60 ms, 2 halves 3.88-4.00, 4 chunks 4.06-4.12
+- the two extra chunks' layer calls and the 4-row sum; see MIN_CHUNK for why
+LeNet-5's batch 64 now runs in 2. Big models keep one chunk per thread: AlexNet-64
+batch 64 in 4 chunks ran 1.84x against 1.90x for 2 (a quiet moment).
 """
 from __future__ import annotations
 
@@ -62,7 +66,11 @@ from .. import kernels as K
 #: one thread sums all rows (LeNet-5, 62k parameters, 4 rows in ~50 us)
 SMALL_MODEL = 1 << 20
 CHUNKS_PER_THREAD = 2
-MIN_CHUNK = 16  # samples: LeNet-5 runs 16-sample steps as fast per sample as 32 or 64
+#: samples: a LeNet-5 chunk of 16 costs ~5 % more per sample than one of 32 (0.589 ms
+#: against 1.116 ms), and batch 64 as 4 chunks of 16 on 2 threads ran 1.59x one thread
+#: against 1.73x as 2 chunks of 32 (10 paired blocks, idle, load 0.4): so batch 64
+#: runs one chunk per thread, and 128 two
+MIN_CHUNK = 32
 
 
 def shard_bounds(n: int, parts: int) -> list[tuple[int, int]]:
@@ -167,7 +175,7 @@ class ParallelStep:
                 rep.set_random_state(steps)
                 rep.set_sample_offset(lo)
                 try:
-                    losses[c] = rep.loss_and_grad(x[lo:hi], labels[lo:hi])[0]
+                    losses[c] = rep._loss_and_grad(x[lo:hi], labels[lo:hi])[0]
                 except BaseException:
                     with lock:
                         state["failed"] = True  # nobody takes more chunks or slices
@@ -178,6 +186,8 @@ class ParallelStep:
                     if state["left"] == 0:
                         all_done.set()
                 c = take("chunk", len(chunks))
+            if k >= len(slices):
+                return losses  # a small model's sum is the calling thread's (see _slices)
             all_done.wait()  # the chunks other threads are still running
             j = take("slice", len(slices))
             while j >= 0:

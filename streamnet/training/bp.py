@@ -84,10 +84,13 @@ class Contribution:
 
 
 #: a step is split across threads only when each thread gets at least this much work
-#: (samples x parameters): measured, LeNet-5 (62k parameters) batch 32 on 2 threads ran
-#: at 0.81x of one thread (perf/report.py, loaded machine) and batch 64 at 1.27-1.57x;
-#: AlexNet-64 (7.7M) batch 64 at 1.55-1.87x. 1.5M: LeNet-5 splits from batch 50 (2 threads) up.
-MIN_SPLIT_WORK = 1_500_000
+#: (samples x parameters). Measured first on a loaded machine (perf/report.py): LeNet-5
+#: (62k parameters) batch 32 on 2 threads 0.81x of one thread, batch 64 1.27-1.57x;
+#: AlexNet-64 (7.7M) batch 64 1.55-1.87x. Again with the chunked step (nn/parallel.py:
+#: shared chunk counter, a late pool task cancelled) on the idle machine, LeNet-5 on 2
+#: threads against 1, paired blocks: batch 16 1.43x, 32 1.66x, 64 1.73x. 500k: LeNet-5
+#: splits from batch 17 (2 threads) up.
+MIN_SPLIT_WORK = 500_000
 
 
 class ComputeUnit:

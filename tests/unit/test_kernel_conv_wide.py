@@ -86,3 +86,60 @@ def test_wide_layers_keep_no_columns():
     assert K.columns_size((4, 1, 28, 28), (6, 1, 5, 5), 1, 2) == 0
     assert K.columns_size((4, 6, 14, 14), (16, 6, 5, 5), 1, 0) == 0
     assert K.columns_size((4, 64, 16, 16), (192, 64, 5, 5), 1, 2) == 1600 * 4 * 256
+
+
+def _pooled_reference(x, w, b, pad, relu):
+    """relu(maxpool2x2(conv(x))) with NumPy: the three layers wide_pool_forward fuses."""
+    out = reference(x, w, b, pad)
+    n, o, oh, ow = out.shape
+    ph, pw = oh // 2, ow // 2
+    pooled = out[:, :, :2 * ph, :2 * pw].reshape(n, o, ph, 2, pw, 2).max(axis=(3, 5))
+    return np.maximum(pooled, 0.0) if relu else pooled
+
+
+# odd output sizes (7x7 from 9, pad 1, k 3) drop the last row and column, as PyTorch's floor mode
+@pytest.mark.parametrize("size,k,pad,o,relu", [(9, 5, 2, 3, True), (8, 5, 2, 7, False), (9, 3, 0, 4, True),
+                                                (10, 5, 1, 6, True)])
+def test_wide_pool_forward_and_finite_differences(size, k, pad, o, relu, rng):
+    x = rng.standard_normal((2, 1, size, size))
+    w = rng.standard_normal((o, 1, k, k))
+    b = rng.standard_normal(o)
+    assert K.use_wide_pool(1, 1, 2, 2) and not K.use_wide_pool(1, 1, 3, 2) and not K.use_wide_pool(2, 1, 2, 2)
+    out, arg = K.wide_pool_forward(x, w, b, pad, relu)
+    np.testing.assert_allclose(out, _pooled_reference(x, w, b, pad, relu), rtol=1e-12, atol=1e-12)
+    r = rng.standard_normal(out.shape)
+    dw, db = np.empty_like(w), np.empty_like(b)
+    dx = K.wide_pool_backward(r, out, arg, x, w, dw, db, pad, relu, True)
+    for arr, grad, f in [
+        (x, dx, lambda z: np.sum(r * K.wide_pool_forward(z, w, b, pad, relu)[0])),
+        (w, dw, lambda z: np.sum(r * K.wide_pool_forward(x, z, b, pad, relu)[0])),
+        (b, db, lambda z: np.sum(r * K.wide_pool_forward(x, w, z, pad, relu)[0])),
+    ]:
+        v = rng.standard_normal(arr.shape)
+        numeric = fd(f, arr, v)
+        assert abs(np.sum(grad * v) - numeric) <= 1e-6 * max(1.0, abs(numeric))
+    dw2, db2 = np.empty_like(w), np.empty_like(b)
+    assert K.wide_pool_backward(r, out, arg, x, w, dw2, db2, pad, relu, False).size == 0
+    np.testing.assert_array_equal(dw2, dw)
+    np.testing.assert_array_equal(db2, db)
+
+
+def test_wide_pool_equals_the_three_kernels_bit_for_bit(rng):
+    """float32, LeNet-5's conv1 shapes: conv2d_forward -> maxpool -> relu and back."""
+    x = rng.standard_normal((5, 1, 28, 28)).astype(np.float32)
+    x[0, 0, :6, :6] = -3.0  # windows where ReLU cuts everything
+    w = rng.standard_normal((6, 1, 5, 5)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    conv = K.conv2d_forward(x, w, b, 1, 2)
+    pooled, parg = K.maxpool_forward(conv, 2, 2)
+    act = K.relu_forward(pooled)
+    out, arg = K.wide_pool_forward(x, w, b, 2, True)
+    np.testing.assert_array_equal(out, act)
+    r = rng.standard_normal(out.shape).astype(np.float32)
+    dw1, db1, dw2, db2 = np.empty_like(w), np.empty_like(b), np.empty_like(w), np.empty_like(b)
+    dconv = K.maxpool_backward(K.relu_backward(r, act), parg, conv.shape)
+    dx1 = K.conv2d_backward(dconv, x, w, dw1, db1, 1, 2, True)
+    dx2 = K.wide_pool_backward(r, out, arg, x, w, dw2, db2, 2, True, True)
+    np.testing.assert_array_equal(dw2, dw1)
+    np.testing.assert_array_equal(db2, db1)
+    np.testing.assert_array_equal(dx2, dx1)

@@ -19,10 +19,11 @@ def _batch(model, n, seed=0):
 def test_a_small_model_takes_chunks_of_at_least_min_chunk_samples():
     with ParallelStep(nn.lenet5(seed=1), 2) as step:
         assert step.small
-        assert step.chunks(64) == [(0, 16), (16, 32), (32, 48), (48, 64)]
-        assert step.chunks(40) == [(0, 20), (20, 40)]          # 2 chunks of 20, not 4 of 10
+        assert MIN_CHUNK == 32
+        assert step.chunks(128) == [(0, 32), (32, 64), (64, 96), (96, 128)]
+        assert step.chunks(64) == [(0, 32), (32, 64)]          # 2 chunks of 32, not 4 of 16
         assert step.chunks(3) == [(0, 2), (2, 3)]              # one per thread at least
-        assert all(hi - lo >= MIN_CHUNK for lo, hi in step.chunks(48))
+        assert all(hi - lo >= MIN_CHUNK for lo, hi in step.chunks(96)) and len(step.chunks(96)) == 3
 
 
 def test_a_big_model_takes_one_chunk_per_thread():
@@ -59,10 +60,10 @@ def test_the_calling_thread_alone_gives_the_same_bits_and_a_late_pool_task_is_ca
 
 def test_more_chunks_per_thread_equal_one_thread():
     model = nn.lenet5(seed=3)
-    x, y = _batch(model, 96)
+    x, y = _batch(model, 6 * MIN_CHUNK)
     g1 = model.loss_and_grad(x, y)[1].copy()
     with ParallelStep(model, 2, chunks_per_thread=3) as step:
-        assert len(step.chunks(96)) == 6
+        assert len(step.chunks(6 * MIN_CHUNK)) == 6
         g = step.loss_and_grad(x, y)[1]
     np.testing.assert_allclose(g, g1, rtol=0, atol=1e-5 * np.abs(g1).max())
     with pytest.raises(ValueError, match="chunks_per_thread"):
