@@ -7,7 +7,7 @@ caller-owned views (slices of one flat gradient vector).
 from .activations import (relu_backward, relu_forward, sigmoid_backward, sigmoid_forward,
                           tanh_backward, tanh_forward)
 from .conv import (columns_size, conv2d_backward, conv2d_backward_kept, conv2d_forward,
-                   conv2d_forward_keep, conv_out_size)
+                   conv2d_forward_keep, conv2d_pool_backward, conv2d_pool_forward, conv_out_size)
 from .conv_wide import use_wide_pool, wide_pool_backward, wide_pool_forward
 from .dense import dense_backward, dense_forward, dense_relu_backward, dense_relu_forward
 from .dropout import dropout_backward, dropout_forward, dropout_mask

@@ -21,6 +21,7 @@ from ._jit import jit
 from .bias import bias_grad
 from .conv_minor import minor_backward, minor_forward, use_minor
 from .conv_wide import use_wide, wide_backward, wide_forward
+from .pool import maxpool_backward, maxpool_forward
 
 COL_BUDGET = 1 << 16  # floats in one chunk's column matrix (256 KiB: stays in L2)
 MIN_COLS = 256        # but at least this many GEMM columns, below which BLAS is inefficient
@@ -252,3 +253,38 @@ def _gemm_backward(dout, x, weight, dweight, dbias, stride, pad, need_dx, cols, 
     if n > s:
         dwm[:, :] = dw_acc
     return dx
+
+
+# -- fused with the max pool after it (and a ReLU after that) --------------------
+
+@jit
+def conv2d_pool_forward(x, weight, bias, stride, pad, k, s, relu, cols):
+    """relu(maxpool(conv2d_forward_keep(x, ...), k, s)) in one call: (out, arg, the
+    convolution's output shape) for conv2d_pool_backward. The same kernels as the
+    three layers, so the same bits; one call where there were three, each of which
+    re-takes the GIL on return (nn/parallel.py). (A one-channel convolution pooled
+    2x2 has its own, conv_wide.wide_pool_forward, that never stores its output.)"""
+    y = conv2d_forward_keep(x, weight, bias, stride, pad, cols)
+    out, arg = maxpool_forward(y, k, s)
+    if relu:
+        flat = out.reshape(-1)
+        for i in range(flat.size):
+            v = flat[i]
+            flat[i] = v if v > 0 else 0.0
+    return out, arg, y.shape
+
+
+@jit
+def conv2d_pool_backward(dout, out, arg, conv_shape, x, weight, dweight, dbias, stride, pad, relu,
+                         need_dx, cols):
+    """Backward of conv2d_pool_forward (dout: the gradient of its output `out`):
+    overwrite dweight and dbias, return dx or an empty array."""
+    if relu:
+        g = np.empty_like(dout)
+        gf, df, of = g.reshape(-1), dout.reshape(-1), out.reshape(-1)
+        for i in range(gf.size):
+            gf[i] = df[i] if of[i] > 0 else 0.0
+    else:
+        g = dout
+    dconv = maxpool_backward(g, arg, conv_shape)
+    return conv2d_backward_kept(dconv, x, weight, dweight, dbias, stride, pad, need_dx, cols)

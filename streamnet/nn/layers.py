@@ -81,9 +81,9 @@ class Conv2d(Layer):
     # would pass this many floats (then the backward rebuilds them)
     KEEP_COLUMNS_MAX = 1 << 26
 
-    def forward(self, x, train):
-        self._x = x
-        self._kept = False
+    def columns(self, x, train):
+        """The workspace a training forward leaves its columns in for the backward
+        pass (an empty array when it keeps none); sets _kept."""
         if train:
             need = self._columns_size(x.shape)
             if 0 < need <= self.KEEP_COLUMNS_MAX:
@@ -91,8 +91,13 @@ class Conv2d(Layer):
                 if ws is None or ws.size != need or ws.dtype != x.dtype:
                     ws = self._cols = np.empty(need, dtype=x.dtype)
                 self._kept = True
-                return K.conv2d_forward_keep(x, self.w, self.b, self.stride, self.padding, ws)
-        return K.conv2d_forward(x, self.w, self.b, self.stride, self.padding)
+                return ws
+        self._kept = False
+        return np.empty(0, dtype=x.dtype)
+
+    def forward(self, x, train):
+        self._x = x
+        return K.conv2d_forward_keep(x, self.w, self.b, self.stride, self.padding, self.columns(x, train))
 
     def _columns_size(self, shape):
         """K.columns_size, kept per input shape: a kernel call fewer per step (each
@@ -278,35 +283,47 @@ class Flatten(Layer):
 
 
 class ConvMaxPool(Layer):
-    """A convolution, the 2x2 max pool after it and the ReLU after that (if any) as one
-    kernel call each way (kernels/conv_wide.py, wide_pool_forward): a compute step
-    the model makes of its declared layers, never declared itself, where the
-    convolution takes the direct one-channel path (LeNet-5's conv1). The parameters
-    are the conv layer's; values and gradients are bit-identical to the three
-    layers'. Why: the convolution's full-size output and its gradient never go
-    through memory, and three layer calls become one."""
+    """A convolution, the max pool after it and the ReLU after that (if any) as one
+    kernel call each way: a compute step the model makes of its declared layers,
+    never declared itself, with the conv layer's parameters; values and gradients
+    bit-identical to the three layers'. Why: every kernel call re-takes the GIL on
+    return, and a thread of a ParallelStep that finds the other one holding it sleeps
+    until woken (nn/parallel.py). A one-channel convolution pooled 2x2 (LeNet-5's
+    conv1) runs kernels/conv_wide.py's wide_pool_forward, which also never stores
+    the convolution's full output; others conv2d_pool_forward (kernels/conv.py)."""
     type = "conv2d+maxpool"
 
     def __init__(self, conv: Conv2d, pool: MaxPool2d, relu: ReLU | None):
         self.conv, self.pool, self.relu = conv, pool, relu
         self.name = conv.name
         self.parts = [conv, pool] + ([relu] if relu is not None else [])
+        self.wide = K.use_wide_pool(conv.cin, conv.stride, pool.kernel, pool.stride)
 
     @staticmethod
     def fits(conv: Layer, pool: Layer) -> bool:
-        return (conv.type == "conv2d" and pool.type == "maxpool"
-                and K.use_wide_pool(conv.cin, conv.stride, pool.kernel, pool.stride))
+        return conv.type == "conv2d" and pool.type == "maxpool"
 
     def forward(self, x, train):
-        c = self.conv
-        out, arg = K.wide_pool_forward(x, c.w, c.b, c.padding, self.relu is not None)
-        self._x, self._out, self._arg = x, out, arg
+        c, p, relu = self.conv, self.pool, self.relu is not None
+        self._x = x
+        if self.wide:
+            out, self._arg = K.wide_pool_forward(x, c.w, c.b, c.padding, relu)
+        else:
+            self._cols = c.columns(x, train)
+            out, self._arg, self._conv_shape = K.conv2d_pool_forward(
+                x, c.w, c.b, c.stride, c.padding, p.kernel, p.stride, relu, self._cols)
+        self._out = out
         return out
 
     def backward(self, dy, need_dx):
-        c = self.conv
-        dx = K.wide_pool_backward(dy, self._out, self._arg, self._x, c.w, c.dw, c.db, c.padding,
-                                  self.relu is not None, need_dx)
+        c, relu = self.conv, self.relu is not None
+        if self.wide:
+            dx = K.wide_pool_backward(dy, self._out, self._arg, self._x, c.w, c.dw, c.db, c.padding, relu,
+                                      need_dx)
+        else:
+            dx = K.conv2d_pool_backward(dy, self._out, self._arg, self._conv_shape, self._x, c.w, c.dw, c.db,
+                                        c.stride, c.padding, relu, need_dx, self._cols)
+            self._cols = None
         self._x = self._out = self._arg = None
         return dx if need_dx else None
 
