@@ -32,15 +32,19 @@ Where the time goes (LeNet-5 batch 64, 2 chunks of 32, idle 2-vCPU VM, a step's
 timeline, medians of 300 steps): the caller starts its chunk 0.021 ms into the
 step, the pool thread 0.038 ms (its wake-up); both chunks end near 1.19 ms, and
 the sum and the join take the last 0.06 ms of a 1.26 ms step. Each chunk runs
-~5-10 % slower than alone, and that is the GIL: the same 32-sample step free-
-running in a second *thread* slowed the first by 7.6 %, in a second *process* by
-0.2 % (3 alternating rounds of 200 steps). Not the cores: a vectorised FMA loop,
-an L2 or a 32 MB stream, or small sgemms on the other core cost 0.6-5.7 %; every
-kernel is nogil, but each call re-takes the GIL on return, and a thread that finds
-the other one holding it (between its kernels) sleeps until woken, on a VM a long
-wait; how long varies with the host (a thread making tiny numba calls in a loop
-slowed a step by 11 % at one moment and 61 % at another). Hence the fused layer
-steps (nn/model.py, compute_order): fewer calls per chunk. So a step of ~2.2 ms
+~5-10 % slower than alone, most likely from sharing the process, the GIL: the same
+32-sample step free-running in a second *thread* slowed the first by 7.6 %, in a
+second *process* by 0.2 % (3 alternating rounds of 200 steps; two later runs, with
+the fused steps below, 1.3 % against 2.3 % and 4.9 % against 2.6 %: the host's
+noise is as large). Not the cores: a vectorised FMA loop, an L2 or a 32 MB stream,
+or small sgemms on the other core cost 0.6-5.7 %. Every kernel is nogil, but each
+call re-takes the GIL on return, and a thread that finds the other one holding it
+(between its kernels) sleeps until woken: a median 30 us on this VM (a
+threading.Event hand-off), and a thread making tiny numba calls in a loop slowed a
+step by 11 % at one moment and 61 % at another. Hence the fused layer steps
+(nn/model.py, compute_order): 11 kernel calls per LeNet-5 chunk instead of 25. A
+spin-wait (nogil, bounded) for the other chunk instead of sleeping on the event
+did not help (1.002x, 14 paired blocks), so it is not here. So a step of ~2.2 ms
 ends near 1.7x on two threads, and AlexNet-64's ~1 s step at 1.9x. On a shared
 machine a step that waits for a fixed half lost all of it whenever another job
 took a core (0.7x of one thread, the free-running pair 1.1-1.3x): hence the chunks
