@@ -22,7 +22,10 @@ def median(xs):
 
 def machine() -> dict:
     return {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            # numpy's OpenBLAS kernel family, where the environment names one: it decides the GEMMs' speed
+            # (2026-12-01, this AVX-512 host: Haswell 130 GFLOP/s against SkylakeX 240 for a 512^3 matmul)
+            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE")}
 
 
 def write_json(name: str, data: dict) -> str:

@@ -317,7 +317,7 @@ def threads(p, run: Runner) -> dict:
     from streamnet.training import train_local
     out = {}
     train_local(config(p, "mixbp-H8", 1, threads=1))      # warm-up, not recorded
-    # batch 64 for the split step: LeNet-5's batch 32 is too small to split (bp.MIN_SPLIT_WORK)
+    # batch 64 for the split step, as in earlier reports (LeNet-5 now splits from batch 17: bp.MIN_SPLIT_WORK)
     for label, units, t, batch in (("1 unit, batch 64, 1 thread", 1, 1, 64),
                                    ("1 unit, batch 64, its step on 2 threads", 1, 2, 64),
                                    ("1 unit, batch 32, 1 thread", 1, 1, 32),
