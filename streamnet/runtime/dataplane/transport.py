@@ -53,6 +53,7 @@ import numpy as np
 from aiohttp import web
 
 from .. import codec
+from ..control.election import LOCAL_ERRNOS
 from ..messages import DataMsg, Message, from_wire, to_wire_all
 from .frame_io import TRAILER, FrameAuth, FrameReader, SocketSender, StreamError, TlsSender, size_buffers
 from .handshake import Auth, PeerAuthError, clean
@@ -235,6 +236,14 @@ class _LinkQueue(asyncio.Queue):
 
 
 CONNECT_FAILURES = 3   # refused connections in a row (about 0.35 s with the backoff) before reporting
+def peer_refused(e: BaseException) -> bool:
+    """Whether a failed connection attempt says something about the peer (refused,
+    reset, no route) rather than about this process: out of descriptors, memory or local
+    ports (LOCAL_ERRNOS) is no reason to report the peer."""
+    if not isinstance(e, (aiohttp.ClientConnectorError, ConnectionRefusedError)):
+        return False
+    code = e.os_error.errno if isinstance(e, aiohttp.ClientConnectorError) else e.errno
+    return code not in LOCAL_ERRNOS
 SMALL_FRAME = 64 << 10  # frames up to this size are joined into one buffer
 
 
@@ -302,7 +311,7 @@ class PeerLink:
             except Exception as e:  # noqa: BLE001 - any failure: back off and reconnect
                 self.connected = False
                 self.last_error = f"{type(e).__name__}: {e}"
-                if isinstance(e, (aiohttp.ClientConnectorError, ConnectionRefusedError)):
+                if peer_refused(e):
                     self.connect_failures += 1
                     if self.connect_failures == CONNECT_FAILURES and self.on_unreachable:
                         self.on_unreachable(self.peer, self.last_error)
