@@ -82,19 +82,12 @@ def descriptors_needed(workers: int) -> int:
 
 
 def allow_descriptors(workers: int) -> None:
-    """Raise this process's open-file limit towards what `workers` may need (up to the
-    hard limit), and say when even that is short: a stream that cannot get a socket
-    retries for ever and the run never ends."""
+    """Raise this process's open-file limit towards what `workers` may need, up to the
+    hard limit (a link that runs out says so when it happens: transport.py)."""
     need = descriptors_needed(workers)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < need:
-        want = need if hard == resource.RLIM_INFINITY else min(need, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-        soft = want
-    if soft != resource.RLIM_INFINITY and soft < need:
-        log.warning("%d embedded workers may need %d file descriptors (a stream each way between every two), "
-                    "but this process may open %d (ulimit -n): streams that cannot get one stall the run; "
-                    "use fewer workers or raise the limit", workers, need, soft)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need if hard == resource.RLIM_INFINITY else min(need, hard), hard))
 
 
 class LocalCluster:

@@ -16,6 +16,7 @@ from streamnet.runtime.control.cluster_state import ClusterState
 from streamnet.runtime.control.election import ProbeInconclusive, probe
 from streamnet.runtime.control.inprocess import InProcessServer
 from streamnet.runtime.control.scheduler import SchedulerService
+from streamnet.runtime.dataplane import transport
 from streamnet.runtime.dataplane.transport import CONNECT_FAILURES, PeerLink
 
 CANDIDATES = 5
@@ -135,7 +136,8 @@ def _connector_error(code: int) -> aiohttp.ClientConnectorError:
 
 @pytest.mark.parametrize("code, reported", [(errno.ECONNREFUSED, True), (errno.EMFILE, False),
                                             (errno.EADDRNOTAVAIL, False)])
-def test_a_link_reports_its_peer_only_for_the_peers_failures(code, reported):
+def test_a_link_reports_its_peer_only_for_the_peers_failures(code, reported, caplog, monkeypatch):
+    monkeypatch.setattr(transport, "_shortages", set())
     reports = []
 
     async def main():
@@ -155,3 +157,5 @@ def test_a_link_reports_its_peer_only_for_the_peers_failures(code, reported):
     attempts = asyncio.run(main())
     assert attempts > CONNECT_FAILURES + 1
     assert [peer for peer, _ in reports] == (["w1"] if reported else [])     # once, at the third refusal
+    shortage = [r.getMessage() for r in caplog.records if "short of its own resources" in r.getMessage()]
+    assert len(shortage) == (0 if reported else 1), shortage                  # said once, not per attempt

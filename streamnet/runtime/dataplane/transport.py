@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import socket
 from typing import Awaitable, Callable
 from urllib.parse import urlsplit
@@ -247,6 +248,22 @@ def peer_refused(e: BaseException) -> bool:
 SMALL_FRAME = 64 << 10  # frames up to this size are joined into one buffer
 
 
+_shortages: set[int] = set()     # local errnos already explained in this process
+
+
+def _warn_if_short(sender: str, peer: str, e: BaseException) -> None:
+    """Say once per process, with the limit, that connections fail for want of our own
+    resources (the peer is not reported for it)."""
+    code = getattr(getattr(e, "os_error", e), "errno", None)
+    if code not in LOCAL_ERRNOS or code in _shortages:
+        return
+    _shortages.add(code)
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    log.warning("worker %s cannot connect to %s: %s - this process is short of its own resources (open files "
+                "allowed: %s), not a sign that %s is down; streams retry. Fewer workers in one process, or a "
+                "higher ulimit -n, would help", sender, peer, e, limit, peer)
+
+
 class PeerLink:
     """The sending half: a bounded queue and one stream to one peer worker."""
 
@@ -315,6 +332,8 @@ class PeerLink:
                     self.connect_failures += 1
                     if self.connect_failures == CONNECT_FAILURES and self.on_unreachable:
                         self.on_unreachable(self.peer, self.last_error)
+                else:
+                    _warn_if_short(self.sender, self.peer, e)
                 log.debug("link %s -> %s failed: %s; retrying in %.2f s", self.sender, self.peer,
                           self.last_error, backoff)
             self.reconnects += 1
