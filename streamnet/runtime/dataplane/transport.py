@@ -237,6 +237,9 @@ class _LinkQueue(asyncio.Queue):
 
 
 CONNECT_FAILURES = 3   # refused connections in a row (about 0.35 s with the backoff) before reporting
+SMALL_FRAME = 64 << 10  # frames up to this size are joined into one buffer
+
+
 def peer_refused(e: BaseException) -> bool:
     """Whether a failed connection attempt says something about the peer (refused,
     reset, no route) rather than about this process: out of descriptors, memory or local
@@ -245,7 +248,6 @@ def peer_refused(e: BaseException) -> bool:
         return False
     code = e.os_error.errno if isinstance(e, aiohttp.ClientConnectorError) else e.errno
     return code not in LOCAL_ERRNOS
-SMALL_FRAME = 64 << 10  # frames up to this size are joined into one buffer
 
 
 _shortages: set[int] = set()     # local errnos already explained in this process
