@@ -64,7 +64,8 @@ TRAINING_FLAGS: tuple[Flag, ...] = (
               "and workers started with --threads auto get the cores other processes leave free; static: "
               "fixed shards and equal batches (deterministic)"),
     Flag("--sync-tasks", "sync_tasks", int, "sync tasks, each combining one slice of the parameters (default: "
-         "one per worker hosting a unit, up to the number of units); the result does not depend on it", metavar="S"),
+         "one per worker hosting a unit, up to the number of units; train: at most 8); the result does not "
+         "depend on it", metavar="S"),
     Flag("--checkpoint-dir", "checkpoint_dir", metavar="DIR",
          help="write a checkpoint at each epoch's end and when stopped cleanly (Ctrl-C, kill --checkpoint); "
               "on a cluster, a directory every worker can reach; not with --in-process"),
@@ -144,6 +145,13 @@ def setup_of(model: str, algorithm: str) -> RunConfig:
                      algorithm=AlgorithmConfig(name=algorithm, sync_period=1 if algorithm != "mixbp" else 8))
 
 
+#: the most sync tasks train gives itself: the embedded workers share one process's file
+#: descriptors and cores, and S sync tasks link each unit's worker with S others both ways
+#: (about 4*U*S sockets, 2*U*S messages a round). With S = U = 100 that was a full mesh of
+#: 19,800 sockets, past the 20,000 open files allowed, and the run never ended.
+LOCAL_SYNC_TASKS = 8
+
+
 def config_from_args(a: argparse.Namespace) -> RunConfig:
     """train's configuration: the setup of --model/--algorithm with the flags given."""
     base = setup_of(a.model, a.algorithm)
@@ -153,7 +161,8 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
     auto_threads(o)
     o.setdefault("threads", o.get("units", base.units))    # one compute thread per unit unless told
     o.setdefault("balance", DEFAULT_BALANCE)
-    o.setdefault("sync_tasks", o.get("units", base.units))  # train starts a worker per unit: a sync task on each
+    # train starts a worker per unit: a sync task on each, up to LOCAL_SYNC_TASKS
+    o.setdefault("sync_tasks", min(o.get("units", base.units), LOCAL_SYNC_TASKS))
     try:
         return with_overrides(base, o)
     except ConfigError as e:

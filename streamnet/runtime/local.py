@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import os
+import resource
 import threading
 import urllib.request
 
@@ -73,6 +74,22 @@ class _WorkerThread:
                 pass
 
 
+def descriptors_needed(workers: int) -> int:
+    """File descriptors `workers` embedded workers may hold at once: a socket at each end
+    of a stream each way between every two of them (a sharded sync bolt with a task on
+    every worker links them all), and a few of each worker's own (listener, event loop)."""
+    return 2 * workers * (workers - 1) + 8 * workers
+
+
+def allow_descriptors(workers: int) -> None:
+    """Raise this process's open-file limit towards what `workers` may need, up to the
+    hard limit (a link that runs out says so when it happens: transport.py)."""
+    need = descriptors_needed(workers)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need if hard == resource.RLIM_INFINITY else min(need, hard), hard))
+
+
 class LocalCluster:
     """with LocalCluster(workers=2) as cluster: results = cluster.run(topology)"""
 
@@ -86,6 +103,7 @@ class LocalCluster:
         self._threads: list[_WorkerThread] = []
 
     def __enter__(self) -> "LocalCluster":
+        allow_descriptors(self.num_workers)
         self.server = InProcessServer()
         self.client = self.server.session()
         self.state = ClusterState(self.client, self.cluster)

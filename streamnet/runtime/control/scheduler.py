@@ -15,6 +15,7 @@ Election and the liveness probe: election.py.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import threading
@@ -24,7 +25,7 @@ from dataclasses import replace
 from .balance import Memory, decide
 from .cluster_state import RUNNING, ClusterState
 from .coordinator import BadVersionError, CoordinatorError, NoNodeError
-from .election import Election, probe
+from .election import Election, ProbeInconclusive, probe
 from .placement import NoWorkersError, plan, worker_url
 from ..assignment import Assignment, moved_tasks
 from ..topology import Topology
@@ -47,7 +48,7 @@ class SchedulerService:
         self.leading = False
         self.passes = 0
         self.unreachable: dict[str, str] = {}   # registered workers placed on no task: why
-        self._reported: set[str] = set()         # peers someone reports unreachable (a watch keeps it)
+        self._reports: list[str] = []            # unreachable/ as the watch last saw it: peer@reporter, sorted
         self._unwatch = None
         self.balance_memory: dict[str, Memory] = {}   # topology -> the load balancer's memory (leader only)
         self._load_watches: dict[str, object] = {}     # worker -> cancel its data watch (leader only)
@@ -101,8 +102,22 @@ class SchedulerService:
                 cancel()
 
     def _on_reports(self, nodes: list[str]) -> None:
-        self._reported = {n.rpartition("@")[0] for n in nodes}
-        self._wake.set()
+        """Every candidate gets every change of the reports (coordinator thread), but only
+        two act on one: the leader, and the next in line when the leader is reported.
+        Waking all of them made each change cost a pass of every scheduler (with 100
+        embedded workers, thousands of reports, 100 passes each reading all of them)."""
+        self._reports = nodes
+        if self.leading or (self.election.next_in_line and self._leader_reported()):
+            self._wake.set()
+
+    def _leader_reported(self) -> bool:
+        """Whether someone reports the leader (a binary search of the sorted reports)."""
+        leader = self.election.leader
+        if not leader:
+            return False
+        at = leader + "@"
+        i = bisect.bisect_left(self._reports, at)
+        return i < len(self._reports) and self._reports[i].startswith(at)
 
     def poke(self) -> None:
         self._wake.set()
@@ -135,16 +150,20 @@ class SchedulerService:
         unreachable and that does not answer its probe either, without waiting for the
         leader's session to end: it deletes the leader's election node."""
         leader = self.election.leader
-        if not leader or leader == self.id or self.election.node is None or leader not in self._reported:
-            return
+        if not leader or leader == self.id or not self.election.next_in_line or not self._leader_reported():
+            return    # only the next in line acts, and only on a report (both as the watches saw them)
         reports = self.state.unreachable_reports()
         if leader not in reports:
             return
         kids = sorted(self.election._kids())
         if len(kids) < 2 or kids[1] != self.election.node.rsplit("/", 1)[-1]:
-            return    # only the next in line acts
+            return    # the candidates changed since the watch saw them
         info = self.state.workers().get(leader)
-        why = probe(info, leader, self.auth) if info else "not registered"
+        try:
+            why = probe(info, leader, self.auth) if info else "not registered"
+        except ProbeInconclusive as e:
+            log.warning("the leader %s is reported unreachable, but %s; not taking over", leader, e)
+            return
         if why is None:
             return
         log.warning("the leader %s is unreachable (%s cannot connect; my probe: %s): taking over before its "
@@ -180,7 +199,14 @@ class SchedulerService:
         for peer, reporters in sorted(reports.items()):
             if peer not in workers or peer == self.id:
                 continue
-            why = probe(workers[peer], peer, self.auth)
+            try:
+                why = probe(workers[peer], peer, self.auth)
+            except ProbeInconclusive as e:     # no news: it stays as the last pass saw it
+                if peer in self.unreachable:
+                    now_unreachable[peer] = self.unreachable[peer]
+                    del out[peer]
+                log.warning("worker %s is reported unreachable, but %s", peer, e)
+                continue
             if why is None:
                 continue          # it answers us: the reporters' links will recover
             now_unreachable[peer] = (f"it is unreachable ({', '.join(sorted(reporters))} cannot connect; the "

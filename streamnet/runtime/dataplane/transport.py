@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import socket
 from typing import Awaitable, Callable
 from urllib.parse import urlsplit
@@ -53,6 +54,7 @@ import numpy as np
 from aiohttp import web
 
 from .. import codec
+from ..control.election import LOCAL_ERRNOS
 from ..messages import DataMsg, Message, from_wire, to_wire_all
 from .frame_io import TRAILER, FrameAuth, FrameReader, SocketSender, StreamError, TlsSender, size_buffers
 from .handshake import Auth, PeerAuthError, clean
@@ -238,6 +240,32 @@ CONNECT_FAILURES = 3   # refused connections in a row (about 0.35 s with the bac
 SMALL_FRAME = 64 << 10  # frames up to this size are joined into one buffer
 
 
+def peer_refused(e: BaseException) -> bool:
+    """Whether a failed connection attempt says something about the peer (refused,
+    reset, no route) rather than about this process: out of descriptors, memory or local
+    ports (LOCAL_ERRNOS) is no reason to report the peer."""
+    if not isinstance(e, (aiohttp.ClientConnectorError, ConnectionRefusedError)):
+        return False
+    code = e.os_error.errno if isinstance(e, aiohttp.ClientConnectorError) else e.errno
+    return code not in LOCAL_ERRNOS
+
+
+_shortages: set[int] = set()     # local errnos already explained in this process
+
+
+def _warn_if_short(sender: str, peer: str, e: BaseException) -> None:
+    """Say once per process, with the limit, that connections fail for want of our own
+    resources (the peer is not reported for it)."""
+    code = getattr(getattr(e, "os_error", e), "errno", None)
+    if code not in LOCAL_ERRNOS or code in _shortages:
+        return
+    _shortages.add(code)
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    log.warning("worker %s cannot connect to %s: %s - this process is short of its own resources (open files "
+                "allowed: %s), not a sign that %s is down; streams retry. Fewer workers in one process, or a "
+                "higher ulimit -n, would help", sender, peer, e, limit, peer)
+
+
 class PeerLink:
     """The sending half: a bounded queue and one stream to one peer worker."""
 
@@ -302,10 +330,12 @@ class PeerLink:
             except Exception as e:  # noqa: BLE001 - any failure: back off and reconnect
                 self.connected = False
                 self.last_error = f"{type(e).__name__}: {e}"
-                if isinstance(e, (aiohttp.ClientConnectorError, ConnectionRefusedError)):
+                if peer_refused(e):
                     self.connect_failures += 1
                     if self.connect_failures == CONNECT_FAILURES and self.on_unreachable:
                         self.on_unreachable(self.peer, self.last_error)
+                else:
+                    _warn_if_short(self.sender, self.peer, e)
                 log.debug("link %s -> %s failed: %s; retrying in %.2f s", self.sender, self.peer,
                           self.last_error, backoff)
             self.reconnects += 1
