@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
 import os
 import signal
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     except StreamnetError as e:
         return error_exit("streamnet-ui", e)
     signal.signal(signal.SIGTERM, signal.default_int_handler)   # a service manager's stop: end as Ctrl-C does
+    faulthandler.register(signal.SIGUSR1, all_threads=True)     # `kill -USR1`: every thread's stack on stderr
     try:
         asyncio.run(_serve(state, a.host, a.port, a.poll, token))
     except StreamnetError as e:

@@ -130,7 +130,8 @@ def make_app(sampler: Sampler) -> web.Application:
 async def serve(state: ClusterState, host: str, port: int, poll_s: float = 1.0,
                 token: str | None = None) -> tuple[web.AppRunner, int]:
     """Start the UI on host:port; returns the runner (await runner.cleanup() to stop) and the port."""
-    runner = web.AppRunner(make_app(Sampler(state, poll_s, token)), access_log=None)
+    # a stop waits at most 1 s for requests in flight (aiohttp's default, 60 s, held Ctrl-C that long)
+    runner = web.AppRunner(make_app(Sampler(state, poll_s, token)), access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     try:

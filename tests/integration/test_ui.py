@@ -120,8 +120,13 @@ def test_streamnet_ui_reads_a_zookeeper_cluster(zk):
             try:
                 out = ui.communicate(timeout=30)[1]
             except subprocess.TimeoutExpired:
+                ui.send_signal(signal.SIGUSR1)      # its threads' stacks, to say where it hung
+                try:
+                    out = "no exit 30 s after SIGINT; stacks:\n" + ui.communicate(timeout=5)[1]
+                except subprocess.TimeoutExpired:
+                    ui.kill()
+                    out = "no exit 30 s after SIGINT; stacks:\n" + ui.communicate()[1]
                 ui.kill()
-                out = ui.communicate()[1]
         assert ui.returncode == 0, out
         assert "Traceback" not in out, out
 
