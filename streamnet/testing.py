@@ -189,7 +189,9 @@ class Relay:
     """A TCP relay on a port of its own to 127.0.0.1:`target`, which a test can cut and
     heal: while cut, the connections through it are closed and new ones closed as soon
     as they are accepted - its clients find the far end unreachable while it runs on
-    (a ZooKeeper that its workers cannot reach, e.g. to let it expire their sessions)."""
+    (a ZooKeeper that its workers cannot reach, e.g. to let it expire their sessions).
+    While held, connections stay open and nothing passes: a far end that stopped
+    answering (a ZooKeeper frozen, or behind a dead link)."""
 
     def __init__(self, target: int):
         self.target = target
@@ -200,7 +202,8 @@ class Relay:
         self._lock = threading.Lock()
         self._socks: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
-        self._cut = self._closed = False
+        self._cut = self._closed = self._held = False
+        self.bytes_held = 0       # bytes that came in while held (held back until healed)
         self._spawn(self._accept)
 
     def _spawn(self, fn, *args) -> None:
@@ -235,6 +238,10 @@ class Relay:
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
+                if self._held:
+                    self.bytes_held += len(data)
+                while self._held and not self._closed:
+                    time.sleep(0.01)
                 dst.sendall(data)
         except OSError:
             pass
@@ -255,7 +262,10 @@ class Relay:
         self._drop(*socks)
 
     def heal(self) -> None:
-        self._cut = False
+        self._cut = self._held = False
+
+    def hold(self) -> None:
+        self._held = True
 
     def close(self) -> None:
         self._closed = True

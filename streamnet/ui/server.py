@@ -27,6 +27,31 @@ log = logging.getLogger(__name__)
 STATIC = resources.files("streamnet.ui") / "static"
 
 
+def off_loop(fn):
+    """fn() on a daemon thread of its own, awaited: a coordinator read that hangs (a
+    ZooKeeper that stopped answering) can then hold neither the loop's shutdown nor the
+    process's exit - asyncio.to_thread's executor threads are joined at both, without a
+    bound in Python 3.11. One read in flight per sampler, so one thread at a time."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def settle(result, error):
+        if not done.done():
+            done.set_exception(error) if error is not None else done.set_result(result)
+
+    def run():
+        try:
+            result, error = fn(), None
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
+            result, error = None, e
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:
+            pass                     # the loop closed meanwhile: nobody waits any more
+    threading.Thread(target=run, name="ui-read", daemon=True).start()
+    return done
+
+
 class Sampler:
     def __init__(self, state: ClusterState, poll_s: float = 1.0, token: str | None = None):
         """`token`: the workers' monitor token (runtime/monitor.py), sent with every /status read."""
@@ -51,7 +76,7 @@ class Sampler:
 
     async def sample(self, session: aiohttp.ClientSession) -> None:
         try:
-            workers, topologies = await asyncio.to_thread(self._read_coordinator)
+            workers, topologies = await off_loop(self._read_coordinator)
             error = None
         except Exception as e:  # noqa: BLE001 - shown on the cluster page; the next pass tries again
             workers, topologies, error = self.snapshot.workers, self.snapshot.topologies, f"{type(e).__name__}: {e}"

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamnet.runtime import LocalCluster, wait_for
-from streamnet.testing import ROOT, running_cluster
+from streamnet.testing import ROOT, Relay, running_cluster
 from streamnet.training import DataConfig
 from streamnet.training.config import lenet5_mixbp
 from streamnet.training.nsmap import build_topology
@@ -116,19 +116,51 @@ def test_streamnet_ui_reads_a_zookeeper_cluster(zk):
             assert {n["id"] for n in topo["graph"]["nodes"]} == {"sentences", "split", "count"}
             assert get("/api/training") == {"runs": []}          # word count is no training run
         finally:
-            ui.send_signal(signal.SIGINT)
-            try:
-                out = ui.communicate(timeout=30)[1]
-            except subprocess.TimeoutExpired:
-                ui.send_signal(signal.SIGUSR1)      # its threads' stacks, to say where it hung
-                try:
-                    out = "no exit 30 s after SIGINT; stacks:\n" + ui.communicate(timeout=5)[1]
-                except subprocess.TimeoutExpired:
-                    ui.kill()
-                    out = "no exit 30 s after SIGINT; stacks:\n" + ui.communicate()[1]
-                ui.kill()
-        assert ui.returncode == 0, out
+            rc, out = _stop(ui, within=30)
+        assert rc == 0, out
         assert "Traceback" not in out, out
+
+
+def _stop(ui: subprocess.Popen, within: float) -> tuple[int, str]:
+    """SIGINT, then (rc, stderr) once it exits; past `within` seconds its threads' stacks
+    (SIGUSR1: faulthandler) before it is killed, so that a hang says where."""
+    ui.send_signal(signal.SIGINT)
+    try:
+        err = ui.communicate(timeout=within)[1]
+        return ui.returncode, err
+    except subprocess.TimeoutExpired:
+        ui.send_signal(signal.SIGUSR1)
+        try:
+            err = ui.communicate(timeout=5)[1]
+        except subprocess.TimeoutExpired:
+            ui.kill()
+            err = ui.communicate()[1]
+        return ui.returncode, f"no exit {within:.0f} s after SIGINT; stacks:\n{err}"
+
+
+def test_streamnet_ui_stops_while_zookeeper_does_not_answer(zk):
+    """Ctrl-C ends the daemon even while a coordinator read waits on a ZooKeeper that
+    stopped answering (connection open, nothing comes back): no thread it waits for at
+    exit may wait on ZooKeeper. Its calls' deadline is 60 s here (--session-timeout), so
+    the exit would take 26 s or more if one did (kazoo gives up on a silent server after
+    2/3 of the session timeout the server grants, at most 40 s by default)."""
+    host, port = zk.split(",")[0].rsplit(":", 1)
+    if host not in ("127.0.0.1", "localhost"):
+        pytest.skip("needs a local ZooKeeper to relay to")
+    with running_cluster(zk, workers=1) as (c, state), Relay(int(port)) as relay:
+        args = c.args(relay.address)
+        args[args.index("--session-timeout") + 1] = "60"
+        ui = subprocess.Popen([sys.executable, "-m", "streamnet.ui.cli", *args, "--port", "0", "--poll", "0.2"],
+                              stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            ui_port = _announced_port(ui, "streamnet-ui: serving cluster")
+            wait_for(lambda: [w["id"] for w in (_get_json(ui_port, "/api/cluster") or {}).get("workers", [])] ==
+                     ["w0"], 60, "streamnet-ui to show the worker", interval=0.2)
+            relay.hold()
+            wait_for(lambda: relay.bytes_held > 0, 10, "the UI to send a read the relay holds", interval=0.05)
+        finally:
+            rc, out = _stop(ui, within=20)
+        assert rc == 0, out
 
 
 def test_train_ui_serves_the_embedded_cluster_while_it_trains():
