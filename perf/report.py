@@ -264,6 +264,19 @@ def balancing_helped(bal: dict) -> bool:
     return bool(ratio) and max(ratio) <= 0.8 and followed(bal)
 
 
+def cotenant_verdict(out: dict) -> str:
+    """Section 4's verdict when the co-tenant experiment ran (out: the section, with its balance)."""
+    bal = out["balance"]
+    ratio = bal["ratios"]["epoch_time_load_over_static"]
+    return ("holds" if balancing_helped(bal) else "holds partly") + \
+        f": allocations differ by {out['spread']:.2f}x in samples/s; with a co-tenant on one of two worker cores, " \
+        f"load balancing took {', '.join(f'{r:.2f}x' for r in ratio)} the static epoch time (epochs wholly " \
+        f"under the co-tenant), accuracy {bal['ratios']['accuracy_load_minus_static_pp']:+.2f} pp" + \
+        ("" if followed(bal) else "; but the shares did not follow the co-tenant (first change "
+         f"after {bal['load'].get('rounds_to_first_change')} rounds), so the difference is not "
+         "the balancer's: noise, or a co-tenant too light to move them")
+
+
 def loaded_node(report: dict) -> None:
     """Section 2's verdict with the co-tenant run of section 4, when it ran."""
     rc, bal = report["recovery"], report["threads"].get("balance")
@@ -339,14 +352,7 @@ def threads(p, run: Runner) -> dict:
         out["balance"] = {k: {kk: vv for kk, vv in v.items() if kk != "series"} if isinstance(v, dict) and
                           "series" in v else v for k, v in co.items()}
         out["_balance_series"] = co
-        ratio = co["ratios"]["epoch_time_load_over_static"]
-        out["verdict"] = ("holds" if balancing_helped(out["balance"]) else "holds partly") + \
-            f": allocations differ by {differ:.2f}x in samples/s; with a co-tenant on one of two worker cores, " \
-            f"load balancing took {', '.join(f'{r:.2f}x' for r in ratio)} the static epoch time (epochs wholly " \
-            f"under the co-tenant), accuracy {co['ratios']['accuracy_load_minus_static_pp']:+.2f} pp" + \
-            ("" if followed(out["balance"]) else "; but the shares did not follow the co-tenant (first change "
-             f"after {out['balance']['load'].get('rounds_to_first_change')} rounds), so the difference is not "
-             "the balancer's: noise, or a co-tenant too light to move them")
+        out["verdict"] = cotenant_verdict(out)
     else:
         out["verdict"] = ("holds partly" if differ and differ >= 1.1 else "does not hold here") + \
             f": allocations differ by {differ:.2f}x in samples/s; the co-tenant experiment needs worker " \
@@ -475,6 +481,10 @@ def markdown(report: dict) -> str:
         lines[-1:-1] = ["", f"Section(s) {', '.join(r['sections'])} re-run on {r['date']} at commit {r['commit']} "
                         f"(`--only`; load average at the start {r['load_start']}, at the end {r['load_end']}, "
                         f"{r['seconds']:.0f} s); the others are from the run above."]
+    if "rendered" in report:
+        r = report["rendered"]
+        lines[-1:-1] = ["", f"Verdicts derived again from these numbers on {r['date']} at commit {r['commit']} "
+                        "(`--render`: nothing re-measured; the rules for a verdict may have changed since the run)."]
     for key, (title, claim) in CLAIMS.items():
         sec = report[key]
         pictures = [f"![{key}]({key}.png)"] + (["", "![balance](balance.png)"] if "balance.png" in
@@ -518,6 +528,30 @@ def _commit() -> str | None:
     return rev + (" (with uncommitted changes)" if dirty else "")
 
 
+def render(out_dir: str) -> int:
+    """The page again from report.json: the verdicts that depend on rules changed since
+    the measurement (section 4's co-tenant, and section 2 which folds it in) derived again
+    from the stored numbers; the figures stay as drawn."""
+    path = os.path.join(out_dir, "report.json")
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--render needs a report: cannot read {path}: {e}") from None
+    th = report.get("threads", {})
+    if th.get("balance"):
+        th["verdict"] = cotenant_verdict(th)
+        if "recovery" in report:
+            loaded_node(report)
+    report["rendered"] = {"date": time.strftime("%Y-%m-%d %H:%M"), "commit": _commit()}
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    with open(os.path.join(out_dir, "README.md"), "w") as f:
+        f.write(markdown(report))
+    print(f"wrote {out_dir}/README.md from report.json (verdicts derived again; nothing measured)")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", choices=PROFILES, default="quick")
@@ -526,7 +560,12 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="+", choices=list(SECTIONS), metavar="SECTION",
                     help=f"run only these sections ({', '.join(SECTIONS)}) and keep the others from the report.json "
                          "already in --out (same profile)")
+    ap.add_argument("--render", action="store_true",
+                    help="measure nothing: rewrite the page from the report.json in --out, with the verdicts "
+                         "derived again from its numbers by this version's rules")
     a = ap.parse_args(argv)
+    if a.render:
+        return render(a.out)
     pin_blas_threads(1)
     logging.basicConfig(level=logging.ERROR)
     p = dict(PROFILES[a.profile], dataset=a.dataset)

@@ -57,6 +57,36 @@ def test_only_reruns_the_named_sections_and_keeps_the_others(tiny_report):
     assert "re-run on" in (tiny_report / "README.md").read_text()
 
 
+def test_render_derives_the_verdicts_again_and_measures_nothing(tiny_report, tmp_path):
+    data = json.loads((tiny_report / "report.json").read_text())
+    # a co-tenant run as an older rule judged it: faster under load, the shares never moved
+    data["threads"]["spread"] = 1.5
+    data["threads"]["balance"] = {"ratios": {"epoch_time_load_over_static": [0.79],
+                                             "accuracy_load_minus_static_pp": 0.2},
+                                  "load": {"rounds_to_follow": None, "rounds_to_first_change": 174,
+                                           "rounds_to_return": 55}}
+    data["threads"]["verdict"] = "holds: an older rule's words"
+    data["recovery"]["verdict"] = "holds: a node failure: fine; a loaded node (section 4): an older rule's words"
+    (tmp_path / "report.json").write_text(json.dumps(data))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "perf", "report.py"), "--render", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    after = json.loads((tmp_path / "report.json").read_text())
+    assert after["threads"]["verdict"].startswith("holds partly: allocations differ by 1.50x")
+    assert "did not follow the co-tenant (first change after 174 rounds)" in after["threads"]["verdict"]
+    assert after["recovery"]["verdict"].startswith(("holds partly: a node failure: fine; a loaded node",
+                                                    "does not hold here: a node failure: fine; a loaded node"))
+    assert after["speedup"] == data["speedup"] and after["date"] == data["date"]    # nothing re-measured
+    page = (tmp_path / "README.md").read_text()
+    assert "Verdicts derived again" in page and after["threads"]["verdict"] in page
+
+
+def test_render_without_a_report_says_so(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "perf", "report.py"), "--render", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode != 0 and "--render needs a report: cannot read" in r.stderr
+
+
 def test_only_refuses_a_report_of_another_profile(tiny_report):
     r = report(tiny_report, "--only", "bp_family", "--profile", "quick")
     assert r.returncode != 0 and "profile 'tiny'" in r.stderr
