@@ -500,15 +500,20 @@ def markdown(report: dict) -> str:
 SECTIONS = {"speedup": speedup, "recovery": recovery, "bp_family": bp_family, "threads": threads}
 
 
-def _kept_sections(out_dir: str, profile: str, only: list[str]) -> dict:
-    """The report already in out_dir, for a run of some sections only: it must exist and be
-    of the same profile (a report mixing profiles would compare unlike runs)."""
+def _read_report(out_dir: str, needs: str) -> tuple[str, dict]:
+    """(path, content) of the report.json in out_dir; SystemExit saying `needs` if it cannot be read."""
     path = os.path.join(out_dir, "report.json")
     try:
         with open(path) as f:
-            old = json.load(f)
+            return path, json.load(f)
     except (OSError, ValueError) as e:
-        raise SystemExit(f"--only needs the report it completes: cannot read {path}: {e}") from None
+        raise SystemExit(f"{needs}: cannot read {path}: {e}") from None
+
+
+def _kept_sections(out_dir: str, profile: str, only: list[str]) -> dict:
+    """The report already in out_dir, for a run of some sections only: it must exist and be
+    of the same profile (a report mixing profiles would compare unlike runs)."""
+    path, old = _read_report(out_dir, "--only needs the report it completes")
     if old.get("profile_name") != profile:
         raise SystemExit(f"--only: {path} is of profile {old.get('profile_name')!r}, not {profile!r}; run the whole "
                          "report or pass --profile " + str(old.get("profile_name")))
@@ -532,12 +537,7 @@ def render(out_dir: str) -> int:
     """The page again from report.json: the verdicts that depend on rules changed since
     the measurement (section 4's co-tenant, and section 2 which folds it in) derived again
     from the stored numbers; the figures stay as drawn."""
-    path = os.path.join(out_dir, "report.json")
-    try:
-        with open(path) as f:
-            report = json.load(f)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"--render needs a report: cannot read {path}: {e}") from None
+    path, report = _read_report(out_dir, "--render needs a report")
     th = report.get("threads", {})
     if th.get("balance"):
         th["verdict"] = cotenant_verdict(th)
