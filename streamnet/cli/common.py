@@ -274,3 +274,17 @@ def error_exit(prog: str, e: StreamnetError) -> int:
     from ..runtime.control.coordinator import ConnectionLostError
     print(f"{prog}: error: {e}", file=sys.stderr)
     return 1 if isinstance(e, (ConnectionLostError, TopologyFailed)) else 2
+
+
+def interrupted(e: BaseException) -> bool:
+    """Whether `e` is a KeyboardInterrupt (Ctrl-C, or SIGTERM where a command maps it so)
+    or was raised because of one. Python raises the interrupt in whatever Python code runs
+    when the signal lands; when that is numba's own (it unpickles a compiled function's
+    constants on a call), numba hands it on wrapped in a SystemError."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False

@@ -7,8 +7,8 @@ import logging
 import sys
 
 from ..errors import ConfigError, StreamnetError
-from .common import (ENVIRONMENT, Parser, add_common_options, check_writable, completing, error_exit, parse_set,
-                     positive_float, positive_int)
+from .common import (ENVIRONMENT, Parser, add_common_options, check_writable, completing, error_exit, interrupted,
+                     parse_set, positive_float, positive_int)
 from .metrics_log import MetricsLog, add_option as add_metrics_log_option
 from .progress import RunProgress, stragglers_line
 from .train_args import add_training_options, config_from_args, given_options, naming_the_flag
@@ -148,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         return a.func(a)
     except StreamnetError as e:
         return error_exit("streamnet-submit", e)
-    except KeyboardInterrupt:
+    except BaseException as e:   # Ctrl-C or SIGTERM, plain or wrapped by the code it landed in
+        if not interrupted(e):
+            raise
         print("\nstreamnet-submit: interrupted (Ctrl-C or SIGTERM)", file=sys.stderr)
         return 130
 

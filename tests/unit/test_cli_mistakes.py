@@ -347,3 +347,33 @@ def test_train_threads_takes_a_number_or_auto(capsys):
     assert run_main(submit.main, ["train", "--threads", "0", "--dataset", "synthetic"]) == 2
     assert one_line_error(capsys, "streamnet-submit").startswith(
         "streamnet-submit train: error: argument --threads: must be an integer >= 1; got 0, or 'auto'")
+
+
+def _raises(exc):
+    def run(a):
+        raise exc
+    return run
+
+
+def _wrapped_interrupt():
+    """What numba raises when the signal lands in its own Python code (CI saw it in
+    conv2d_pool_forward's dispatcher unpickling a constant)."""
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as k:
+            raise SystemError("CPUDispatcher(...) returned a result with an exception set") from k
+    except SystemError as e:
+        return e
+
+
+def test_an_interrupt_wrapped_by_numba_still_exits_130(monkeypatch, capsys):
+    monkeypatch.setattr(submit, "cmd_train", _raises(_wrapped_interrupt()))
+    assert run_main(submit.main, ["train", "--in-process", "--dataset", "synthetic"]) == 130
+    assert "streamnet-submit: interrupted (Ctrl-C or SIGTERM)" in capsys.readouterr().err
+
+
+def test_an_error_not_caused_by_an_interrupt_is_not_called_one(monkeypatch):
+    monkeypatch.setattr(submit, "cmd_train", _raises(SystemError("a real bug")))
+    with pytest.raises(SystemError, match="a real bug"):
+        submit.main(["train", "--in-process", "--dataset", "synthetic"])
