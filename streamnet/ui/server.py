@@ -20,36 +20,12 @@ from aiohttp import web
 from ..errors import StreamnetError
 from ..runtime import monitor
 from ..runtime.control.cluster_state import ClusterState
+from ..runtime.dataplane.compute import ComputePool
 from . import views
 
 log = logging.getLogger(__name__)
 
 STATIC = resources.files("streamnet.ui") / "static"
-
-
-def off_loop(fn):
-    """fn() on a daemon thread of its own, awaited: a coordinator read that hangs (a
-    ZooKeeper that stopped answering) can then hold neither the loop's shutdown nor the
-    process's exit - asyncio.to_thread's executor threads are joined at both, without a
-    bound in Python 3.11. One read in flight per sampler, so one thread at a time."""
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-
-    def settle(result, error):
-        if not done.done():
-            done.set_exception(error) if error is not None else done.set_result(result)
-
-    def run():
-        try:
-            result, error = fn(), None
-        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
-            result, error = None, e
-        try:
-            loop.call_soon_threadsafe(settle, result, error)
-        except RuntimeError:
-            pass                     # the loop closed meanwhile: nobody waits any more
-    threading.Thread(target=run, name="ui-read", daemon=True).start()
-    return done
 
 
 class Sampler:
@@ -59,6 +35,13 @@ class Sampler:
         self.headers = monitor.headers(token)
         self.snapshot = views.Snapshot(taken=time.time(), workers={}, statuses={}, unreachable={}, topologies={})
         self.updated = asyncio.Event()
+        # Coordinator reads run on a daemon thread of this pool, never through asyncio.to_thread:
+        # asyncio.run joins that executor at shutdown without a bound (Python 3.11), so a read
+        # waiting on a ZooKeeper that stopped answering would hold the daemon's exit.
+        self._reader = ComputePool(1, name="ui-read")
+
+    def close(self) -> None:
+        self._reader.shutdown(timeout=0)
 
     def _read_coordinator(self) -> tuple[dict, dict]:
         """Worker records and topologies (blocking: runs in a thread)."""
@@ -76,7 +59,7 @@ class Sampler:
 
     async def sample(self, session: aiohttp.ClientSession) -> None:
         try:
-            workers, topologies = await off_loop(self._read_coordinator)
+            workers, topologies = await asyncio.wrap_future(self._reader.submit(self._read_coordinator))
             error = None
         except Exception as e:  # noqa: BLE001 - shown on the cluster page; the next pass tries again
             workers, topologies, error = self.snapshot.workers, self.snapshot.topologies, f"{type(e).__name__}: {e}"
@@ -101,11 +84,14 @@ class Sampler:
 
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=max(2.0, 2 * self.poll_s))
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            while True:
-                started = time.monotonic()
-                await self.sample(session)
-                await asyncio.sleep(max(0.05, self.poll_s - (time.monotonic() - started)))
+        try:
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                while True:
+                    started = time.monotonic()
+                    await self.sample(session)
+                    await asyncio.sleep(max(0.05, self.poll_s - (time.monotonic() - started)))
+        finally:
+            self.close()
 
 
 def make_app(sampler: Sampler) -> web.Application:

@@ -72,7 +72,10 @@ def test_the_ui_reads_workers_that_require_the_token():
             seen = []
             for token in (None, TOKEN):
                 sampler = Sampler(State(server.port), token=token)
-                await sampler.sample(session)
+                try:
+                    await sampler.sample(session)
+                finally:
+                    sampler.close()
                 seen.append((sampler.snapshot.statuses, sampler.snapshot.unreachable))
             return seen
     (without, why), (with_token, none) = asyncio.run(main())
