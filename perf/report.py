@@ -533,21 +533,26 @@ def _commit() -> str | None:
     return rev + (" (with uncommitted changes)" if dirty else "")
 
 
+def _write(report: dict, out_dir: str) -> None:
+    """report.json and the page drawn from it."""
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    with open(os.path.join(out_dir, "README.md"), "w") as f:
+        f.write(markdown(report))
+
+
 def render(out_dir: str) -> int:
     """The page again from report.json: the verdicts that depend on rules changed since
     the measurement (section 4's co-tenant, and section 2 which folds it in) derived again
     from the stored numbers; the figures stay as drawn."""
-    path, report = _read_report(out_dir, "--render needs a report")
+    _, report = _read_report(out_dir, "--render needs a report")
     th = report.get("threads", {})
     if th.get("balance"):
         th["verdict"] = cotenant_verdict(th)
         if "recovery" in report:
             loaded_node(report)
     report["rendered"] = {"date": time.strftime("%Y-%m-%d %H:%M"), "commit": _commit()}
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1, default=str)
-    with open(os.path.join(out_dir, "README.md"), "w") as f:
-        f.write(markdown(report))
+    _write(report, out_dir)
     print(f"wrote {out_dir}/README.md from report.json (verdicts derived again; nothing measured)")
     return 0
 
@@ -605,10 +610,7 @@ def main(argv=None) -> int:
     made = figures(report, a.out)
     report["figures"] = made + [f for f in kept.get("figures", []) if f not in made and
                                 os.path.exists(os.path.join(a.out, f))]
-    with open(os.path.join(a.out, "report.json"), "w") as f:
-        json.dump(report, f, indent=1, default=str)
-    with open(os.path.join(a.out, "README.md"), "w") as f:
-        f.write(markdown(report))
+    _write(report, a.out)
     print(f"wrote {a.out}/README.md, report.json and {', '.join(report['figures'])} in {report['seconds']:.0f} s")
     return 0
 
