@@ -144,6 +144,55 @@ def _first_change(share_log, since, test):
     return None, None
 
 
+def busy_epochs(epochs: int) -> range:
+    """The epochs wholly under the co-tenant (CoTenant: on halfway through the first,
+    off halfway through the last or the one before it)."""
+    return range(1, epochs - (1 if epochs <= 3 else 2)) if epochs > 2 else range(epochs)
+
+
+LOADED = 1       # the co-tenant runs on the core of the worker that hosts unit 1 (CoTenant._core)
+NEAR = 0.1       # shares within this fraction of each other are "there"
+
+
+def share_response(share_log: list, on, off) -> dict:
+    """How the balancer's shares answered the co-tenant, from the data spout's share log
+    (each change's step, time t since the start, and the shares it cut rounds with) and
+    the co-tenant's start and stop (t, rounds, step).
+
+    settled_shares: those in force when the co-tenant stopped (or at the end). The shares
+    followed if they then gave the loaded unit at least NEAR less than it had when the
+    co-tenant started; rounds_to_follow is the spout's steps from the start to the first
+    change within NEAR of the settled shares, epoch_followed the epoch it came in. rounds_to_return: from the stop to the first
+    change back within NEAR of where they were before, or of equal shares."""
+    def in_force(t):
+        shares = None
+        for e in share_log:
+            if e["t"] <= t:
+                shares = e["shares"]
+        return shares
+    if on is None or not share_log:
+        return {"settled_shares": None, "rounds_to_first_change": None, "seconds_to_first_change": None,
+                "rounds_to_follow": None, "seconds_to_follow": None, "epoch_followed": None,
+                "rounds_to_return": None, "seconds_to_return": None}
+    n = len(share_log[0]["shares"])
+    before = in_force(on[0]) or [1.0] * n
+    settled = in_force(off[0] if off else float("inf")) or before
+
+    def near(shares, goal):
+        return all(abs(a - b) <= NEAR * b for a, b in zip(shares, goal))
+    out = {"settled_shares": settled}
+    out["rounds_to_first_change"], out["seconds_to_first_change"] = _first_change(
+        share_log, on, lambda sh: sh != before)
+    moved = settled[LOADED] < (1 - NEAR) * before[LOADED]
+    out["rounds_to_follow"], out["seconds_to_follow"] = _first_change(
+        share_log, on, lambda sh: near(sh, settled)) if moved else (None, None)
+    out["epoch_followed"] = next((e.get("epoch") for e in share_log if out["rounds_to_follow"] is not None
+                                  and e["t"] >= on[0] and near(e["shares"], settled)), None)
+    out["rounds_to_return"], out["seconds_to_return"] = _first_change(
+        share_log, off, lambda sh: near(sh, before) or near(sh, [1.0] * n))
+    return out
+
+
 def cotenant(zk_hosts, train: int, epochs: int) -> dict:
     out = {}
     for balance in ("static", "load"):
@@ -157,26 +206,14 @@ def cotenant(zk_hosts, train: int, epochs: int) -> dict:
                    s.extra["each_sample_counted_once"], "cotenant_on": hog.on, "cotenant_off": hog.off,
                "series": series, "decisions": log, "share_log": share_log}
         if balance == "load":
-            held = [r["shares"] for r in series if hog.on and r["t"] >= hog.on[0] and
-                    (hog.off is None or r["t"] < hog.off[0])]
-            settled = held[len(held) // 2:] or held
-            goal = [sorted(x[k] for x in settled)[len(settled) // 2] for k in range(2)] if settled else [1.0, 1.0]
-            run["settled_shares"] = goal
-            near = lambda shares: all(abs(shares[k] - goal[k]) <= 0.1 * goal[k] for k in range(2))  # noqa: E731
-            run["rounds_to_first_change"], run["seconds_to_first_change"] = _first_change(
-                share_log, hog.on, lambda sh: sh != [1.0, 1.0])
-            run["rounds_to_follow"], run["seconds_to_follow"] = _first_change(
-                share_log, hog.on, lambda sh: near(sh) and goal != [1.0, 1.0])
-            run["rounds_to_return"], run["seconds_to_return"] = _first_change(
-                share_log, hog.off, lambda sh: all(abs(x - 1.0) <= 0.1 for x in sh))
+            run.update(share_response(share_log, hog.on, hog.off))
         out[balance] = run
         print(f"  {balance}: epochs {run['epoch_s']} s, accuracy {s.test_accuracy:.2%}, co-tenant "
               f"{hog.on} -> {hog.off}" + (f", shares followed in {run['rounds_to_follow']} rounds, back in "
                                          f"{run['rounds_to_return']} (first change after "
                                          f"{run['rounds_to_first_change']})" if balance == "load" else ""), flush=True)
     st, ld = out["static"]["epoch_s"], out["load"]["epoch_s"]
-    busy = range(1, len(st) - (1 if len(st) <= 3 else 2)) if len(st) > 2 else range(len(st))  # wholly under it
-    out["ratios"] = {"epoch_time_load_over_static": [round(ld[e] / st[e], 3) for e in busy],
+    out["ratios"] = {"epoch_time_load_over_static": [round(ld[e] / st[e], 3) for e in busy_epochs(len(st))],
                      "accuracy_load_minus_static_pp": round(100 * (out["load"]["test_accuracy"] -
                                                                    out["static"]["test_accuracy"]), 2)}
     return out

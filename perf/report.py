@@ -253,15 +253,29 @@ def recovery(p, run: Runner) -> dict:
 
 
 def followed(bal: dict) -> bool:
-    """Whether the shares moved with the co-tenant and settled (perf/balance.py's rounds_to_follow)."""
+    """Whether the shares moved work off the co-tenant's node (perf/balance.py's share_response)."""
     return bal.get("load", {}).get("rounds_to_follow") is not None
+
+
+def _compared(bal: dict) -> range:
+    """The epochs (from 0) whose times the ratio compares: those wholly under the co-tenant."""
+    from balance import busy_epochs
+    return busy_epochs(len(bal.get("load", {}).get("epoch_s", [])))
+
+
+def followed_in_time(bal: dict) -> bool:
+    """Whether they did so by the end of the epochs compared (else those epochs ran with
+    the shares of before the co-tenant)."""
+    came, compared = bal.get("load", {}).get("epoch_followed"), _compared(bal)
+    return followed(bal) and (came is None or not compared or came <= compared[-1])
 
 
 def balancing_helped(bal: dict) -> bool:
     """The co-tenant claim holds: every epoch wholly under it took at most 0.8x the static
-    time, and the shares did follow it (a faster epoch without a change of shares is noise)."""
+    time, and the shares did follow it within those epochs (a faster epoch without a
+    change of shares is noise, or the shares of before the co-tenant)."""
     ratio = bal["ratios"]["epoch_time_load_over_static"]
-    return bool(ratio) and max(ratio) <= 0.8 and followed(bal)
+    return bool(ratio) and max(ratio) <= 0.8 and followed_in_time(bal)
 
 
 def cotenant_verdict(out: dict) -> str:
@@ -272,9 +286,21 @@ def cotenant_verdict(out: dict) -> str:
         f": allocations differ by {out['spread']:.2f}x in samples/s; with a co-tenant on one of two worker cores, " \
         f"load balancing took {', '.join(f'{r:.2f}x' for r in ratio)} the static epoch time (epochs wholly " \
         f"under the co-tenant), accuracy {bal['ratios']['accuracy_load_minus_static_pp']:+.2f} pp" + \
-        ("" if followed(bal) else "; but the shares did not follow the co-tenant (first change "
-         f"after {bal['load'].get('rounds_to_first_change')} rounds), so the difference is not "
-         "the balancer's: noise, or a co-tenant too light to move them")
+        _follow_caveat(bal)
+
+
+def _follow_caveat(bal: dict) -> str:
+    load = bal["load"]
+    if not followed(bal):
+        return ("; but the shares did not follow the co-tenant (first change after "
+                f"{load.get('rounds_to_first_change')} rounds), so the difference is not the balancer's: "
+                "noise, or a co-tenant too light to move them")
+    if not followed_in_time(bal):
+        return (f"; the shares followed the co-tenant {load.get('seconds_to_follow')} s "
+                f"({load.get('rounds_to_follow')} rounds) after it started, in epoch {load['epoch_followed'] + 1}, "
+                f"after the epochs compared ({', '.join(str(e + 1) for e in _compared(bal))}): those ran with the "
+                "shares set before it")
+    return ""
 
 
 def loaded_node(report: dict) -> None:
@@ -548,6 +574,10 @@ def render(out_dir: str) -> int:
     _, report = _read_report(out_dir, "--render needs a report")
     th = report.get("threads", {})
     if th.get("balance"):
+        load = th["balance"].get("load", {})
+        if load.get("share_log") and load.get("cotenant_on"):    # the follow figures, by today's rule
+            from balance import share_response
+            load.update(share_response(load["share_log"], load["cotenant_on"], load.get("cotenant_off")))
         th["verdict"] = cotenant_verdict(th)
         if "recovery" in report:
             loaded_node(report)

@@ -102,3 +102,51 @@ def test_a_faster_epoch_counts_for_the_balancer_only_if_the_shares_followed():
     assert not balancing_helped(bal([0.79], None))       # the shares never moved: not the balancer's doing
     assert not balancing_helped(bal([0.85], 12))
     assert not balancing_helped(bal([], 12))
+
+
+# the share log of the committed full report (session 8): shares already leaned off w0 (it hosts
+# the spout and the sync) before the co-tenant came to w0's core at t=2.05 s, step 79
+FULL_LOG = [{"step": 22, "epoch": 0, "t": 1.26, "shares": [1.205, 0.795]},
+            {"step": 253, "epoch": 2, "t": 5.05, "shares": [1.337, 0.663]},
+            {"step": 382, "epoch": 3, "t": 7.02, "shares": [1.052, 0.948]}]
+
+
+def _share_response(*args):
+    sys.path.insert(0, os.path.join(ROOT, "perf"))
+    from balance import share_response
+    return share_response(*args)
+
+
+def test_the_shares_followed_when_they_moved_work_off_the_loaded_unit():
+    r = _share_response(FULL_LOG, (2.05, 75, 79), (6.17, 319, 327))
+    assert r["settled_shares"] == [1.337, 0.663]
+    assert (r["rounds_to_follow"], r["seconds_to_follow"], r["epoch_followed"]) == (174, 3.0, 2)
+    assert r["rounds_to_first_change"] == 174
+    assert (r["rounds_to_return"], r["seconds_to_return"]) == (55, 0.85)
+
+
+def test_shares_that_never_moved_off_the_loaded_unit_did_not_follow():
+    before_only = FULL_LOG[:1]
+    r = _share_response(before_only, (2.05, 75, 79), (6.17, 319, 327))
+    assert r["rounds_to_follow"] is None and r["rounds_to_first_change"] is None
+    toward = [FULL_LOG[0], {"step": 253, "t": 5.05, "shares": [0.9, 1.1]}]     # more work to the loaded unit
+    r = _share_response(toward, (2.05, 75, 79), (6.17, 319, 327))
+    assert r["rounds_to_first_change"] == 174 and r["rounds_to_follow"] is None
+    assert _share_response([], (2.05, 75, 79), None)["rounds_to_follow"] is None
+
+
+def test_a_gain_counts_for_the_balancer_only_if_the_shares_followed_within_the_epochs_compared():
+    sys.path.insert(0, os.path.join(ROOT, "perf"))
+    from report import balancing_helped, cotenant_verdict
+
+    def section(epoch_followed):
+        load = {"epoch_s": [2.04, 1.99, 1.88, 1.9], "rounds_to_follow": 174, "seconds_to_follow": 3.0,
+                "epoch_followed": epoch_followed, "rounds_to_first_change": 174}
+        return {"spread": 1.87, "balance": {"ratios": {"epoch_time_load_over_static": [0.79],
+                                                       "accuracy_load_minus_static_pp": 0.2}, "load": load}}
+    assert balancing_helped(section(1)["balance"])          # followed during epoch 2, the one compared
+    late = section(2)
+    assert not balancing_helped(late["balance"])
+    assert cotenant_verdict(late).startswith("holds partly")
+    assert "in epoch 3, after the epochs compared (2): those ran with the shares set before it" in \
+        cotenant_verdict(late)
