@@ -9,7 +9,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 
 from ..cli.common import (ENVIRONMENT, Parser, add_cluster_options, add_common_options, completing, connect,
                           error_exit, port_number, positive_float)
@@ -60,28 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        _close_within(coord, CLOSE_S)
+        coord.close(timeout=CLOSE_S)    # bounded: a stop must end the daemon even when ZooKeeper stopped answering
     return 0
 
 
 CLOSE_S = 2.0   # the UI holds no ephemeral node: closing its session is a courtesy
-
-
-def _close_within(coord, seconds: float) -> None:
-    """Close the ZooKeeper session, waiting at most `seconds`: kazoo's stop joins its
-    threads without a bound, and a stop (Ctrl-C, a service manager's SIGTERM) must end
-    the daemon even when ZooKeeper stopped answering (the session then expires there)."""
-    def close():
-        try:
-            coord.close()
-        except Exception as e:  # noqa: BLE001 - the process ends either way
-            logging.getLogger("streamnet.ui").warning("closing the ZooKeeper session: %s", e)
-    t = threading.Thread(target=close, name="zk-close", daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        logging.getLogger("streamnet.ui").warning("the ZooKeeper session did not close within %.0f s; it expires "
-                                                  "on the server", seconds)
 
 
 if __name__ == "__main__":

@@ -255,3 +255,29 @@ def test_a_recursive_delete_outlasts_children_created_while_it_runs(zk):
         if coord.zk.exists(root):
             coord.zk.delete(root, recursive=True)
         coord.close()
+
+
+def test_closing_a_session_is_bounded_while_zookeeper_does_not_answer(zk):
+    """kazoo's stop joins its threads without a bound: a worker or daemon asked to stop
+    while its ZooKeeper stopped answering (connection open, nothing comes back) must not
+    wait on it longer than the bound; an answering ZooKeeper closes at once."""
+    from streamnet.testing import Relay
+    host, port = zk.split(",")[0].rsplit(":", 1)
+    if host not in ("127.0.0.1", "localhost"):
+        pytest.skip("needs a local ZooKeeper to relay to")
+    healthy = ZkCoordinator(zk, os.urandom(24).hex().encode(), session_timeout=30)
+    t0 = time.monotonic()
+    assert healthy.close(timeout=10) is True and time.monotonic() - t0 < 10
+    with Relay(int(port)) as relay:
+        coord = ZkCoordinator(relay.address, os.urandom(24).hex().encode(), session_timeout=30)
+        coord.exists("/")
+        relay.hold()
+        wait_for(lambda: _sends_and_is_held(coord, relay), 10, "a call the relay holds", interval=0.05)
+        t0 = time.monotonic()
+        assert coord.close(timeout=1.0) is False
+        assert time.monotonic() - t0 < 3.0
+
+
+def _sends_and_is_held(coord, relay) -> bool:
+    coord.zk.exists_async("/")       # a request that gets no answer while the relay holds
+    return relay.bytes_held > 0

@@ -119,7 +119,9 @@ class Coordinator(ABC):
         """Call back now and after every change of path's children."""
 
     @abstractmethod
-    def close(self) -> None: ...
+    def close(self, timeout: float | None = None) -> bool:
+        """End the session, waiting at most `timeout` seconds (None: the implementation's
+        bound); True if it closed in time."""
 
     def on_session_restart(self, callback: Callable[[], None]) -> None:
         """Register a callback for when a new session replaces an expired one (its

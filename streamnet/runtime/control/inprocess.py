@@ -236,10 +236,11 @@ class InProcessCoordinator(Coordinator):
             return (sorted(node.children) if node else [],)
         return self._watch(self._s._child_watches, path, callback, initial)
 
-    def close(self):
+    def close(self, timeout: float | None = None) -> bool:
         if self._closed:
-            return
+            return True
         for cancel in self._watches:
             cancel()
         self._closed = True
         self._s.end_session(self._id)
+        return True

@@ -442,9 +442,27 @@ class ZkCoordinator(Coordinator):
         self.zk.ChildrenWatch(path, fn)
         return stopped.set
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> bool:
+        """End the session; its ephemeral nodes go with it. kazoo's stop joins its threads
+        without a bound, and a ZooKeeper that stopped answering would hold the caller (a
+        worker or a daemon asked to stop) for as long as kazoo retries: so wait at most
+        `timeout` seconds (default: the session timeout, after which the server expires the
+        session anyway). True if it closed in time."""
         self._closing = True
-        try:
-            self.zk.stop()
-        finally:
-            self.zk.close()
+
+        def stop():
+            try:
+                try:
+                    self.zk.stop()
+                finally:
+                    self.zk.close()
+            except Exception as e:  # noqa: BLE001 - the session expires on the server either way
+                log.warning("closing the ZooKeeper session: %s", e)
+        t = threading.Thread(target=stop, name="zk-close", daemon=True)
+        t.start()
+        t.join(self.call_timeout if timeout is None else timeout)
+        if t.is_alive():
+            log.warning("the ZooKeeper session did not close within %.1f s; it expires on the server",
+                        self.call_timeout if timeout is None else timeout)
+            return False
+        return True
