@@ -204,7 +204,9 @@ def cotenant(zk_hosts, train: int, epochs: int) -> dict:
         run = {"epoch_s": [round(e.seconds, 2) for e in s.history], "test_accuracy": s.test_accuracy,
                "samples_per_s": round(s.samples_per_s), "each_sample_counted_once":
                    s.extra["each_sample_counted_once"], "cotenant_on": hog.on, "cotenant_off": hog.off,
-               "series": series, "decisions": log, "share_log": share_log}
+               "series": series, "decisions": log, "share_log": share_log,
+               # where each worker's time went, and who held the rounds (the engine's own account)
+               "per_worker": s.extra.get("per_worker"), "stragglers": s.extra.get("stragglers")}
         if balance == "load":
             run.update(share_response(share_log, hog.on, hog.off))
         out[balance] = run
