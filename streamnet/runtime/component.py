@@ -198,12 +198,19 @@ class Context:
         `streamnet_<name>` on /metrics, labelled with the task and `labels`. A counter's
         name ends in `_total` and its value only grows. Cheap: call it as often as the
         number changes; the last value is what is read."""
-        if not _FIGURE_NAME.fullmatch(name) or counter != name.endswith("_total"):
-            raise ValueError(f"figure name {name!r}: use [a-z_][a-z0-9_]*, ending in _total exactly for a counter")
-        if _TASK_LABELS & set(labels):
-            raise ValueError(f"figure {name!r}: labels {sorted(_TASK_LABELS & set(labels))} are set by the engine")
-        key = (name, tuple(sorted(labels.items())))
-        self.figures[key] = Figure(name, float(value), "counter" if counter else "gauge", help, dict(labels))
+        key = (name, tuple(sorted(labels.items())) if labels else ())
+        kind = "counter" if counter else "gauge"
+        known = self.figures.get(key)
+        if known is None or known.type != kind:     # checked once per figure (a task reports several a round)
+            if not _FIGURE_NAME.fullmatch(name) or counter != name.endswith("_total"):
+                raise ValueError(f"figure name {name!r}: use [a-z_][a-z0-9_]*, ending in _total exactly for a "
+                                 "counter")
+            if _TASK_LABELS & set(labels):
+                raise ValueError(f"figure {name!r}: labels {sorted(_TASK_LABELS & set(labels))} are set by the "
+                                 "engine")
+            self.figures[key] = Figure(name, float(value), kind, help, dict(labels))
+        else:
+            self.figures[key] = Figure(name, float(value), kind, help, known.labels)
 
     def figures_status(self) -> list[dict]:
         """The figures as plain data, for /status."""

@@ -59,3 +59,6 @@ def test_a_figure_keeps_its_last_value_per_labels_and_names_are_checked():
             ctx.figure(bad, 1, counter=counter, help="x")
     with pytest.raises(ValueError, match="set by the engine"):
         ctx.figure("training_loss", 1, help="x", task="7")
+    with pytest.raises(ValueError):      # known as a gauge: reported as a counter it is checked again
+        ctx.figure("training_epoch", 4, counter=True, help="epoch")
+    assert ctx.figures[("training_epoch", ())].value == 3.0
