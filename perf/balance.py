@@ -162,8 +162,9 @@ def share_response(share_log: list, on, off) -> dict:
     settled_shares: those in force when the co-tenant stopped (or at the end). The shares
     followed if they then gave the loaded unit at least NEAR less than it had when the
     co-tenant started; rounds_to_follow is the spout's steps from the start to the first
-    change within NEAR of the settled shares, epoch_followed the epoch it came in. rounds_to_return: from the stop to the first
-    change back within NEAR of where they were before, or of equal shares."""
+    change within NEAR of the settled shares, epoch_followed the epoch it came in.
+    rounds_to_return: from the stop to the first change back within NEAR of where they
+    were before, or of equal shares."""
     def in_force(t):
         shares = None
         for e in share_log:
