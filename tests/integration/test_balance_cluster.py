@@ -37,6 +37,14 @@ def _rounds(state, name) -> int:
     return p["rounds"] if p else 0
 
 
+QUIET_S = 3.0
+
+
+def _quiet(state, name) -> bool:
+    """No load-balancing decision in the last QUIET_S (the leader's clock is this machine's)."""
+    return all(time.time() - e["time"] >= QUIET_S for e in state.balance_log(name))
+
+
 def _sampled(f, seconds: float, interval: float = 0.1) -> list:
     """f() every interval for `seconds`: a level over time, not one moment of it."""
     out, end = [], time.monotonic() + seconds
@@ -75,7 +83,10 @@ def test_shares_follow_a_co_tenant_and_every_sample_counts_once(zk):
             slow = 1                                             # the unit whose worker gets the co-tenant
             core = int(hosts[slow][1:]) % len(os.sched_getaffinity(0))     # Cluster pins w<i> to core i
             ratio = lambda: _shares(state, topo.name, topo)[slow] / _shares(state, topo.name, topo)[1 - slow]  # noqa
-            # other load on the machine may have moved them already: the level they hold, over 2 s
+            # warm-up noise (a unit's first reports) and other load on the machine may have moved
+            # them already: start once no decision came for QUIET_S, from the level they hold over 2 s
+            wait_for(lambda: _quiet(state, topo.name), 60, f"the shares to hold still for {QUIET_S:.0f} s",
+                     interval=0.2)
             before = statistics.median(_sampled(ratio, 2.0))
             hog, t_on, r_on = _hog(core), time.monotonic(), _rounds(state, topo.name)
             wait_for(lambda: ratio() < 0.85 * before, 60, "the slowed unit's share to fall", interval=0.1)
@@ -84,7 +95,8 @@ def test_shares_follow_a_co_tenant_and_every_sample_counts_once(zk):
             hog.kill()
             hog.wait(10)
             hog, t_off, r_off = None, time.monotonic(), _rounds(state, topo.name)
-            wait_for(lambda: ratio() > 0.85 * before, 60, "the slowed unit's share to rise again",
+            # back: to the level before, or to equal shares if that level was itself a lean toward it
+            wait_for(lambda: ratio() > 0.85 * min(before, 1.0), 60, "the slowed unit's share to rise again",
                      interval=0.1)
             print(f"co-tenant gone: shares {_shares(state, topo.name, topo)} after {time.monotonic() - t_off:.1f} s, "
                   f"{_rounds(state, topo.name) - r_off} rounds")
