@@ -132,16 +132,24 @@ class CoTenant:
             self.proc.wait(10)
 
 
-def _first_change(share_log, since, test):
-    """The first change of shares at or after the co-tenant event `since` (t, rounds,
-    step) after which test(shares) holds: (rounds from the event, seconds), or Nones.
-    Rounds: the spout's step at that change minus its step at the event."""
+def _first_entry(share_log, since, test):
+    """The first entry of the share log at or after the co-tenant event `since` (t,
+    rounds, step) whose shares pass test(shares), or None."""
     if since is None or since[2] is None:
-        return None, None
-    for entry in share_log:
-        if entry["t"] >= since[0] and test(entry["shares"]):
-            return entry["step"] - since[2], round(entry["t"] - since[0], 2)
-    return None, None
+        return None
+    return next((e for e in share_log if e["t"] >= since[0] and test(e["shares"])), None)
+
+
+def _after(entry, since):
+    """(rounds, seconds) from the event `since` to a share-log entry, or Nones. Rounds: the
+    spout's step at that change minus its step at the event."""
+    return (entry["step"] - since[2], round(entry["t"] - since[0], 2)) if entry else (None, None)
+
+
+def _first_change(share_log, since, test):
+    """(rounds, seconds) from the co-tenant event `since` to the first change of shares
+    after which test(shares) holds, or Nones."""
+    return _after(_first_entry(share_log, since, test), since)
 
 
 def busy_epochs(epochs: int) -> range:
@@ -185,10 +193,9 @@ def share_response(share_log: list, on, off) -> dict:
     out["rounds_to_first_change"], out["seconds_to_first_change"] = _first_change(
         share_log, on, lambda sh: sh != before)
     moved = settled[LOADED] < (1 - NEAR) * before[LOADED]
-    out["rounds_to_follow"], out["seconds_to_follow"] = _first_change(
-        share_log, on, lambda sh: near(sh, settled)) if moved else (None, None)
-    out["epoch_followed"] = next((e.get("epoch") for e in share_log if out["rounds_to_follow"] is not None
-                                  and e["t"] >= on[0] and near(e["shares"], settled)), None)
+    follow = _first_entry(share_log, on, lambda sh: near(sh, settled)) if moved else None
+    out["rounds_to_follow"], out["seconds_to_follow"] = _after(follow, on)
+    out["epoch_followed"] = follow.get("epoch") if follow else None
     out["rounds_to_return"], out["seconds_to_return"] = _first_change(
         share_log, off, lambda sh: near(sh, before) or near(sh, [1.0] * n))
     return out
