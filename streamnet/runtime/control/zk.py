@@ -458,11 +458,11 @@ class ZkCoordinator(Coordinator):
                     self.zk.close()
             except Exception as e:  # noqa: BLE001 - the session expires on the server either way
                 log.warning("closing the ZooKeeper session: %s", e)
+        bound = self.call_timeout if timeout is None else timeout
         t = threading.Thread(target=stop, name="zk-close", daemon=True)
         t.start()
-        t.join(self.call_timeout if timeout is None else timeout)
+        t.join(bound)
         if t.is_alive():
-            log.warning("the ZooKeeper session did not close within %.1f s; it expires on the server",
-                        self.call_timeout if timeout is None else timeout)
+            log.warning("the ZooKeeper session did not close within %.1f s; it expires on the server", bound)
             return False
         return True
