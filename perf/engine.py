@@ -53,6 +53,18 @@ def steady(summary) -> float:
     return sum(h.samples for h in later) / sum(h.seconds for h in later) if later else float("nan")
 
 
+def per_round(summary) -> dict:
+    """The engine's round, from its own account: wall time per round, the part of it the
+    unit did not compute (communication, hops, the barrier), and the part of that the
+    sync task waited for ZooKeeper to confirm the round's saved counters (its fencing
+    check, before the parameters go out)."""
+    rounds = max(summary.sync_rounds, 1)
+    compute = sum(w["compute_s"] for w in summary.extra["per_worker"].values())
+    return {"round_ms": round(summary.train_s / rounds * 1e3, 3),
+            "outside_compute_ms": round((summary.train_s - compute) / rounds * 1e3, 3),
+            "save_wait_ms": round(summary.extra["sync_save_wait_s"] / rounds * 1e3, 3)}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=5)
@@ -80,10 +92,12 @@ def main() -> int:
                           "ratio": round(e.samples_per_s / n.samples_per_s, 3),
                           "steady_engine": round(steady(e), 1), "steady_inproc": round(steady(n), 1),
                           "steady_ratio": round(steady(e) / steady(n), 3), "load": round(load, 2),
-                          "engine_time": e.extra.get("per_worker")})
+                          "engine_time": e.extra.get("per_worker"), **per_round(e)})
             print(f"pair {i + 1}: engine {e.samples_per_s:,.0f} samples/s, in-process {n.samples_per_s:,.0f}: "
                   f"{pairs[-1]['ratio']:.3f}x; after the first epoch {steady(e):,.0f} vs {steady(n):,.0f}: "
-                  f"{pairs[-1]['steady_ratio']:.3f}x (load {load:.2f})", flush=True)
+                  f"{pairs[-1]['steady_ratio']:.3f}x (load {load:.2f}); a round on the engine "
+                  f"{pairs[-1]['round_ms']:.1f} ms, {pairs[-1]['outside_compute_ms']:.2f} ms of it not computing, "
+                  f"{pairs[-1]['save_wait_ms']:.2f} ms waiting for the coordinator's save", flush=True)
     finally:
         if zk is not None:
             zk.stop()
@@ -91,10 +105,14 @@ def main() -> int:
     out = {"machine": machine(), "config": {"train_limit": a.train_limit, "epochs": a.epochs, "batch": 32, "H": 8},
            "pairs": pairs, "ratio_median": round(median(ratios), 3), "ratio_range": [min(ratios), max(ratios)],
            "steady_ratio_median": round(median(steadies), 3), "steady_ratio_range": [min(steadies), max(steadies)],
+           **{f"{k}_median": round(median([r[k] for r in pairs]), 3)
+              for k in ("round_ms", "outside_compute_ms", "save_wait_ms")},
            "load_end": round(os.getloadavg()[0], 2), "time": time.strftime("%Y-%m-%d %H:%M")}
     print(f"1 unit on the engine / the in-process trainer: {out['ratio_median']:.3f}x over the whole run (range "
           f"{min(ratios):.3f}-{max(ratios):.3f}), {out['steady_ratio_median']:.3f}x after the first epoch (range "
           f"{min(steadies):.3f}-{max(steadies):.3f}); {len(pairs)} pairs; target >= 0.9x")
+    print(f"a round on the engine: {out['round_ms_median']:.1f} ms, {out['outside_compute_ms_median']:.2f} ms of it "
+          f"not computing, {out['save_wait_ms_median']:.2f} ms waiting for the coordinator's save (medians)")
     print("wrote", write_json("engine.json", out))
     return 0
 

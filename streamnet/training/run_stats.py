@@ -98,6 +98,7 @@ class SyncStats:
     each_sample_counted_once: bool
     miscounted: dict                  # SampleLedger.report
     barrier_s: dict[int, float]       # unit -> seconds its contributions waited for the round
+    save_wait_s: float                # seconds combined rounds waited for the coordinator to confirm the save
     epoch_train_loss: dict[int, float]
     epoch_clock: dict[int, EpochSpan]
     num_params: int                   # of the whole model
@@ -133,7 +134,7 @@ class SyncStats:
         so the counts are each epoch's least over the slices, and the run counted each
         sample once only if every slice did and all agree. Bytes and recoveries add up;
         a replayed or refused contribution is answered by every slice and is counted once
-        (the most of any slice); barrier waits are the longest of any slice."""
+        (the most of any slice); barrier and save waits are the longest of any slice."""
         if len(parts) == 1:
             return parts[0]
         first = parts[0]
@@ -158,6 +159,7 @@ class SyncStats:
             each_sample_counted_once=agree and all(p.each_sample_counted_once for p in parts),
             miscounted=miscounted,
             barrier_s={u: max(p.barrier_s.get(u, 0.0) for p in parts) for u in first.barrier_s},
+            save_wait_s=max(p.save_wait_s for p in parts),
             epoch_train_loss=first.epoch_train_loss, epoch_clock=clock, num_params=first.num_params,
             slices=first.slices, resumed_from_step=first.resumed_from_step, quarantined=first.quarantined,
             wall_s=max(p.wall_s for p in parts), started=min(p.started for p in parts))

@@ -55,6 +55,8 @@ def summary_of(cfg: RunConfig, run: RunStats, workers: int | None, wall_s: float
         "epoch_samples": {str(e): n for e, n in stats.epoch_samples.items()},
         "miscounted": stats.miscounted,
         "sync_tasks": stats.slices,
+        # of every unit's communication time, what the rounds waited for the coordinator's save
+        "sync_save_wait_s": stats.save_wait_s,
         "sync_recoveries": stats.recoveries,
         "refused_contributions": stats.refused,
         "resumed_from_step": stats.resumed_from_step,

@@ -75,6 +75,9 @@ class SyncBolt(SyncRecovery, Bolt):
         self.bytes_in = self.bytes_out = 0
         self.barrier_s = dict.fromkeys(range(len(self.compute_tasks)), 0.0)   # unit -> s waited for the round
         self.arrived: dict[int, float] = {}
+        # seconds combined rounds then waited for the coordinator to confirm the save (the
+        # fencing check): the part of every unit's round trip that is ZooKeeper's
+        self.save_wait_s = 0.0
         # which unit held each round, and why (stragglers.py): judged by slice 0's task alone
         self.stragglers = Stragglers() if self.slice == 0 else None
         self.round_started: float | None = None     # when this task sent the last round's parameters
@@ -162,7 +165,9 @@ class SyncBolt(SyncRecovery, Bolt):
             await asyncio.wait([saving])      # one save at a time; the round is combined again on replay
             self.counts.undo_last_round()
             raise
+        combined = time.perf_counter()
         await saving
+        self.save_wait_s += time.perf_counter() - combined
         del self.pending[key]
         self._combined(key, step, tuples, contributions, params, flagged)
 
@@ -243,6 +248,9 @@ class SyncBolt(SyncRecovery, Bolt):
             help="Bytes of contributions this sync task received (for its slice)")
         fig("training_sync_sent_bytes_total", self.bytes_out, counter=True,
             help="Bytes of parameters this sync task sent to the units (its slice)")
+        fig("training_sync_save_wait_seconds_total", self.save_wait_s, counter=True,
+            help="Seconds combined rounds waited for the coordinator to confirm the saved counters before "
+                 "their parameters were sent")
         fig("training_duplicate_contributions_total", c.duplicates, counter=True,
             help="Contributions answered as replays or replaced by a newer copy")
         fig("training_recoveries_total", c.recoveries, counter=True, help="Times a new sync task took over")
@@ -284,7 +292,7 @@ class SyncBolt(SyncRecovery, Bolt):
             refused=len(self.agg.refused), recoveries=c.recoveries, epoch_samples=dict(c.epoch_samples),
             each_sample_counted_once=all(n == self.train_size and c.ledger.clean(e) for e, n in finished.items()),
             miscounted=c.ledger.report(lambda e: self.plans.plan(e - 1)),
-            barrier_s=dict(self.barrier_s), epoch_train_loss=self.loss.per_epoch(), epoch_clock=dict(c.clock.spans),
+            barrier_s=dict(self.barrier_s), save_wait_s=self.save_wait_s, epoch_train_loss=self.loss.per_epoch(), epoch_clock=dict(c.clock.spans),
             num_params=int(self.num_params), slices=self.slices, resumed_from_step=c.resumed_from,
             quarantined=dataset_for(self.cfg).quarantined, wall_s=time.perf_counter() - self.t0, started=c.started)
 

@@ -46,6 +46,8 @@ def test_mixbp_topology_with_per_unit_batches():
                 "bytes_sent", "samples_processed", "samples_replayed", "per_worker"):
         assert key in d, key
     assert {"compute_s", "communication_s", "barrier_wait_s"} <= set(next(iter(d["per_worker"].values())))
+    # every round awaited its save: measured, and a part of the run's time
+    assert 0 < d["sync_save_wait_s"] < summary.train_s
 
 
 def test_online_topology_equals_the_in_process_trainer():

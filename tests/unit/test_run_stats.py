@@ -13,7 +13,7 @@ def _stats(**over) -> SyncStats:
     v = dict(sync_rounds=8, samples_processed=400, samples_this_run=300, duplicates=1, bytes_received=1000,
              bytes_sent=3000, refused=0, recoveries=1, epoch_samples={1: 200, 2: 200},
              each_sample_counted_once=True, miscounted={}, barrier_s={0: 0.5, 1: 0.25},
-             epoch_train_loss={1: 2.0, 2: 1.5},
+             save_wait_s=0.125, epoch_train_loss={1: 2.0, 2: 1.5},
              epoch_clock={1: EpochSpan(start=100.0, end=110.0, samples=200),
                           2: EpochSpan(start=110.0, end=None, samples=100)},
              num_params=61706, slices=1, resumed_from_step=None, quarantined={"train": {"count": 2}}, wall_s=10.0,
@@ -46,6 +46,7 @@ def test_the_summary_reads_every_record():
     assert [(h.epoch, h.train_loss, h.samples, h.seconds) for h in s.history] == [(1, 2.0, 200, 10.0),
                                                                                  (2, 1.5, 100, 0.0)]
     assert s.extra["samples_replayed"] == 3 and s.extra["bytes_sent"] == 4000 and s.extra["stopped_at"] is None
+    assert s.extra["sync_save_wait_s"] == 0.125
     assert s.extra["samples_quarantined"] == 2 and s.extra["accuracy_at_s"] == [[11.0, 0.5], [21.0, 0.75]]
     assert s.extra["per_worker"]["w2"] == {"units": [1], "compute_s": 4.0, "communication_s": 0.75,
                                            "barrier_wait_s": 0.25, "samples": 200}
@@ -107,9 +108,10 @@ def test_the_slices_accounts_merge_into_the_runs():
     with pytest.raises(ResultsError, match=r"lack 'sync\.1\.stats': 2 sync tasks published 1 accounts"):
         RunStats.from_results(r)
     r["sync.1.stats"] = _stats(slices=2, bytes_received=500, recoveries=0, duplicates=3,
-                               barrier_s={0: 0.75, 1: 0.0}).to_dict()
+                               barrier_s={0: 0.75, 1: 0.0}, save_wait_s=0.5).to_dict()
     s = RunStats.from_results(r).sync
     assert (s.bytes_received, s.bytes_sent, s.recoveries, s.duplicates) == (1500, 6000, 1, 3)
+    assert s.save_wait_s == 0.5     # the slices' rounds wait for their saves side by side: the longest
     assert s.barrier_s == {0: 0.75, 1: 0.25} and s.each_sample_counted_once and s.epoch_samples == {1: 200, 2: 200}
     r["sync.1.stats"] = _stats(slices=2, epoch_samples={1: 200, 2: 150}, each_sample_counted_once=False,
                                miscounted={"2": {"missed_samples": 50}}).to_dict()
