@@ -309,11 +309,14 @@ def test_train_in_process_stopped_by_sigterm_says_so():
                           "synthetic", "--epochs", "200", "--workers", "2", "--batch", "8"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        # the signal lands once the first epoch is done (training and evaluating go on):
+        # a condition on the run's own progress lines, not a pause
         deadline = time.monotonic() + 120
         line = ""
-        while "training" not in line and time.monotonic() < deadline:
+        while not (line.startswith("epoch 1/") and "test acc" in line):
+            assert line or p.poll() is None, f"the run ended before its first epoch: {p.stderr.read()}"
+            assert time.monotonic() < deadline, "no epoch finished within 120 s"
             line = p.stderr.readline()
-        time.sleep(2)
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=120)
     finally:
