@@ -4,8 +4,9 @@ For 1 and 2 workers (more with --workers): samples/s and wall time to the target
 test accuracy (89 % by default) for cumulative BP, online BP and MixBP with
 H in {1, 4, 8, 16}; the same for PyTorch DDP over gloo (torchrun) on the same
 data, model, per-process batch and schedule; communication bytes per sample; and,
-as the base an engine is judged by, the in-process trainer with one unit
-(`inproc/1`: the same BP arithmetic without the engine).
+as the base an engine is judged by, the in-process trainer with one unit of each
+mode (`<mode>/inproc`: the same BP arithmetic without the engine, pinned to one
+core). It prints issue 12's ratios: N worker processes / that base, per mode.
 
 --engine processes (the default) runs each worker as its own `streamnet-worker`
 process on a real ZooKeeper, pinned to core i mod cores; --engine local runs them as
@@ -68,11 +69,17 @@ def run_streamnet(mode: str, workers: int, a) -> dict:
             "sync_rounds": s.sync_rounds, "wall_s": time.time() - t0, "per_worker": s.extra["per_worker"]}
 
 
-def run_in_process(a) -> dict:
-    """One unit, no engine: the base the engine's per-unit overhead is measured against."""
+def run_in_process(mode: str, a) -> dict:
+    """One unit of `mode`, no engine, on one core: the base the engine's N workers are
+    measured against (issue 12: the honest base, since one unit on the engine is the
+    slow case)."""
     from streamnet.training import train_local
-    cfg = _config("mixbp-H8", 1, a)
-    s = train_local(cfg).summary
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(mask)})
+    try:
+        s = train_local(_config(mode, 1, a)).summary
+    finally:
+        os.sched_setaffinity(0, mask)
     hit = [h for h in s.history if h.test_accuracy is not None and h.test_accuracy >= a.target]
     return {"samples_per_s": s.samples_per_s, "time_to_target_s": None, "epochs_to_target": hit[0].epoch if hit else None,
             "best_accuracy": max((h.test_accuracy for h in s.history if h.test_accuracy is not None), default=None),
@@ -131,9 +138,11 @@ def main() -> int:
 
 
 def _measure(a, workers, out) -> int:
-    r = out["runs"]["inproc/1"] = run_in_process(a)
-    print(f"{'inproc/1':<16s}  {r['samples_per_s']:8,.0f} samples/s (in-process trainer, 1 unit, no engine)")
     for mode in a.modes.split(","):
+        if mode != "ddp":
+            key = f"{mode}/inproc"
+            r = out["runs"][key] = run_in_process(mode, a)
+            print(f"{key:<16s}  {r['samples_per_s']:8,.0f} samples/s (in-process trainer, 1 unit, no engine)")
         for k in workers:
             key = f"{mode}/{k}"
             print(f"{key:<16s} ...", end="", flush=True)
@@ -152,11 +161,13 @@ def _measure(a, workers, out) -> int:
         r1, r2 = out["runs"].get(f"{mode}/1"), out["runs"].get(f"{mode}/2")
         if r1 and r2 and "error" not in r1 and "error" not in r2:
             ratios[f"{mode} speed-up 2 vs 1 workers"] = r2["samples_per_s"] / r1["samples_per_s"]
-    base = out["runs"]["inproc/1"]["samples_per_s"]
-    for k in workers:
-        r = out["runs"].get(f"mixbp-H8/{k}")
-        if r and "error" not in r:
-            ratios[f"mixbp-H8 {k} worker(s) / in-process 1 unit (samples/s)"] = r["samples_per_s"] / base
+    for mode in a.modes.split(","):
+        base = out["runs"].get(f"{mode}/inproc")
+        for k in workers:
+            r = out["runs"].get(f"{mode}/{k}")
+            if base and r and "error" not in r:
+                ratios[f"{mode} {k} worker(s) / in-process 1 unit (samples/s)"] = \
+                    r["samples_per_s"] / base["samples_per_s"]
     mix, ddp = out["runs"].get("mixbp-H8/2"), out["runs"].get("ddp/2")
     if mix and ddp and mix.get("time_to_target_s") and ddp.get("time_to_target_s"):
         ratios["mixbp-H8 time-to-target / ddp (2 workers)"] = mix["time_to_target_s"] / ddp["time_to_target_s"]
