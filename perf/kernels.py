@@ -22,7 +22,11 @@ Method (a shared 2-core machine, so every figure is a ratio of paired blocks):
   core on a different physical core where the machine says which (SMT siblings
   share one core's units); the load average is recorded with every figure. In the
   same loop of alternating blocks, a whole SGD step on 2 threads against PyTorch's
-  on 2 threads (torch.set_num_threads(2), its threads free on both cores).
+  on 2 threads (torch.set_num_threads(2), its threads free on both cores). Before
+  them, the host's wake-up round trip between the two cores (a threading.Event
+  there and back): each step pays it to start and join its second thread, and a
+  thread that finds the interpreter lock held pays it to be woken, so it is what
+  the 2-thread figure of a small model depends on from one host to the next.
 - `--final`: only the figures the closing note needs (FINAL_CASES: 1-thread steps
   against PyTorch with their share of the matmul peak, and 2-thread / 1-thread),
   15 pairs each, pinned as above; 156 s on an idle 16-core machine (python 3.12,
@@ -213,7 +217,7 @@ def measure_steps(cases, pairs, block_s, peak) -> dict:
              "ratio": spread(ratios), "ratios": ratios,
              "numba_samples_per_s": batch / median(to), "torch_samples_per_s": batch / median(tt),
              "numba_gflops": flops / median(to) / 1e9, "torch_gflops": flops / median(tt) / 1e9,
-             "load_before": load0, "load_after": load()}
+             "load_before": load0, "load_after": load(), "wake_round_trip": wake}
         r["numba_fraction_of_peak"] = r["numba_gflops"] / peak  # of the first peak: see main
         r["torch_fraction_of_peak"] = r["torch_gflops"] / peak
         out[f"{name}_b{batch}"] = r
@@ -311,6 +315,44 @@ def measure_layers(name, batch, pairs, block_s) -> list[dict]:
 
 # -- one step on 2 threads against 1 ---------------------------------------------
 
+def wake_round_trip(cores: list[int], n: int = 2000) -> dict:
+    """Microseconds for a threading.Event hand-off to a thread on cores[1] and back
+    (median and 90th percentile of n, 0.5 ms apart so the other thread sleeps each
+    time): what a ParallelStep pays to start its second thread and to join it, and
+    what a thread that finds the interpreter lock held waits to be woken. It differs
+    by host far more than the kernels do (30 us on the VM where LeNet-5's 2-thread
+    step reached 1.7x, 100-330 us on one where it stayed near 1.35x), so the thread
+    figures are printed with it."""
+    import threading
+    go, back = threading.Event(), threading.Event()
+    stop = []
+
+    def echo():
+        if len(cores) > 1:
+            os.sched_setaffinity(0, {cores[1]})
+        while True:
+            go.wait()
+            go.clear()
+            if stop:
+                return
+            back.set()
+    t = threading.Thread(target=echo, daemon=True)
+    t.start()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        go.set()
+        back.wait()
+        back.clear()
+        times.append((time.perf_counter() - t0) * 1e6)
+        time.sleep(0.0005)
+    stop.append(True)
+    go.set()
+    t.join()
+    times.sort()
+    return {"median_us": times[n // 2], "p90_us": times[int(n * 0.9)], "n": n}
+
+
 def measure_threads(cases, pairs, block_s, cores: list[int]) -> dict:
     """Two figures per case, in one loop of alternating blocks:
     - speed-up: `ParallelStep(threads=2)` against one thread, loss and gradient;
@@ -327,6 +369,9 @@ def measure_threads(cases, pairs, block_s, cores: list[int]) -> dict:
     from streamnet import kernels as K
     from streamnet.nn import ParallelStep
     out = {}
+    wake = wake_round_trip(cores)
+    print(f"threads: a wake-up round trip to core {cores[-1]} and back takes {wake['median_us']:.0f} us "
+          f"(p90 {wake['p90_us']:.0f} us)", flush=True)
     second = (lambda: os.sched_setaffinity(0, {cores[1]})) if len(cores) > 1 else None
     both = set(cores[:2])
 
@@ -370,7 +415,7 @@ def measure_threads(cases, pairs, block_s, cores: list[int]) -> dict:
              "two_threads_ms": spread([v * 1e3 for v in t2]), "speedup": spread(ratios),
              "speedups": ratios, "two_threads_sgd_ms": spread([v * 1e3 for v in ts]),
              "torch_two_threads_ms": spread([v * 1e3 for v in tt]), "vs_torch_two_threads": spread(vs_torch),
-             "load_before": load0, "load_after": load()}
+             "load_before": load0, "load_after": load(), "wake_round_trip": wake}
         out[f"{name}_b{batch}"] = r
         s, v = r["speedup"], r["vs_torch_two_threads"]
         print(f"threads {name:10s} b{batch}: 1 thread {r['one_thread_ms']['median']:.2f} ms, 2 threads "
@@ -415,7 +460,8 @@ def summary(results: dict) -> None:
         s, v = r["speedup"], r["vs_torch_two_threads"]
         print(f"  {key:16s} 2 threads / 1: {s['median']:.2f}x ({s['q1']:.2f}-{s['q3']:.2f}); "
               f"2 threads vs PyTorch 2 threads: {v['median']:.2f}x ({v['q1']:.2f}-{v['q3']:.2f}) "
-              f"on cores {r['cores']}, load {r['load_before']:.2f}")
+              f"on cores {r['cores']}, load {r['load_before']:.2f}"
+              + (f"; wake-up round trip {r['wake_round_trip']['median_us']:.0f} us" if "wake_round_trip" in r else ""))
 
 
 def main() -> int:
