@@ -53,6 +53,14 @@ getrusage, load ~8) 1 thread 3.55-3.60 ms, 2 halves 3.88-4.00, 4 chunks 4.06-4.1
 - the two extra chunks' layer calls and the 4-row sum; see MIN_CHUNK for why
 LeNet-5's batch 64 now runs in 2. Big models keep one chunk per thread: AlexNet-64
 batch 64 in 4 chunks ran 1.84x against 1.90x for 2 (a quiet moment).
+
+On a host whose cross-core wake-up is slow (fc-v1045: a threading.Event round trip
+of 100-330 us; perf/kernels.py prints it) LeNet-5 batch 64 stays near 1.3x, and
+fewer GIL re-takes are not the cure there: a whole LeNet-5 chunk as one nogil numba
+function (the same kernels, composed in nopython mode) ran 1.44x against 1.37x for
+the 11 calls (12 alternating blocks), took 8-68 s to compile, and two such chunks
+free-running in two threads of one process ran only 3-5 % slower than in two
+processes. What is left is the start and the join of every step, a wake-up each.
 """
 from __future__ import annotations
 
