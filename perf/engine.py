@@ -13,7 +13,8 @@ pair and the medians with their ranges, and the engine's own account of its time
 
     python perf/engine.py [--pairs 5] [--train-limit 30000] [--epochs 3]
 
-Writes perf/results/engine.json. Needs ZooKeeper (Debian's zookeeper) and the dataset.
+Writes perf/results/engine.json (--out NAME.json or a path for another). Needs ZooKeeper
+(Debian's zookeeper) and the dataset.
 """
 from __future__ import annotations
 
@@ -72,6 +73,7 @@ def main() -> int:
     p.add_argument("--test-limit", type=int, default=500)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--zk-hosts", help="a running ZooKeeper (default: start one)")
+    p.add_argument("--out", default="engine.json", help="results file: a name under perf/results or a path")
     a = p.parse_args()
     cfg = config(a)
     zk = None
@@ -113,7 +115,7 @@ def main() -> int:
           f"{min(steadies):.3f}-{max(steadies):.3f}); {len(pairs)} pairs; target >= 0.9x")
     print(f"a round on the engine: {out['round_ms_median']:.1f} ms, {out['outside_compute_ms_median']:.2f} ms of it "
           f"not computing, {out['save_wait_ms_median']:.2f} ms waiting for the coordinator's save (medians)")
-    print("wrote", write_json("engine.json", out))
+    print("wrote", write_json(a.out, out))
     return 0
 
 

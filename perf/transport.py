@@ -19,7 +19,8 @@ MAC over every frame) and tls (the same frames inside TLS, --tls-cert/--tls-key/
 
     python perf/transport.py [--quick] [--engine processes|local|both] [--modes plain,tls]
 
-Writes perf/results/transport.json and perf/results/transport.png.
+Writes perf/results/transport.json and perf/results/transport.png (--out NAME.json or a
+path for others, so a trial run does not replace the committed figures).
 Targets (issue 12, between two worker processes): p50 <= 0.3 ms, >= 2 GB/s bulk,
 >= 100k small tuples/s per connection.
 
@@ -220,6 +221,8 @@ def main() -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--engine", choices=("processes", "local", "both"), default="processes")
     p.add_argument("--modes", default="plain,tls", help="stream modes of the processes: plain, tls or both")
+    p.add_argument("--out", default="transport.json",
+                   help="results file: a name under perf/results or a path (the PNG goes beside it)")
     a = p.parse_args()
     modes = a.modes.split(",")
     if not modes or any(m not in ("plain", "tls") for m in modes):
@@ -249,7 +252,7 @@ def main() -> int:
         print("TLS against plain (MAC only), same run: " + ", ".join(
             f"{k} {v:.2f}x" for k, v in out["tls_cost"].items()))
     kinds = [column for column, _, _ in kinds]
-    path = write_json("transport.json", out)
+    path = write_json(a.out, out)
     print(f"wrote {path}")
     try:
         import matplotlib
@@ -273,8 +276,9 @@ def main() -> int:
     axes[1].legend()
     axes[2].axhline(TARGETS["small_tuples_s"], ls="--", c="k"); axes[2].set_title("small tuples/s")
     axes[2].set_xticks(range(len(kinds)), kinds)
-    fig.tight_layout(); fig.savefig(png_path("transport.png"), dpi=100)
-    print(f"wrote {png_path('transport.png')}")
+    png = png_path(os.path.splitext(a.out)[0] + ".png")
+    fig.tight_layout(); fig.savefig(png, dpi=100)
+    print(f"wrote {png}")
     return 0
 
 

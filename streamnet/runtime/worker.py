@@ -18,6 +18,7 @@ from aiohttp import web
 
 from . import codec, monitor
 from .assignment import Assignment
+from .dataplane import accept_shortage
 from .dataplane.delivery import Delivery
 from .dataplane.executor import Wake
 from .control.cluster_state import REFUSED, RUNNING, ClusterState
@@ -71,6 +72,7 @@ class Worker:
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        accept_shortage.install(self.loop)      # one line a minute, not a traceback a second
         self.pool = ComputePool(self.threads, name=f"{self.id}-compute")
         await self._preload()
         self.session = aiohttp.ClientSession(

@@ -1,0 +1,121 @@
+"""A worker that runs out of descriptors says so once a minute, not a traceback a second."""
+import asyncio
+import logging
+
+from streamnet.runtime.dataplane import accept_shortage
+from streamnet.runtime.dataplane.accept_shortage import MESSAGE, AcceptShortage
+
+
+def _context():
+    return {"message": MESSAGE, "exception": OSError(24, "Too many open files")}
+
+
+def test_a_shortage_is_one_line_a_minute_with_the_count_of_the_others(caplog):
+    now = [100.0]
+    handler = AcceptShortage(repeat_s=60.0, clock=lambda: now[0])
+    loop = asyncio.new_event_loop()
+    try:
+        with caplog.at_level(logging.WARNING):
+            for _ in range(30):            # asyncio retries once a second
+                handler(loop, _context())
+                now[0] += 1.0
+            lines = [r for r in caplog.records if "cannot accept connections" in r.getMessage()]
+            assert len(lines) == 1
+            first = lines[0].getMessage()
+            assert "Too many open files" in first and "open files allowed:" in first and "more such" not in first
+            assert lines[0].exc_info is None       # one line, no traceback
+            now[0] = 160.0
+            handler(loop, _context())
+        lines = [r.getMessage() for r in caplog.records if "cannot accept connections" in r.getMessage()]
+        assert len(lines) == 2 and "29 more such reports since the last" in lines[1]
+    finally:
+        loop.close()
+
+
+def test_other_reports_go_to_the_default_handler(caplog):
+    loop = asyncio.new_event_loop()
+    try:
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            AcceptShortage()(loop, {"message": "Task exception was never retrieved", "exception": ValueError("x")})
+        assert any("Task exception was never retrieved" in r.getMessage() for r in caplog.records)
+    finally:
+        loop.close()
+
+
+def test_install_keeps_a_handler_already_set():
+    loop = asyncio.new_event_loop()
+    try:
+        accept_shortage.install(loop)
+        assert isinstance(loop.get_exception_handler(), AcceptShortage)
+        mine = lambda loop, context: None  # noqa: E731
+        loop.set_exception_handler(mine)
+        accept_shortage.install(loop)
+        assert loop.get_exception_handler() is mine
+    finally:
+        loop.close()
+
+
+CHILD = r"""
+import asyncio, os, resource, sys, time
+from streamnet.runtime.dataplane import accept_shortage
+import logging
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+seen = []
+class Counting(accept_shortage.AcceptShortage):
+    def __call__(self, loop, context):
+        if context.get("message") == accept_shortage.MESSAGE:
+            seen.append(1)
+        super().__call__(loop, context)
+async def main():
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(Counting())
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    hold = []
+    try:
+        while True:
+            hold.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    print("full", flush=True)
+    deadline = time.monotonic() + 30
+    while len(seen) < 3 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    for fd in hold:
+        os.close(fd)
+    server.close()
+    print("reports", len(seen), flush=True)
+asyncio.run(main())
+"""
+
+
+def test_a_real_descriptor_shortage_is_reported_once():
+    """A process out of descriptors, a client that keeps connecting: asyncio reports every
+    failed accept (a pass over the backlog a second), and the log has one line of it and
+    no traceback."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    p = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    conns = []
+    try:
+        port = int(p.stdout.readline())
+        assert p.stdout.readline().strip() == "full"
+        deadline = time.monotonic() + 40
+        while p.poll() is None:          # the child ends after its third report (or its own deadline)
+            assert time.monotonic() < deadline, "the child did not end"
+            try:
+                conns.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+            except OSError:
+                pass                     # a full backlog: the next attempt waits in connect
+            time.sleep(0.05)
+        out, err = p.communicate(timeout=10)
+    finally:
+        p.kill()
+        for c in conns:
+            c.close()
+    # asyncio reports each failed accept of a pass over the backlog, then again a second later
+    assert int(out.split("reports")[1]) >= 3, (out, err)
+    assert err.count("cannot accept connections") == 1 and "Traceback" not in err, err
