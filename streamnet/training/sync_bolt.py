@@ -292,7 +292,8 @@ class SyncBolt(SyncRecovery, Bolt):
             refused=len(self.agg.refused), recoveries=c.recoveries, epoch_samples=dict(c.epoch_samples),
             each_sample_counted_once=all(n == self.train_size and c.ledger.clean(e) for e, n in finished.items()),
             miscounted=c.ledger.report(lambda e: self.plans.plan(e - 1)),
-            barrier_s=dict(self.barrier_s), save_wait_s=self.save_wait_s, epoch_train_loss=self.loss.per_epoch(), epoch_clock=dict(c.clock.spans),
+            barrier_s=dict(self.barrier_s), save_wait_s=self.save_wait_s, epoch_train_loss=self.loss.per_epoch(),
+            epoch_clock=dict(c.clock.spans),
             num_params=int(self.num_params), slices=self.slices, resumed_from_step=c.resumed_from,
             quarantined=dataset_for(self.cfg).quarantined, wall_s=time.perf_counter() - self.t0, started=c.started)
 
