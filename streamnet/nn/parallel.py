@@ -11,16 +11,24 @@ The batch is cut into contiguous chunks (sizes differ by at most one): one per
 thread for big models, up to CHUNKS_PER_THREAD per thread of at least MIN_CHUNK
 samples for small ones (or `chunks_per_thread`). Threads take the next chunk from a
 shared counter until none is left, so a thread that starts late or is preempted (a
-shared machine) runs fewer chunks instead of holding the others at the join; a pool
-task that has not started when the calling thread is done is cancelled. Replica c
+shared machine) runs fewer chunks instead of holding the others at the join, and one
+that has not started when the chunks are done takes none: nobody waits for it.
+Threads 1..T-1 are not woken for each step: each stays, polling without the GIL,
+for up to SPIN_CHECKS sched_yield calls (about 1 ms) after a step for the next one,
+and goes back to its pool only when none comes (between the rounds of a trainer);
+the calling thread polls the same way for the last chunk and for the others to
+leave the step before it sleeps. A wake-up across cores costs 100-300 us on a host
+like fc-v1045, two of them a step: LeNet-5 batch 64 on 2 threads went from 1.41x
+and 1.31x to 1.51x and 1.48x one thread that way (perf/kernels.py, 15 pairs each,
+old and new alternating), AlexNet-64 batch 64 1.90x before, 1.73x and 1.83x after
+(5 pairs each: within its spread). Replica c
 computes the mean loss and gradient of chunk c into row c of a (C, P) buffer,
 reading the model's own parameter vector (shared, not copied), whichever thread
 runs it. Once every chunk is done, the rows are combined as sum_c (n_c / N) * row_c
 in the fixed order c = 0..C-1, the threads taking slices of the vector from a second
 counter (for a small model one slice, the whole vector, summed by the calling thread,
-which waits for the join anyway: the last chunk's thread never sums and then has
-the caller wait for its future, a second sleep and wake-up -- LeNet-5 batch 64
-1.77x -> 1.81x, 12 paired blocks; one slice per thread for a big model), so the
+which waits for the join anyway -- LeNet-5 batch 64 1.77x -> 1.81x, 12 paired
+blocks; one slice per thread for a big model), so the
 result is the same whatever order the threads finish in or whichever ran what, and
 equals the one-thread gradient up to float32 rounding of the summation order
 (tests/unit/test_model_parallel_step.py: 1e-5 relative).
@@ -44,7 +52,8 @@ threading.Event hand-off), and a thread making tiny numba calls in a loop slowed
 step by 11 % at one moment and 61 % at another. Hence the fused layer steps
 (nn/model.py, compute_order): 11 kernel calls per LeNet-5 chunk instead of 25. A
 spin-wait (nogil, bounded) for the other chunk instead of sleeping on the event
-did not help (1.002x, 14 paired blocks), so it is not here. So a step of ~2.2 ms
+did not help there (1.002x, 14 paired blocks), where a wake-up took 30 us; on a
+host where it takes 100-300 us it does (below). So a step of ~2.2 ms
 ends near 1.7x on two threads, and AlexNet-64's ~1 s step at 1.9x. On a shared
 machine a step that waits for a fixed half lost all of it whenever another job
 took a core (0.7x of one thread, the free-running pair 1.1-1.3x): hence the chunks
@@ -60,14 +69,17 @@ fewer GIL re-takes are not the cure there: a whole LeNet-5 chunk as one nogil nu
 function (the same kernels, composed in nopython mode) ran 1.44x against 1.37x for
 the 11 calls (12 alternating blocks), took 8-68 s to compile, and two such chunks
 free-running in two threads of one process ran only 3-5 % slower than in two
-processes. What is left is the start and the join of every step, a wake-up each.
+processes. What was left was the start and the join of every step, a wake-up
+each: hence the polling below.
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
 
 import numpy as np
+from numba import njit
 
 from .. import kernels as K
 
@@ -83,6 +95,49 @@ CHUNKS_PER_THREAD = 2
 #: against 1.73x as 2 chunks of 32 (10 paired blocks, idle, load 0.4): so batch 64
 #: runs one chunk per thread, and 128 two
 MIN_CHUNK = 32
+
+
+#: sched_yield calls a waiting thread makes before it sleeps instead (about 1 ms on
+#: fc-v1045): between the steps of a round, and at a step's join, the other thread is
+#: back well within it, and a wake-up from sleep costs 100-300 us on such a host
+SPIN_CHECKS = 2000
+
+_sched_yield = ctypes.CDLL(None).sched_yield
+_sched_yield.argtypes = []
+_sched_yield.restype = ctypes.c_int
+
+
+@njit(nogil=True)   # not cached: numba cannot cache a function that calls through ctypes
+def _spin_until(flag, value, checks):
+    """Wait, with the GIL released, until flag[0] >= value: True, or False after
+    `checks` sched_yield calls. The call is opaque to the compiler, so flag[0] is read
+    again each time; a thread that needs the core meanwhile gets it."""
+    for _ in range(checks):
+        if flag[0] >= value:
+            return True
+        _sched_yield()
+    return flag[0] >= value
+
+
+class _Signal:
+    """A one-shot event that its waiter first polls for up to SPIN_CHECKS without the
+    GIL and only then sleeps on: on a host whose cross-core wake-up is slow, a wait of
+    tens of microseconds should not cost a wake-up."""
+
+    def __init__(self):
+        self._flag = np.zeros(1, dtype=np.int64)
+        self._event = threading.Event()
+
+    def set(self) -> None:
+        self._flag[0] = 1
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return bool(self._flag[0])
+
+    def wait(self) -> None:
+        if not _spin_until(self._flag, 1, SPIN_CHECKS):
+            self._event.wait()
 
 
 def shard_bounds(n: int, parts: int) -> list[tuple[int, int]]:
@@ -104,10 +159,12 @@ class ParallelStep:
     and keep it. Not re-entrant: one step at a time per object (a second
     concurrent call raises RuntimeError); the model's parameters must not change
     during a step. `executor`, if given, runs threads 1..T-1 of the step (thread 0
-    is the calling one); it must have T-1 workers free for the duration of the
-    step, so do not pass the pool the caller itself is running on unless it is
-    that much larger. Without one, the object owns a pool of T-1 threads;
-    `close()` shuts it down (also a context manager).
+    is the calling one), each of which keeps its pool thread for about a
+    millisecond after a step (waiting for the next); it must have T-1 workers free
+    for the duration of the steps, so do not pass the pool the caller itself is
+    running on unless it is that much larger. Without one, the object owns a pool
+    of T-1 threads; `close()` sends the waiting threads away and shuts it down
+    (also a context manager).
     """
 
     def __init__(self, model, threads: int, executor: Executor | None = None,
@@ -132,6 +189,11 @@ class ParallelStep:
         # the whole vector for a small model, one slice per thread for a big one
         self._slices = shard_bounds(model.num_params, 1 if self.small else self.threads)
         self._plans: dict[int, tuple] = {}
+        # threads 1..T-1 stay between steps (_partner): a step bumps _go and sets _job
+        self._go = np.zeros(1, dtype=np.int64)
+        self._job = None
+        self._alive = [False] * self.threads
+        self._closing = False
 
     def chunks(self, n: int) -> list[tuple[int, int]]:
         """The chunks a batch of n is cut into (the rows it fills, in order)."""
@@ -166,10 +228,12 @@ class ParallelStep:
         rows = self._rows[:len(chunks)]
         slices = self._slices
         # threads take chunks, then (once every chunk is done) slices of the sum, from
-        # shared counters: a thread that gets no core in time takes nothing, and one
-        # that never started is cancelled (_fan_out), so nobody waits for it
-        state = {"chunk": 0, "left": len(chunks), "slice": 0, "failed": False}
-        all_done = threading.Event()
+        # shared counters: a thread that gets no core in time takes nothing, so nobody
+        # waits for it; the step ends when every chunk and slice is done and no other
+        # thread is inside it (it never leaves one running on shared buffers)
+        state = {"chunk": 0, "left": len(chunks), "slice": 0, "slices_left": len(slices), "failed": False,
+                 "active": 0, "caller_done": False, "losses": {}, "errors": []}
+        all_done, quiet = _Signal(), _Signal()
         lock = self._lock
 
         def take(counter: str, limit: int) -> int:
@@ -178,8 +242,13 @@ class ParallelStep:
                 state[counter] = i + 1
                 return i if i < limit and not state["failed"] else -1
 
+        def fail(e: BaseException) -> None:
+            with lock:
+                state["failed"] = True  # nobody takes more chunks or slices
+                state["errors"].append(e)
+            all_done.set()  # release the others
+
         def run(k):
-            losses = {}
             c = take("chunk", len(chunks))
             while c >= 0:
                 lo, hi = chunks[c]
@@ -187,47 +256,92 @@ class ParallelStep:
                 rep.set_random_state(steps)
                 rep.set_sample_offset(lo)
                 try:
-                    losses[c] = rep._loss_and_grad(x[lo:hi], labels[lo:hi])[0]
-                except BaseException:
-                    with lock:
-                        state["failed"] = True  # nobody takes more chunks or slices
-                    all_done.set()  # release the others
-                    raise
+                    loss = rep._loss_and_grad(x[lo:hi], labels[lo:hi])[0]
+                except BaseException as e:
+                    fail(e)
+                    return
                 with lock:
+                    state["losses"][c] = loss
                     state["left"] -= 1
                     if state["left"] == 0:
                         all_done.set()
                 c = take("chunk", len(chunks))
             if k >= len(slices):
-                return losses  # a small model's sum is the calling thread's (see _slices)
+                return  # a small model's sum is the calling thread's (see _slices)
             all_done.wait()  # the chunks other threads are still running
             j = take("slice", len(slices))
             while j >= 0:
                 a, b = slices[j]
-                K.weighted_sum_rows(model.grads, rows, weights, a, b)
+                try:
+                    K.weighted_sum_rows(model.grads, rows, weights, a, b)
+                except BaseException as e:
+                    fail(e)
+                    return
+                with lock:
+                    state["slices_left"] -= 1
                 j = take("slice", len(slices))
-            return losses
 
-        per_thread = self._fan_out(run, used)
-        losses = {c: v for part in per_thread if part for c, v in part.items()}
+        def partner(k):
+            with lock:
+                state["active"] += 1
+            try:
+                run(k)
+            finally:
+                with lock:
+                    state["active"] -= 1
+                    if state["active"] == 0 and state["caller_done"]:
+                        quiet.set()
+
+        self._start_partners(partner, used)
+        try:
+            run(0)
+        except BaseException as e:      # not from a chunk (run catches those): still wait below
+            fail(e)
+        with lock:
+            state["caller_done"] = True
+            others = state["active"]
+        if others:
+            quiet.wait()
+        if state["errors"]:
+            raise state["errors"][0]
+        losses = state["losses"]
         model.set_random_state(self._replicas[0].random_state())
         return float(sum(weights[c] * losses[c] for c in range(len(chunks)))), model.grads
 
-    def _fan_out(self, fn, count: int) -> list:
-        """fn(0) here, fn(1..count-1) on the pool; results in index order. A pool
-        task that has not started by the time fn(0) returns is cancelled (result
-        None): on a busy machine a pool thread may wait long for a core, and the
-        step's work is all done by then."""
-        futures = [self._pool.submit(fn, k) for k in range(1, count)]
+    def _start_partners(self, job, count: int) -> None:
+        """Hand this step's job to threads 1..count-1: those still waiting from the last
+        step take it at once, a task is submitted for each of the others."""
+        with self._lock:
+            self._job = job
+            self._go[0] += 1
+            for k in range(1, count):
+                if not self._alive[k]:
+                    self._alive[k] = True
+                    self._pool.submit(self._partner, k, int(self._go[0]) - 1)
+
+    def _partner(self, k: int, seen: int) -> None:
+        """Thread k of the steps: run each new step's job, waiting between steps (a
+        spin, then leave: the thread goes back to its pool, and the next step submits
+        a task again)."""
         try:
-            first = fn(0)
-        except BaseException as exc:
-            # never leave a chunk running on shared buffers; report the first error
-            errors = [f.exception() for f in futures]
-            raise next((e for e in [exc] + errors if e is not None), exc)
-        return [first] + [None if f.cancel() else f.result() for f in futures]
+            while True:
+                waited = _spin_until(self._go, seen + 1, SPIN_CHECKS)
+                with self._lock:
+                    # decided under the lock that _start_partners takes: a step that
+                    # finds this thread alive is sure to be run by it
+                    if self._closing or (not waited and self._go[0] <= seen):
+                        self._alive[k] = False
+                        return
+                    seen, job = int(self._go[0]), self._job
+                job(k)
+        except BaseException:
+            with self._lock:
+                self._alive[k] = False
+            raise
 
     def close(self) -> None:
+        with self._lock:
+            self._closing = True     # waiting threads leave at their next check
         if self._own_pool and self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None

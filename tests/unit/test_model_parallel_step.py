@@ -115,3 +115,60 @@ def test_a_failing_shard_raises_its_own_error_and_the_step_recovers():
             step.loss_and_grad(x, y)
         del bad._loss_and_grad  # the class's method again
         np.testing.assert_array_equal(step.loss_and_grad(x, y)[1], ref)
+
+
+def _until(cond, seconds=10.0):
+    import time
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def test_threads_wait_between_steps_then_leave_and_come_back():
+    """Threads 1..T-1 stay for the next step a moment, go back to their pool when none
+    comes, and the next step brings them again: the same gradient every time."""
+    model = nn.lenet5(seed=10)
+    x, y = _batch(model, 64)
+    with ParallelStep(model, 2) as step:
+        ref = step.loss_and_grad(x, y)[1].copy()
+        for _ in range(3):
+            np.testing.assert_array_equal(step.loss_and_grad(x, y)[1], ref)   # back to back
+        _until(lambda: not any(step._alive))                                  # none came: they left
+        np.testing.assert_array_equal(step.loss_and_grad(x, y)[1], ref)
+        assert step._pool._work_queue.qsize() == 0
+
+
+def test_a_step_does_not_wait_for_a_thread_that_never_starts():
+    """The pool's only thread is busy elsewhere: the calling thread runs every chunk,
+    and the task that comes late takes nothing and leaves."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    model = nn.lenet5(seed=11)
+    x, y = _batch(model, 64)
+    ref = model.loss_and_grad(x, y)[1].copy()
+    pool = ThreadPoolExecutor(1)
+    release = threading.Event()
+    blocker = pool.submit(release.wait, 30)
+    try:
+        step = ParallelStep(model, 2, executor=pool)
+        _assert_rel(step.loss_and_grad(x, y)[1].copy(), ref, 1e-5)
+        assert step._alive[1]                      # submitted, not started
+        release.set()
+        blocker.result(timeout=30)
+        _until(lambda: not step._alive[1])         # it ran, found no work, and left
+        _assert_rel(step.loss_and_grad(x, y)[1].copy(), ref, 1e-5)
+        step.close()
+    finally:
+        release.set()
+        pool.shutdown(wait=True)
+
+
+def test_close_sends_the_waiting_threads_away():
+    model = nn.lenet5(seed=12)
+    x, y = _batch(model, 64)
+    step = ParallelStep(model, 2)
+    step.loss_and_grad(x, y)
+    threads = list(step._pool._threads)
+    step.close()
+    assert not any(step._alive) and not any(t.is_alive() for t in threads)
