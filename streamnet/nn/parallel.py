@@ -132,9 +132,6 @@ class _Signal:
         self._flag[0] = 1
         self._event.set()
 
-    def is_set(self) -> bool:
-        return bool(self._flag[0])
-
     def wait(self) -> None:
         if not _spin_until(self._flag, 1, SPIN_CHECKS):
             self._event.wait()
@@ -229,9 +226,10 @@ class ParallelStep:
         slices = self._slices
         # threads take chunks, then (once every chunk is done) slices of the sum, from
         # shared counters: a thread that gets no core in time takes nothing, so nobody
-        # waits for it; the step ends when every chunk and slice is done and no other
-        # thread is inside it (it never leaves one running on shared buffers)
-        state = {"chunk": 0, "left": len(chunks), "slice": 0, "slices_left": len(slices), "failed": False,
+        # waits for it; the step ends when the calling thread has run out of chunks and
+        # slices and no other thread is inside it (it never leaves one running on
+        # shared buffers)
+        state = {"chunk": 0, "left": len(chunks), "slice": 0, "failed": False,
                  "active": 0, "caller_done": False, "losses": {}, "errors": []}
         all_done, quiet = _Signal(), _Signal()
         lock = self._lock
@@ -277,8 +275,6 @@ class ParallelStep:
                 except BaseException as e:
                     fail(e)
                     return
-                with lock:
-                    state["slices_left"] -= 1
                 j = take("slice", len(slices))
 
         def partner(k):
