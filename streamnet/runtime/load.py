@@ -1,11 +1,17 @@
 """What a worker measures about its load, for the leader's balancing policy
 (control/balance.py).
 
-- per task: seconds per work item over a moving window, from what the task reports
-  (`Context.report_work`: a training unit reports samples and compute seconds), and
-  the work share it was measured under: a new share starts a new window (a unit's
-  speed may depend on its batch), so the leader never takes a speed measured under
-  one share for the speed under another;
+- per task: seconds per work item, the median over a moving window of what the task
+  reports (`Context.report_work`: a training unit reports samples and compute seconds
+  each round), the relative standard error of that median, and the work share it was
+  measured under: a new share starts a new window (a unit's speed may depend on its
+  batch), so the leader never takes a speed measured under one share for the speed
+  under another. One round's speed is noisy (a LeNet-5 unit alone on an idle core of
+  a 2-core VM: 16-30 % coefficient of variation between rounds, with bursts), so the
+  window is long (WINDOW reports), a speed is given once it holds MIN_REPORTS, and
+  the leader weighs a difference of speeds against their errors (balance.py). A step
+  change (a co-tenant comes or goes) is not averaged away: when the median of the last
+  RECENT reports is more than STEP from the window's, the older reports go;
 - the host: cores this process may run on, how many of them other processes keep
   busy (CPU time of the cores in our affinity mask minus our own, from /proc/stat
   and the process's CPU clock), steal time where the kernel reports it, the 1-minute
@@ -26,7 +32,11 @@ import statistics
 import time
 from collections import deque
 
-WINDOW = 3              # reports per task in the speed window (its median: one odd report is not news)
+WINDOW = 25             # reports per task in the speed window (its median: odd reports are not news)
+MIN_REPORTS = 5         # a window gives a speed once it holds this many
+RECENT = 7              # the last this many reports ...
+STEP = 0.3              # ... whose median is this far from the window's: the speed changed
+WARMUP = 2              # a task's first reports are left out (compiling, caches, other tasks starting)
 CHANGE = 0.10           # a figure that moved by more than this fraction is news
 MIN_PUBLISH_S = 1.0     # on average at most one write per this many seconds ...
 BURST = 3               # ... after a burst of this many (a change, and the figures settling)
@@ -35,26 +45,45 @@ FOREIGN_STEP = 0.25     # cores busy with other processes: a change by more than
 
 
 class SpeedWindow:
-    """Seconds per item of one task: the median of its last WINDOW reports, so that a
-    step change shows in full after WINDOW // 2 + 1 reports and one odd report (a
-    pause, a collection) not at all. A task's first report is left out: it holds the
-    warm-up (numba compiling, caches filling), not its speed."""
+    """Seconds per item of one task: the median of its last `window` reports, once
+    there are `needs` of them, so that odd reports (a pause, a collection) do not count;
+    a step change shows in full after RECENT // 2 + 1 reports (the older reports go).
+    The first `skip` reports are left out: a task's first ones hold its warm-up (numba
+    compiling, caches filling), not its speed; the first under a new share straddled
+    the change."""
 
-    def __init__(self, window: int = WINDOW, share: float = 1.0):
-        self.reports: deque[tuple[float, float]] = deque(maxlen=window)
-        self.warm = False
+    def __init__(self, window: int = WINDOW, share: float = 1.0, skip: int = 1, needs: int = MIN_REPORTS):
+        self.reports: deque[float] = deque(maxlen=window)       # seconds per item, one per report
+        self.skip = skip
+        self.needs = min(needs, window)
         self.share = share        # the work share these reports were measured under
 
     def add(self, items: float, seconds: float) -> None:
         if not (items > 0 and seconds >= 0):
             return
-        if not self.warm:
-            self.warm = True
+        if self.skip > 0:
+            self.skip -= 1
             return
-        self.reports.append((float(items), float(seconds)))
+        self.reports.append(float(seconds) / float(items))
+        if len(self.reports) > RECENT:
+            recent = list(self.reports)[-RECENT:]
+            if _moved(statistics.median(recent), statistics.median(self.reports), STEP):
+                self.reports = deque(recent, maxlen=self.reports.maxlen)
 
     def seconds_per_item(self) -> float | None:
-        return statistics.median(s / n for n, s in self.reports) if self.reports else None
+        if len(self.reports) < self.needs:
+            return None
+        return statistics.median(self.reports)
+
+    def error(self) -> float | None:
+        """The median's relative standard error: 1.25 x the reports' spread (1.4826 x
+        their median absolute deviation, a standard deviation that bursts do not
+        inflate) / its value / sqrt(reports)."""
+        med = self.seconds_per_item()
+        if not med:
+            return None
+        mad = statistics.median(abs(r - med) for r in self.reports)
+        return 1.25 * 1.4826 * mad / med / len(self.reports) ** 0.5
 
 
 def _cpu_times(cpus: set[int], path: str = "/proc/stat") -> tuple[float, float, float] | None:
@@ -136,11 +165,11 @@ class LoadMeter:
 
     def report_work(self, topology: str, task: int, items: float, seconds: float, share: float = 1.0) -> None:
         """A task's report, done under work `share`. A new share starts a new window
-        whose first report (the round that straddled the change) is left out like any
-        first report."""
+        whose first report (the round that straddled the change) is left out, as a new
+        task's first WARMUP are."""
         w = self.tasks.get((topology, task))
         if w is None or w.share != share:
-            w = self.tasks[(topology, task)] = SpeedWindow(share=share)
+            w = self.tasks[(topology, task)] = SpeedWindow(share=share, skip=WARMUP if w is None else 1)
         w.add(items, seconds)
 
     def forget(self, topology: str, task: int | None = None) -> None:
@@ -159,13 +188,16 @@ class LoadMeter:
         rec.update(busy=round(busy_fraction, 3), threads=threads, threads_auto=threads_auto)
         speeds: dict[str, dict[str, float]] = {}
         shares: dict[str, dict[str, float]] = {}
+        errors: dict[str, dict[str, float]] = {}
         for (topology, task), w in sorted(self.tasks.items()):
             spi = w.seconds_per_item()
             if spi is not None:
                 speeds.setdefault(topology, {})[str(task)] = spi
                 shares.setdefault(topology, {})[str(task)] = w.share
+                errors.setdefault(topology, {})[str(task)] = round(w.error(), 4)
         rec["seconds_per_item"] = speeds
         rec["work_share"] = shares        # the share each speed was measured under
+        rec["speed_error"] = errors       # each speed's relative standard error
         return rec
 
     def due(self, rec: dict, now: float) -> bool:
@@ -188,8 +220,8 @@ def _moved(a: float, b: float, frac: float) -> bool:
 
 
 def moved(old: dict, new: dict, frac: float = CHANGE) -> bool:
-    """Whether a figure the policy acts on moved: a speed by more than `frac` or the share
-    it was measured under, the cores other processes keep busy by more than FOREIGN_STEP
+    """Whether a figure the policy acts on moved: a speed by more than `frac`, the share
+    it was measured under, or its error by half (down), the cores other processes keep busy by more than FOREIGN_STEP
     (idle noise is not news). A speed that is gone (a task measured afresh under a new
     share, not yet warm) is not news: the next one is."""
     if old.get("threads") != new.get("threads") or old.get("cores") != new.get("cores"):
@@ -198,10 +230,19 @@ def moved(old: dict, new: dict, frac: float = CHANGE) -> bool:
         return True
     a, b = old.get("seconds_per_item", {}), new.get("seconds_per_item", {})
     sa, sb = old.get("work_share", {}), new.get("work_share", {})
+    ea, eb = old.get("speed_error", {}), new.get("speed_error", {})
     for topology, speeds in b.items():
         for t, s in speeds.items():
             if t not in a.get(topology, {}) or _moved(a[topology][t], s, frac):
                 return True
             if sa.get(topology, {}).get(t) != sb.get(topology, {}).get(t):
                 return True
+            if _sharper(ea.get(topology, {}).get(t), eb.get(topology, {}).get(t)):
+                return True
     return False
+
+
+def _sharper(old: float | None, new: float | None) -> bool:
+    """Whether a speed's error halved since it was published (the leader may now act
+    on a smaller difference: balance.py)."""
+    return old is not None and new is not None and new < old / 2

@@ -8,7 +8,7 @@ from streamnet.runtime import TopologyBuilder
 from streamnet.runtime.assignment import Assignment, AssignmentError
 from streamnet.runtime.control import balance
 from streamnet.runtime.control.balance import Memory, decide
-from streamnet.runtime.load import LoadMeter, SpeedWindow, moved
+from streamnet.runtime.load import MIN_REPORTS, RECENT, WARMUP, WINDOW, LoadMeter, SpeedWindow, moved
 
 NAME = "t"
 
@@ -48,6 +48,21 @@ def test_static_topology_is_left_alone():
     d = decide(NAME, topology("static"), placed(), workers_with({"w1": {1: 1000.0}, "w2": {2: 100.0}}),
                Memory(), 100.0)
     assert not d.changed
+
+
+def test_a_difference_within_the_noise_of_the_speeds_waits_for_more_rounds():
+    def workers(error):
+        w = workers_with({"w1": {1: 1000.0}, "w2": {2: 800.0}})      # shares would move 11 %
+        for info in w.values():
+            info["load"]["speed_error"] = {NAME: {t: error for t in info["load"]["seconds_per_item"][NAME]}}
+        return w
+    assert decide(NAME, topology(), placed(), workers(0.08), Memory(), 10.0).shares is None     # 2.5 x 8 %
+    d = decide(NAME, topology(), placed(), workers(0.03), Memory(), 10.0)
+    assert d.shares == {1: pytest.approx(1.111, abs=1e-3), 2: pytest.approx(0.889, abs=1e-3)}
+    # a co-tenant taking half a core is acted on with the error of a few rounds
+    w = workers(0.1)
+    w["w2"]["load"]["seconds_per_item"][NAME]["2"] = 1 / 500.0
+    assert decide(NAME, topology(), placed(), w, Memory(), 10.0).shares[2] == pytest.approx(2 / 3, abs=1e-3)
 
 
 def test_a_component_with_a_task_not_yet_measured_keeps_its_shares():
@@ -168,40 +183,56 @@ def test_assignment_carries_shares_and_refuses_bad_ones():
 
 
 def test_speed_window_and_what_is_worth_publishing():
-    w = SpeedWindow(window=3)
-    w.add(100, 60.0)                                                 # the warm-up round is left out
-    assert w.seconds_per_item() is None
-    for items, s in [(100, 1.0), (100, 1.0), (100, 1.0), (100, 3.0)]:
-        w.add(items, s)
+    w = SpeedWindow(window=25, skip=2, needs=5)
+    w.add(100, 60.0)                                                 # the warm-up rounds are left out
+    w.add(100, 30.0)
+    for _ in range(4):
+        w.add(100, 1.0)
+    assert w.seconds_per_item() is None and w.error() is None       # four reports: not yet a speed
+    w.add(100, 3.0)
     assert w.seconds_per_item() == pytest.approx(0.01)            # one odd report is not news
-    w.add(50, 1.5)                                                   # a step change (and a smaller batch) ...
-    assert w.seconds_per_item() == pytest.approx(0.03)            # ... shows in full after two reports
+    assert w.error() == 0.0
+    for i in range(18):                                              # +-10 % noise: 0.9, 1.1, 0.9, ...
+        w.add(100, 0.9 if i % 2 == 0 else 1.1)
+    assert w.seconds_per_item() == pytest.approx(0.01)
+    assert w.error() == pytest.approx(1.25 * 1.4826 * 0.1 / 23 ** 0.5, rel=1e-6)   # median 1.0, MAD 0.1
+    for _ in range(RECENT // 2):
+        w.add(50, 1.5)                                               # a step change (and a smaller batch) ...
+    assert w.seconds_per_item() < 0.012                              # (the window's median, near the old speed)
+    w.add(50, 1.5)
+    assert w.seconds_per_item() == pytest.approx(0.03)            # ... shows in full after RECENT // 2 + 1
+    assert len(w.reports) == RECENT                                  # the older reports went with it
     base = {"cores": 2, "threads": 2, "foreign_busy": 0.0, "seconds_per_item": {"t": {"1": 0.01}}}
     assert not moved(base, {**base, "foreign_busy": 0.2})           # less than a quarter core: noise
     assert moved(base, {**base, "foreign_busy": 0.8})
     assert not moved(base, {**base, "seconds_per_item": {"t": {"1": 0.0105}}})
     assert moved(base, {**base, "seconds_per_item": {"t": {"1": 0.013}}})
     assert moved(base, {**base, "threads": 1})
+    sharp = {**base, "speed_error": {"t": {"1": 0.1}}}
+    assert not moved(sharp, {**sharp, "speed_error": {"t": {"1": 0.06}}})
+    assert moved(sharp, {**sharp, "speed_error": {"t": {"1": 0.04}}})     # the leader may act on less now
 
 
 def test_the_meter_writes_only_news_and_within_its_budget():
     from streamnet.runtime.load import BURST, MIN_PUBLISH_S
     m = LoadMeter()
-    m.report_work(NAME, 1, 100, 9.0)              # warm-up
-    m.report_work(NAME, 1, 100, 0.5)
+    for _ in range(WARMUP):
+        m.report_work(NAME, 1, 100, 9.0)          # warm-up
+    for _ in range(MIN_REPORTS):
+        m.report_work(NAME, 1, 100, 0.5)
     rec = m.sample(0.5, 2, False)
     assert rec["seconds_per_item"] == {NAME: {"1": 0.005}} and rec["cores"] >= 1
     assert m.due(rec, 100.0)
     assert not m.due(rec, 102.0)                  # nothing moved
-    for _ in range(2):
+    for _ in range(WINDOW // 2 + 1):
         m.report_work(NAME, 1, 100, 5.0)
     rec = m.record(0.5, 2, False)                 # the last host figures, the new speed
     assert rec["cores"] >= 1 and m.due(rec, 102.0)   # a speed moved
     # a figure that keeps moving is written in a burst, then at one write per MIN_PUBLISH_S
     t, writes = 200.0, []
     for i in range(40):                           # 40 samples 0.1 s apart, each a new speed
-        m.report_work(NAME, 1, 100, 1.0 + i)
-        m.report_work(NAME, 1, 100, 1.0 + i)
+        for _ in range(WINDOW):
+            m.report_work(NAME, 1, 100, 1.0 + i)
         if m.due(m.record(0.5, 2, False), t + 0.1 * i):
             writes.append(t + 0.1 * i)
     assert len(writes) <= BURST + 4.0 / MIN_PUBLISH_S + 1 and writes[:2] == [200.0, 200.1]
@@ -223,6 +254,30 @@ def test_a_speed_that_depends_on_the_share_does_not_turn_the_shares_each_interva
             a = Assignment(**{**a.__dict__, "shares": d.shares})
     assert 2 <= len(changes) <= 2 + 60 / balance.SEEN_S, changes
     assert all(b - a >= balance.SEEN_S - 1 for a, b in zip(changes[1:], changes[2:])), changes
+
+
+def test_shares_come_back_when_a_co_tenant_leaves_and_the_speeds_climb_in_steps():
+    # under a co-tenant unit 2 ran at half speed, and the policy saw it at two shares on
+    # the way (0.82, then 0.62). The co-tenant leaves: unit 2's published speed (a window's
+    # median) climbs back in steps of under WORLD_CHANGE each. What was seen at 0.82 under
+    # the co-tenant must not hold the shares at 0.62 for SEEN_S: they come back at once
+    memory, a, t = Memory(), placed(), 0.0
+
+    def step(fast, slow):
+        nonlocal a, t
+        t += 1.0
+        d = decide(NAME, topology(), a, workers_with({"w1": {1: fast}, "w2": {2: slow}}), memory, t)
+        if d.shares is not None:
+            a = Assignment(**{**a.__dict__, "shares": d.shares})
+        return a.shares.get(2, 1.0)
+    step(9000.0, 9000.0)
+    assert step(9000.0, 6300.0) == pytest.approx(0.82, abs=0.01)       # the co-tenant comes
+    assert step(9000.0, 4200.0) == pytest.approx(0.63, abs=0.02)
+    for _ in range(3):
+        assert step(9000.0, 4200.0) == pytest.approx(0.63, abs=0.02)   # settled
+    # it leaves; the unit, at its smaller batch, settles a little below the other's speed
+    shares = [step(9000.0, slow) for slow in (5200.0, 6400.0, 7600.0, 7600.0, 7600.0)]
+    assert shares[-1] > 0.9, shares
 
 
 def test_speeds_measured_under_an_old_share_are_not_acted_on():
@@ -263,12 +318,14 @@ def test_a_worker_measures_a_task_afresh_under_a_new_share():
         asyncio.run(rt.apply(Assignment(tasks={t: "w0" for t in tasks}, workers={"w0": "http://w0:1"},
                                         threads={"w0": 1}, shares=shares), v))
     version(1, {})
-    for _ in range(3):
+    for _ in range(WARMUP + MIN_REPORTS):
         rt.report_work(1, 100, 1.0)
     assert record() == ({"1": pytest.approx(0.01)}, {"1": 1.0})
     version(2, {1: 1.3, 2: 0.7})
     assert record() == ({"1": pytest.approx(0.01)}, {"1": 1.0})    # still the speed under the old share
     rt.report_work(1, 130, 9.0)             # the round that straddled the change is left out ...
-    assert record() == ({}, {})
-    rt.report_work(1, 130, 2.6)             # ... the next one is the speed under the new share
+    for _ in range(MIN_REPORTS - 1):
+        rt.report_work(1, 130, 2.6)
+    assert record() == ({}, {})             # ... and a speed needs MIN_REPORTS rounds under the new share
+    rt.report_work(1, 130, 2.6)
     assert record() == ({"1": pytest.approx(0.02)}, {"1": 1.3})

@@ -9,9 +9,14 @@ For a topology whose config says `balance: load`:
   (seconds per work item) gets a share of the component's work proportional to its
   speed, as a weight with mean 1.0, so that all of them finish a round together
   while the total stays the same (the consumer - a training spout - turns weights
-  into batch sizes). A speed counts only if it was measured under the task's current
+  into batches). A speed counts only if it was measured under the task's current
   share (a unit's speed may depend on its batch). Shares change only when one moves by
-  more than CHANGE, and a change that turns back (a task whose share last rose now
+  more than CHANGE and by more than NOISE times the largest relative error of the
+  speeds (a worker measures a speed as a median of its last rounds and reports the
+  median's standard error with it: a big change, a co-tenant taking half a core, is
+  acted on after a few rounds, a small one only once enough rounds measured it for it
+  not to be noise; on a noisy host two equal units otherwise look 10-20 % apart in a
+  window of 5 rounds), and a change that turns back (a task whose share last rose now
   falls, or the reverse) not sooner than MIN_INTERVAL_S after the last change, and not
   when the policy saw, within SEEN_S, what the speeds are at the shares it would turn
   back to and they would send it here again (a unit measured slower at its larger
@@ -38,9 +43,10 @@ from dataclasses import dataclass, field
 from ..assignment import Assignment
 from ..topology import Topology
 
-CHANGE = 0.15          # a share moves only by more than this fraction
+CHANGE = 0.10          # a share moves only by more than this fraction ...
+NOISE = 2.0            # ... and by more than this many times the speeds' largest relative error
 MIN_INTERVAL_S = 1.0   # between two changes of a component's shares (or a worker's threads)
-SEEN_S = 30.0          # the speeds a component showed at its recent shares are remembered this long ...
+SEEN_S = 10.0          # the speeds a component showed at its recent shares are remembered this long ...
 WORLD_CHANGE = 0.3     # ... unless a task's relative speed at the same shares moves by more than this
 SAME = 0.01            # shares this close are the same shares
 MIN_SHARE = 0.1        # no task's share falls below this (it keeps a little work, and its speed is seen)
@@ -56,7 +62,8 @@ class Memory:
     """What the policy remembers between passes (the leader keeps one per topology)."""
     changed_at: dict[str, float] = field(default_factory=dict)     # component or "threads:<w>" -> time
     direction: dict[int, int] = field(default_factory=dict)        # task -> +1/-1: its share's last move
-    seen: dict[str, list] = field(default_factory=dict)   # component -> [(time, shares, relative speeds)]
+    # component -> [(time, shares, relative speeds last seen there, those first seen there)]
+    seen: dict[str, list] = field(default_factory=dict)
     slow_passes: dict[int, int] = field(default_factory=dict)      # task -> passes in a row slow
     moved_at: dict[int, float] = field(default_factory=dict)       # task -> time it was moved
     history: list[dict] = field(default_factory=list)              # the last HISTORY decisions
@@ -95,6 +102,14 @@ def _speeds(topology: Topology, name: str, assignment: Assignment, workers: dict
     return out
 
 
+def _noise(name: str, tasks, assignment: Assignment, workers: dict) -> float:
+    """The largest relative standard error of the speeds of `tasks` (0 where a worker
+    does not report one)."""
+    errors = [((workers.get(assignment.tasks.get(t), {}).get("load") or {}).get("speed_error", {})
+               .get(name, {}).get(str(t)) or 0.0) for t in tasks]
+    return max(errors, default=0.0)
+
+
 def _gap(a: dict[int, float], b: dict[int, float]) -> float:
     """The largest relative difference between two sets of shares."""
     return max(abs(a[t] - b[t]) / b[t] for t in b)
@@ -102,12 +117,17 @@ def _gap(a: dict[int, float], b: dict[int, float]) -> float:
 
 def _remember(memory: Memory, cid: str, shares: dict[int, float], rel: dict[int, float], now: float) -> list:
     """Note the relative speeds seen at `shares`; forget everything seen when they moved
-    at the same shares (other load came or went: what was seen elsewhere is stale too)."""
+    at the same shares (other load came or went: what was seen elsewhere is stale too).
+    They are compared with the speeds first seen at these shares, not the last: a
+    co-tenant that leaves makes the published speeds (medians of a window) climb in
+    steps smaller than WORLD_CHANGE, and a comparison with the last pass only would
+    let what was seen under the co-tenant hold the shares there for SEEN_S."""
     seen = [e for e in memory.seen.get(cid, []) if now - e[0] < SEEN_S and set(e[1]) == set(shares)]
     same = [e for e in seen if _gap(e[1], shares) < SAME]
-    if any(_gap(e[2], rel) > WORLD_CHANGE for e in same):
-        seen = []
-    seen = [e for e in seen if e not in same] + [(now, dict(shares), dict(rel))]
+    first = same[0][3] if same else dict(rel)
+    if _gap(first, rel) > WORLD_CHANGE:
+        seen, first = [], dict(rel)
+    seen = [e for e in seen if e not in same] + [(now, dict(shares), dict(rel), first)]
     memory.seen[cid] = seen
     return seen
 
@@ -143,7 +163,7 @@ def decide(name: str, topology: Topology, assignment: Assignment, workers: dict,
         seen = _remember(memory, cid, current, rel, now)
         moves = {t: (target[t] > current[t]) - (target[t] < current[t]) for t in sp}
         turns = any(m and memory.direction.get(t, m) != m for t, m in moves.items())
-        if _gap(target, current) > CHANGE and (not turns or (
+        if _gap(target, current) > max(CHANGE, NOISE * _noise(name, sp, assignment, workers)) and (not turns or (
                 now - memory.changed_at.get(cid, -math.inf) >= MIN_INTERVAL_S
                 and not _turns_back_here(seen, current, target))):
             shares.update(target)
