@@ -16,8 +16,9 @@ co-tenant slowing one node, with --balance static against --balance load.
     python perf/balance.py                # ~6 minutes on 2 idle cores
     python perf/balance.py --quick        # smaller data: ~2 minutes
 
-Writes perf/results/balance.json and balance.png (throughput and shares vs time,
-co-tenant start and stop marked). Needs ZooKeeper (Debian's zookeeper) and >= 2 cores.
+Writes perf/results/balance.json and balance.png: throughput and shares vs time, the
+co-tenant's start and stop marked (--out NAME.json or a path: the PNG goes beside it).
+Needs ZooKeeper (Debian's zookeeper) and >= 2 cores.
 """
 from __future__ import annotations
 
@@ -266,6 +267,8 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--skip-threads", action="store_true", help="only the co-tenant experiment")
     p.add_argument("--zk-hosts", help="a running ZooKeeper (default: start one)")
+    p.add_argument("--out", default="balance.json",
+                   help="results file: a name under perf/results or a path (the PNG goes beside it)")
     a = p.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         print("perf/balance.py needs at least 2 cores", file=sys.stderr)
@@ -287,9 +290,9 @@ def main() -> int:
         if zk is not None:
             zk.stop()
     print("ratios:", result["cotenant"]["ratios"])
-    path = png_path("balance.png")
+    path = png_path(os.path.splitext(a.out)[0] + ".png")
     plot(result, path)
-    print("wrote", write_json("balance.json", result), "and", path)
+    print("wrote", write_json(a.out, result), "and", path)
     return 0
 
 

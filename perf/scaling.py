@@ -15,7 +15,8 @@ threads of this process (LocalCluster: one interpreter lock, not how users run i
     python perf/scaling.py [--quick] [--engine processes|local] [--workers 1,2] [--modes ...]
 
 --quick trains on 12,000 samples for at most 3 epochs to 85 %: minutes, not an hour.
-Writes perf/results/scaling.json and perf/results/scaling.png.
+Writes perf/results/scaling.json and perf/results/scaling.png (--out NAME.json or a
+path: the PNG goes beside it).
 """
 from __future__ import annotations
 
@@ -112,6 +113,8 @@ def main() -> int:
     p.add_argument("--target", type=float)
     p.add_argument("--train-limit", type=int)
     p.add_argument("--budget-s", type=float, default=900.0, help="give up on a run after this long")
+    p.add_argument("--out", default="scaling.json",
+                   help="results file: a name under perf/results or a path (the PNG goes beside it)")
     p.add_argument("--engine", choices=("processes", "local"), default="processes",
                    help="workers as streamnet-worker processes on ZooKeeper (as users run them), or as threads")
     a = p.parse_args()
@@ -155,7 +158,7 @@ def _measure(a, workers, out) -> int:
             print(f" {r['samples_per_s']:8,.0f} samples/s  to {a.target:.0%}: "
                   f"{'%.1f s' % ttt if ttt else 'not reached'} (best {r['best_accuracy']:.2%})  "
                   f"{r['bytes_per_sample']:,.0f} B/sample")
-            write_json("scaling.json", out)
+            write_json(a.out, out)
     ratios = {}
     for mode in a.modes.split(","):
         r1, r2 = out["runs"].get(f"{mode}/1"), out["runs"].get(f"{mode}/2")
@@ -174,7 +177,7 @@ def _measure(a, workers, out) -> int:
     out["ratios"] = ratios
     for k, v in ratios.items():
         print(f"{k}: {v:.2f}")
-    print(f"wrote {write_json('scaling.json', out)}")
+    print(f"wrote {write_json(a.out, out)}")
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -196,8 +199,9 @@ def _measure(a, workers, out) -> int:
         for ax in axes:
             ax.set_xticks(workers)
         fig.suptitle("LeNet-5 on Fashion-MNIST: streamnet BP modes vs PyTorch DDP (gloo)")
-        fig.tight_layout(); fig.savefig(png_path("scaling.png"), dpi=100)
-        print(f"wrote {png_path('scaling.png')}")
+        png = png_path(os.path.splitext(a.out)[0] + ".png")
+        fig.tight_layout(); fig.savefig(png, dpi=100)
+        print(f"wrote {png}")
     except ImportError:
         print("matplotlib not installed: no PNG")
     return 0
