@@ -13,8 +13,12 @@ co-tenant slowing one node, with --balance static against --balance load.
     step at which it began cutting rounds with the settled shares (its published
     share log: each change's step and time).
 
-    python perf/balance.py                # ~6 minutes on 2 idle cores
-    python perf/balance.py --quick        # smaller data: ~2 minutes
+    python perf/balance.py                # ~8 minutes on 2 idle cores
+    python perf/balance.py --quick        # smaller data: ~3 minutes
+
+The co-tenant experiment runs --pairs static/load pairs (default 3, alternating which
+goes first); the ratios come with their median and interquartile range, and the first
+pair's time series make the plot.
 
 Writes perf/results/balance.json and balance.png: throughput and shares vs time, the
 co-tenant's start and stop marked (--out NAME.json or a path: the PNG goes beside it).
@@ -202,9 +206,9 @@ def share_response(share_log: list, on, off) -> dict:
     return out
 
 
-def cotenant(zk_hosts, train: int, epochs: int) -> dict:
+def cotenant(zk_hosts, train: int, epochs: int, order=("static", "load")) -> dict:
     out = {}
-    for balance in ("static", "load"):
+    for balance in order:
         hog = CoTenant(train, epochs)
         try:
             s, series, log, share_log = _run(zk_hosts, _cfg(2, epochs, train, 2000, balance), 2, 1, True, hog)
@@ -228,6 +232,27 @@ def cotenant(zk_hosts, train: int, epochs: int) -> dict:
                      "accuracy_load_minus_static_pp": round(100 * (out["load"]["test_accuracy"] -
                                                                    out["static"]["test_accuracy"]), 2)}
     return out
+
+
+def pair_summary(co: dict) -> dict:
+    """What one static/load pair of cotenant() says, without its time series."""
+    load = co["load"]
+    return {"epoch_time_load_over_static": co["ratios"]["epoch_time_load_over_static"],
+            "accuracy_load_minus_static_pp": co["ratios"]["accuracy_load_minus_static_pp"],
+            **{k: load.get(k) for k in ("rounds_to_first_change", "rounds_to_follow", "rounds_to_return",
+                                        "settled_shares")},
+            "static_epoch_s": co["static"]["epoch_s"], "load_epoch_s": load["epoch_s"]}
+
+
+def spread(values) -> dict | None:
+    """Median and interquartile range of the values that are there (None where none are)."""
+    import statistics
+    vals = sorted(v for v in values if v is not None)
+    if not vals:
+        return None
+    q = statistics.quantiles(vals, n=4, method="inclusive") if len(vals) > 1 else [vals[0]] * 3
+    return {"median": round(statistics.median(vals), 3), "q1": round(q[0], 3), "q3": round(q[2], 3),
+            "n": len(vals), "of": len(values)}
 
 
 def plot(result: dict, path: str) -> None:
@@ -266,6 +291,8 @@ def main() -> int:
     p.add_argument("--train-limit", type=int, help="training samples per epoch (default 30,000; quick 9,000)")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--skip-threads", action="store_true", help="only the co-tenant experiment")
+    p.add_argument("--pairs", type=int, default=3,
+                   help="static/load pairs of the co-tenant experiment, in alternating order (default 3)")
     p.add_argument("--zk-hosts", help="a running ZooKeeper (default: start one)")
     p.add_argument("--out", default="balance.json",
                    help="results file: a name under perf/results or a path (the PNG goes beside it)")
@@ -284,12 +311,26 @@ def main() -> int:
         if not a.skip_threads:
             print("(a) thread allocation", flush=True)
             result["threads"] = threads_table(a.zk_hosts, train)
-        print("(b) co-tenant, static vs load", flush=True)
-        result["cotenant"] = cotenant(a.zk_hosts, train, a.epochs)
+        print(f"(b) co-tenant, static vs load, {a.pairs} pair(s)", flush=True)
+        pairs = []
+        for i in range(a.pairs):
+            co = cotenant(a.zk_hosts, train, a.epochs, ("static", "load") if i % 2 == 0 else ("load", "static"))
+            if i == 0:
+                result["cotenant"] = co              # the first pair in full: the plot's time series
+            pairs.append(pair_summary(co))
+            print(f"  pair {i + 1}: load / static epoch time {co['ratios']['epoch_time_load_over_static']}",
+                  flush=True)
+        result["cotenant_pairs"] = pairs
+        result["cotenant_spread"] = {
+            "epoch_time_load_over_static": spread([r for p in pairs for r in p["epoch_time_load_over_static"]]),
+            **{k: spread([p[k] for p in pairs]) for k in ("accuracy_load_minus_static_pp", "rounds_to_first_change",
+                                                         "rounds_to_follow", "rounds_to_return")}}
     finally:
         if zk is not None:
             zk.stop()
-    print("ratios:", result["cotenant"]["ratios"])
+    for k, v in result["cotenant_spread"].items():
+        print(f"{k}: " + (f"median {v['median']} (IQR {v['q1']}-{v['q3']}, {v['n']} of {v['of']} pairs had one)"
+                          if v else "none"))
     path = png_path(os.path.splitext(a.out)[0] + ".png")
     plot(result, path)
     print("wrote", write_json(a.out, result), "and", path)
