@@ -9,6 +9,8 @@ keeps the event loop free for I/O.
 """
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import re
 from typing import Any, Awaitable, Callable, NamedTuple
@@ -135,6 +137,7 @@ class Context:
         self._component_tasks, self._compute, self._publish = component_tasks, compute, publish
         self._save_state = save_state
         self._save_state_async = save_state_async
+        self._on_saved: Callable[[], None] = lambda: None    # the engine: wake the task's executor
         self._put_checkpoint = put_checkpoint
         self._compute_share = compute_share
         self._report_work, self._work_shares = report_work, work_shares
@@ -187,6 +190,27 @@ class Context:
             self._save_state(state)
         else:
             await self._save_state_async(state)
+
+    def save_state_started(self, state):
+        """Start save_state(state) and return at once: a future whose done() says whether
+        the coordinator has answered and whose result() returns None or raises what
+        save_state would have (FencedError: another instance took the task over). For a
+        task whose methods are not coroutines (a spout) that must not hold the event loop
+        for a save. One at a time: start the next once this one is done. When it is, the
+        engine calls the task again at once (a spout's next_tuple) rather than after its
+        idle wait. Where the engine runs no event loop (a task tested on its own) the save
+        is done before it returns."""
+        if self._save_state_async is None:
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            try:
+                self._save_state(state)
+                done.set_result(None)
+            except Exception as e:  # noqa: BLE001 - handed to the caller, as save_state would raise it
+                done.set_exception(e)
+            return done
+        saving = asyncio.ensure_future(self._save_state_async(state))
+        saving.add_done_callback(lambda _: self._on_saved())
+        return saving
 
     def put_checkpoint(self, pointer: dict) -> None:
         """Record the topology's latest checkpoint (step, path, checksum) in the coordinator."""

@@ -8,12 +8,26 @@ The spout's saved position is where a spout started anew (its worker died) begin
 again; exactly-once is the sync bolt's business (it counts each step once and
 answers work for a step it already combined as a replay, without computing it).
 So the position is saved at most every SAVE_S during an epoch, and always when an
-epoch ends, after a checkpoint round and when the run stops: a ZooKeeper write
-(1-2 ms, more under load) left each round's critical path, and a new spout re-sends
-at most SAVE_S of rounds, which the units answer "applied" at once. Under load
-balancing the position is saved after every round as before: a new spout that went
-back further would cut the rounds it re-sends with the shares of the moment, and the
-round that was in flight could then reach the sync bolt in two different cuts.
+epoch ends, after a checkpoint round and when the run stops, and a new spout re-sends
+at most SAVE_S of rounds, which the units answer "applied" at once.
+
+Under load balancing the position is saved at every round boundary, because a new
+spout that went back further would cut the rounds it re-sends with the shares of the
+moment, and the round that was in flight could then reach the sync bolt in two
+different cuts. No round waits for that save (a ZooKeeper write, 1.7-1.9 ms a round
+on fc-v1045), except where the shares change:
+
+- the save of round r's boundary starts as round r goes out, and round r + 1 goes out
+  only once it has landed (it has had a whole round to);
+- a change of shares goes out only once the position saved with it has landed;
+- a spout's first boundary keeps the shares it started with.
+
+So a spout that starts from the last position that landed, round q, knows that the
+one before it sent at most round q + 1, cut with the shares of round q (a change at
+q + 1 would have landed first): it sends q and q + 1 with those, and only then takes
+the balancer's. The saves that must land before the next round (an epoch's end, a
+checkpoint round, a stop) are waited for in both modes, and the spout is not done
+until its last save has landed.
 """
 from __future__ import annotations
 
@@ -22,7 +36,7 @@ import time
 
 import numpy as np
 
-from ..runtime import Spout
+from ..runtime import FencedError, Spout
 from .bp import lr_scale
 from .config import run_config_from_dict
 from .run_stats import StoppedAt
@@ -33,6 +47,7 @@ log = logging.getLogger(__name__)
 
 SHARE_LOG = 50      # changes of the work shares kept in the published log
 SAVE_S = 0.5        # the position is saved at least this often (and at every epoch end)
+RETRY_S = 1.0       # a save the next round waits for is tried again this long after it failed
 
 
 class DataSpout(Spout):
@@ -70,12 +85,21 @@ class DataSpout(Spout):
         self._count_replay(0)
         self.draining = self.stopped = False
         self._saved_at = -float("inf")              # time.monotonic() of the last save of the position
+        self._saving = None              # (step, state, future) of the save in flight (ctx.save_state_started)
+        self._queued = None              # (step, state) to save once that one has landed
+        self._landed = self.step         # the step of the last position known saved (where we began: ours)
+        self._must_land = False          # the next round waits for the position saved at its boundary
+        self._hold = True                # the first boundary keeps the shares this instance began with
+        self._failed = None              # (step, state) of a save the next round waits for, to try again
+        self._retry_at = 0.0
+        self._fenced: FencedError | None = None     # a save found another instance owns the task
 
     def restore(self, state):
         self.epoch, self.round, self.step = state["epoch"], state["round"], state["step"]
         self.replayed = state["replayed"]
         self.stopped = state.get("stopped", False)   # absent in states saved before drains existed
         self.shares = list(state.get("shares") or self.shares)
+        self._landed = self.step
         if self.epoch < self.cfg.epochs:
             self.plan, self.rounds = self._epoch(self.epoch)
 
@@ -96,12 +120,18 @@ class DataSpout(Spout):
         self.collector.emit(values, msg_id=key, direct_task=self.compute_tasks[key[2]])
 
     def next_tuple(self):
+        self._settle()
+        if self._fenced is not None:
+            raise self._fenced
         if self.replay:
             key = self.replay.pop()
             self._emit(key, self.in_flight[key])
             return
         if self.in_flight or self.epoch >= self.cfg.epochs or self.stopped:
             return  # the barrier: the whole round must complete first
+        if self._landed < (self.step if self._must_land else self.step - 1 if self.balanced else -1):
+            return  # the position this round depends on is not saved yet (see the module's docstring)
+        self._must_land = False
         scale = lr_scale(self.cfg.algorithm, self.step / self.total)
         self.flagged = self.draining or (self.checkpoints and self.round + 1 >= self.rounds)
         if self.balanced:       # every unit has every round, cut by the shares
@@ -131,24 +161,56 @@ class DataSpout(Spout):
                 self.stopped = True
                 log.warning("drained: stopped before epoch %d, round %d (step %d)",
                             self.epoch + 1, self.round + 1, self.step)
-            self._take_shares()
-            # under load balancing every round (a change of shares with it), else at most every SAVE_S
-            if (self.balanced or self.round == 0 or self.flagged or self.stopped
-                    or time.monotonic() - self._saved_at >= SAVE_S):
-                self._save()
+            changed = self._take_shares()
+            # under load balancing every round, else at most every SAVE_S; the next round waits
+            # for it at an epoch's start, after a checkpoint round, at a stop and with new shares
+            must = self.round == 0 or self.flagged or self.stopped or changed
+            if self.balanced or must or time.monotonic() - self._saved_at >= SAVE_S:
+                self._save(must)
 
-    def _save(self) -> None:
-        self.ctx.save_state({"epoch": self.epoch, "round": self.round, "step": self.step,
-                             "replayed": self.replayed, "stopped": self.stopped, "shares": self.shares})
+    def _save(self, must: bool) -> None:
+        """Save the position now reached, in the background, after any save in flight."""
+        self._queued = (self.step, {"epoch": self.epoch, "round": self.round, "step": self.step,
+                                    "replayed": self.replayed, "stopped": self.stopped, "shares": self.shares})
+        self._must_land = self._must_land or must
         self._saved_at = time.monotonic()
+        self._settle()
 
-    def _take_shares(self) -> None:
+    def _settle(self) -> None:
+        """Take note of a save that has landed and start the one queued behind it. A
+        fenced save (another instance took the task over) makes next_tuple raise. A save
+        the next round waits for that failed otherwise (the coordinator away) is logged
+        and tried again after RETRY_S; any other failed one is left to the next boundary's."""
+        if self._saving is not None and self._saving[2].done():
+            step, state, done = self._saving
+            self._saving = None
+            try:
+                done.result()
+                self._landed = max(self._landed, step)
+            except FencedError as e:
+                self._fenced = e
+            except Exception as e:  # noqa: BLE001 - e.g. the coordinator unreachable: the task goes on
+                log.warning("could not save the position of step %d: %s", step, e)
+                if self._must_land and step == self.step and self._queued is None:
+                    self._failed, self._retry_at = (step, state), time.monotonic() + RETRY_S
+        if self._failed is not None and self._queued is None and time.monotonic() >= self._retry_at:
+            self._queued, self._failed = self._failed, None
+        if self._saving is None and self._queued is not None and self._fenced is None:
+            step, state = self._queued
+            self._queued = None
+            self._saving = (step, state, self.ctx.save_state_started(state))
+            self._saving[2].add_done_callback(lambda _: self._settle())
+
+    def _take_shares(self) -> bool:
         """At a round boundary, the load balancer's current shares become the next
         round's (saved with the position at once, so a spout started anew cuts that
         round the same way, and units never mix batches of two cuts)."""
+        if self._hold:          # see the module's docstring
+            self._hold = False
+            return False
         new = self.ctx.work_shares("compute") if self.balanced else None
         if not new or len(new) != len(self.shares) or new == self.shares:
-            return
+            return False
         before, after = self.schedule.batch_sizes(self.shares), self.schedule.batch_sizes(new)
         log.info("batch shares from round %d of epoch %d: %s", self.round + 1, self.epoch + 1, ", ".join(
             f"unit {k} batch {b} -> {a}" for k, (b, a) in enumerate(zip(before, after)) if a != b) or "unchanged")
@@ -160,6 +222,7 @@ class DataSpout(Spout):
         self.share_log = self.share_log[-(SHARE_LOG - 1):] + [
             {"step": self.step, "epoch": self.epoch, "round": self.round, "time": time.time(), "shares": self.shares}]
         self.ctx.publish("shares", self.share_log)
+        return True
 
     def fail(self, key):
         key = tuple(key)
@@ -175,7 +238,9 @@ class DataSpout(Spout):
                         help="Samples whose work the data spout sent again after a failure")
 
     def is_done(self):
-        return (self.epoch >= self.cfg.epochs or self.stopped) and not self.in_flight
+        self._settle()
+        return ((self.epoch >= self.cfg.epochs or self.stopped) and not self.in_flight and self._fenced is None
+                and self._saving is None and self._queued is None and self._failed is None)
 
     def close(self):
         if self.is_done():

@@ -3,9 +3,11 @@ its position is saved at every epoch end and at most every SAVE_S within an epoc
 (after every round under load balancing), and a spout started from an older
 position sends those rounds again with their steps (the units answer them
 "applied"; the sync bolt counts each step once)."""
+import concurrent.futures
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from streamnet.runtime.component import Context, SpoutCollector
 from streamnet.training import AlgorithmConfig, DataConfig, ModelConfig, RunConfig
@@ -93,3 +95,120 @@ def test_under_load_balancing_the_position_is_saved_after_every_round(monkeypatc
     for step in range(1, 4):
         _round(spout, out)
         assert len(saves) == step and saves[-1]["step"] == step
+
+
+class Saves:
+    """ctx.save_state_started for a test that decides when each save lands."""
+
+    def __init__(self):
+        self.started = []          # (state, future) in the order they were started
+
+    def __call__(self, state):
+        done = concurrent.futures.Future()
+        self.started.append((state, done))
+        return done
+
+    def land(self, error=None):
+        """The oldest save in flight answers (with `error`, if given)."""
+        state, done = next((s, d) for s, d in self.started if not d.done())
+        done.set_exception(error) if error else done.set_result(None)
+        return state
+
+
+def _balanced(state=None, shares=None):
+    saves, box = Saves(), {"shares": shares}
+    spout = DataSpout(run=run_config_to_dict(replace(CFG, balance="load")), train_size=64)
+    ctx = Context(topology="t", component="data", task=0, task_index=0, parallelism=1, worker="w0", config={},
+                  component_config=spout.config, component_tasks={"compute": range(1, 3)}.__getitem__,
+                  compute=None, publish=lambda k, v: None, save_state=None,
+                  work_shares=lambda component: box["shares"])
+    ctx.save_state_started = saves
+    out = Recorder()
+    spout.open(ctx, SpoutCollector(out))
+    if state is not None:
+        spout.restore(state)
+    return spout, out, saves, box
+
+
+def _send(spout, out) -> list:
+    out.emitted.clear()
+    spout.next_tuple()
+    return list(out.emitted)
+
+
+def _ack_all(spout, sent) -> None:
+    for key, _ in sent:
+        spout.ack(key)
+
+
+def test_under_load_balancing_a_round_goes_out_while_its_position_is_saved():
+    spout, out, saves, box = _balanced()
+    _ack_all(spout, _send(spout, out))               # round 0
+    assert len(saves.started) == 1 and saves.started[0][0]["step"] == 1
+    sent = _send(spout, out)                         # round 1 goes out while its position is being saved
+    assert [w["step"] for _, w in sent] == [1, 1]
+    _ack_all(spout, sent)
+    assert len(saves.started) == 1                   # the next save waits behind the one in flight
+    assert _send(spout, out) == []                   # and round 2 for the save of round 1
+    saves.land()
+    assert len(saves.started) == 2 and saves.started[1][0]["step"] == 2
+    assert [w["step"] for _, w in _send(spout, out)] == [2, 2]
+
+
+def test_new_shares_go_out_only_once_saved_with_the_position():
+    spout, out, saves, box = _balanced()
+    for _ in range(2):                               # the first boundary keeps the shares it began with
+        _ack_all(spout, _send(spout, out))
+        saves.land()
+    box["shares"] = [1.5, 0.5]
+    sent = _send(spout, out)
+    _ack_all(spout, sent)                            # the boundary takes the new shares ...
+    assert saves.started[-1][0]["shares"] == [1.5, 0.5]
+    assert _send(spout, out) == []                   # ... and waits for them to be saved
+    saves.land()
+    sent = _send(spout, out)
+    assert [len(np.concatenate(w["batches"])) for _, w in sent] == [12, 4]     # batch 4 x 2 units, cut 3:1
+
+
+def test_a_spout_started_anew_cuts_the_rounds_the_last_one_may_have_sent_as_it_did():
+    first, out, saves, box = _balanced()
+    assert first.rounds >= 4
+    _ack_all(first, _send(first, out))
+    landed = saves.land()                            # round 1's position (shares 1, 1)
+    _ack_all(first, _send(first, out))               # round 1 done; round 2's save starts ...
+    sent2 = _send(first, out)                        # ... round 2 goes out, its save not landed: the worker dies
+    again, out2, saves2, box2 = _balanced(state=landed, shares=[1.5, 0.5])    # the balancer has new shares
+    assert again.step == 1
+    _ack_all(again, _send(again, out2))
+    r2 = _send(again, out2)                          # round 2 again: cut as the first spout cut it
+    assert len(r2) == 2
+    for (_, a), (_, b) in zip(sent2, r2):
+        assert a["step"] == b["step"] == 2
+        assert all(np.array_equal(x, y) for x, y in zip(a["batches"], b["batches"]))
+    _ack_all(again, r2)
+    assert saves2.land()["step"] == 2 and saves2.land()["shares"] == [1.5, 0.5]
+    assert [len(np.concatenate(w["batches"])) for _, w in _send(again, out2)] == [12, 4]   # now the new ones
+
+
+def test_a_fenced_save_stops_the_spout_and_a_failed_one_it_waits_for_is_tried_again(monkeypatch):
+    from streamnet.runtime import FencedError
+    spout, out, saves, box = _balanced()
+    _ack_all(spout, _send(spout, out))
+    saves.land(ConnectionError("coordinator away"))  # an ordinary save: the next boundary's covers it
+    _ack_all(spout, _send(spout, out))
+    box["shares"] = [1.5, 0.5]
+    saves.land()
+    _ack_all(spout, _send(spout, out))               # new shares: the next round waits for their save
+    clock = [1000.0]
+    monkeypatch.setattr(data_spout.time, "monotonic", lambda: clock[0])
+    saves.land(ConnectionError("coordinator away"))
+    assert _send(spout, out) == [] and len(saves.started) == 3
+    clock[0] += data_spout.RETRY_S
+    assert _send(spout, out) == [] and len(saves.started) == 4 and saves.started[3][0]["shares"] == [1.5, 0.5]
+    saves.land()
+    assert len(_send(spout, out)) == 2
+    _ack_all(spout, list(out.emitted))
+    saves.land(FencedError("taken over"))
+    with pytest.raises(FencedError):
+        spout.next_tuple()
+    assert not spout.is_done()

@@ -137,6 +137,8 @@ class TopologyRuntime:
             ex = BoltExecutor(self, task, c, instance, ctx, queue_size=int(self.topology.config["queue_size"]))
         ctx._save_state = lambda v: fencing.save_state(self, ex, v)
         ctx._save_state_async = lambda v: fencing.save_state_async(self, ex, v)
+        if isinstance(ex, SpoutExecutor):
+            ctx._on_saved = ex.wake.set          # a spout waiting for a save goes on when it lands
         return ex
 
     def report_work(self, task: int, items: float, seconds: float) -> None:
