@@ -1,6 +1,7 @@
 """Shared bits of the perf scripts: thread pinning, medians, JSON + PNG output."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -14,6 +15,19 @@ def pin_blas_threads(n: int) -> None:
     """Must run before numpy/scipy load their BLAS."""
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(n)
+
+
+@contextlib.contextmanager
+def on_one_core():
+    """Run the block on the lowest core this process may use (where perf's first worker
+    process is pinned), the affinity restored after it: the in-process trainer as the
+    one-core base of a comparison."""
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(mask)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mask)
 
 
 def median(xs):

@@ -25,7 +25,8 @@ import time
 from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine, median, pin_blas_threads, train_on_worker_processes, write_json  # noqa: E402
+from common import (machine, median, on_one_core, pin_blas_threads, train_on_worker_processes,  # noqa: E402
+                    write_json)
 
 pin_blas_threads(1)
 
@@ -40,12 +41,8 @@ def config(a):
 def in_process(cfg):
     """The in-process trainer's summary, run on core 0 (where the worker process is pinned)."""
     from streamnet.training import train_local
-    mask = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {min(mask)})
-    try:
+    with on_one_core():
         return train_local(cfg).summary
-    finally:
-        os.sched_setaffinity(0, mask)
 
 
 def steady(summary) -> float:

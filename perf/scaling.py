@@ -30,7 +30,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine, pin_blas_threads, png_path, train_on_worker_processes, write_json  # noqa: E402
+from common import (machine, on_one_core, pin_blas_threads, png_path, train_on_worker_processes,  # noqa: E402
+                    write_json)
 
 MODES = {
     "cumulative": dict(name="cumulative", batch=32, sync_period=1, lr=0.05),
@@ -75,14 +76,11 @@ def run_in_process(mode: str, a) -> dict:
     measured against (issue 12: the honest base, since one unit on the engine is the
     slow case)."""
     from streamnet.training import train_local
-    mask = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {min(mask)})
-    try:
+    with on_one_core():
         s = train_local(_config(mode, 1, a)).summary
-    finally:
-        os.sched_setaffinity(0, mask)
     hit = [h for h in s.history if h.test_accuracy is not None and h.test_accuracy >= a.target]
-    return {"samples_per_s": s.samples_per_s, "time_to_target_s": None, "epochs_to_target": hit[0].epoch if hit else None,
+    return {"samples_per_s": s.samples_per_s, "time_to_target_s": None,
+            "epochs_to_target": hit[0].epoch if hit else None,
             "best_accuracy": max((h.test_accuracy for h in s.history if h.test_accuracy is not None), default=None),
             "epochs_run": len(s.history), "bytes_per_sample": 0.0, "wall_s": s.wall_s}
 
