@@ -32,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _serve(state, host: str, port: int, poll_s: float, token: str | None = None) -> None:
+    from ..runtime.dataplane import accept_shortage
     from .server import serve
+    accept_shortage.install(asyncio.get_running_loop())     # out of descriptors: a line a minute, not a flood
     runner, port = await serve(state, host, port, poll_s, token)
     print(f"streamnet-ui: serving cluster {state.cluster!r} on http://{host}:{port}/", file=sys.stderr)
     try:

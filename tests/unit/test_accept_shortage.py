@@ -55,6 +55,31 @@ def test_install_keeps_a_handler_already_set():
         loop.close()
 
 
+def test_the_ui_daemon_reports_a_shortage_the_same_way(monkeypatch):
+    from types import SimpleNamespace
+
+    from streamnet.ui import cli, server
+    served = asyncio.Event()
+
+    class Runner:
+        async def cleanup(self):
+            pass
+
+    async def serve(state, host, port, poll_s, token=None):
+        served.set()
+        return Runner(), 1234
+    monkeypatch.setattr(server, "serve", serve)
+
+    async def run():
+        daemon = asyncio.ensure_future(cli._serve(SimpleNamespace(cluster="c"), "127.0.0.1", 0, 1.0))
+        await asyncio.wait_for(served.wait(), 10)
+        handler = asyncio.get_running_loop().get_exception_handler()
+        daemon.cancel()
+        await asyncio.gather(daemon, return_exceptions=True)
+        return handler
+    assert isinstance(asyncio.run(run()), AcceptShortage)
+
+
 CHILD = r"""
 import asyncio, os, resource, sys, time
 from streamnet.runtime.dataplane import accept_shortage

@@ -20,6 +20,14 @@ log = logging.getLogger(__name__)
 
 MESSAGE = "socket.accept() out of system resource"   # asyncio's words (selector_events.py)
 REPEAT_S = 60.0
+HELP = "Fewer workers in one process, or a higher ulimit -n, would help"
+
+
+def short_of_files() -> str:
+    """What this warning and the sending side's (transport.py) say of a process out of
+    descriptors, with its limit."""
+    return f"this process is short of its own resources (open files allowed: " \
+           f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]})"
 
 
 class AcceptShortage:
@@ -39,10 +47,8 @@ class AcceptShortage:
             self.unsaid += 1
             return
         more = f"; {self.unsaid} more such reports since the last" if self.unsaid else ""
-        log.warning("cannot accept connections: %s - this process is short of its own resources (open files "
-                    "allowed: %s); asyncio tries again every second%s. Fewer workers in one process, or a "
-                    "higher ulimit -n, would help", context.get("exception"),
-                    resource.getrlimit(resource.RLIMIT_NOFILE)[0], more)
+        log.warning("cannot accept connections: %s - %s; asyncio tries again every second%s. %s",
+                    context.get("exception"), short_of_files(), more, HELP)
         self.said_at, self.unsaid = now, 0
 
 

@@ -44,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import resource
 import socket
 from typing import Awaitable, Callable
 from urllib.parse import urlsplit
@@ -56,6 +55,7 @@ from aiohttp import web
 from .. import codec
 from ..control.election import LOCAL_ERRNOS
 from ..messages import DataMsg, Message, from_wire, to_wire_all
+from .accept_shortage import HELP, short_of_files
 from .frame_io import TRAILER, FrameAuth, FrameReader, SocketSender, StreamError, TlsSender, size_buffers
 from .handshake import Auth, PeerAuthError, clean
 from .tls import TlsConfig
@@ -260,10 +260,8 @@ def _warn_if_short(sender: str, peer: str, e: BaseException) -> None:
     if code not in LOCAL_ERRNOS or code in _shortages:
         return
     _shortages.add(code)
-    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    log.warning("worker %s cannot connect to %s: %s - this process is short of its own resources (open files "
-                "allowed: %s), not a sign that %s is down; streams retry. Fewer workers in one process, or a "
-                "higher ulimit -n, would help", sender, peer, e, limit, peer)
+    log.warning("worker %s cannot connect to %s: %s - %s, not a sign that %s is down; streams retry. %s",
+                sender, peer, e, short_of_files(), peer, HELP)
 
 
 class PeerLink:
