@@ -125,7 +125,8 @@ class HostSampler:
     """Cores busy with other processes' work, between two calls of `sample()`."""
 
     def __init__(self):
-        self.cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+        self.cpus = (set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                     else set(range(os.cpu_count() or 1)))
         self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self._last = self._read()
 
@@ -221,8 +222,8 @@ def _moved(a: float, b: float, frac: float) -> bool:
 
 def moved(old: dict, new: dict, frac: float = CHANGE) -> bool:
     """Whether a figure the policy acts on moved: a speed by more than `frac`, the share
-    it was measured under, or its error by half (down), the cores other processes keep busy by more than FOREIGN_STEP
-    (idle noise is not news). A speed that is gone (a task measured afresh under a new
+    it was measured under, or its error by half (down), the cores other processes keep
+    busy by more than FOREIGN_STEP (idle noise is not news). A speed that is gone (a task measured afresh under a new
     share, not yet warm) is not news: the next one is."""
     if old.get("threads") != new.get("threads") or old.get("cores") != new.get("cores"):
         return True
