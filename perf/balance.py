@@ -13,8 +13,9 @@ co-tenant slowing one node, with --balance static against --balance load.
     step at which it began cutting rounds with the settled shares (its published
     share log: each change's step and time).
 
-    python perf/balance.py                # ~8 minutes on 2 idle cores
-    python perf/balance.py --quick        # smaller data: ~3 minutes
+    python perf/balance.py                # 30,000 samples x 4 epochs, 3 pairs
+    python perf/balance.py --quick        # 9,000 samples
+    (--train-limit 60000 --pairs 5 took 6 min 14 s on 2 idle cores of fc-v1045)
 
 The co-tenant experiment runs --pairs static/load pairs (default 3, alternating which
 goes first); the ratios come with their median and interquartile range, and the first
@@ -33,7 +34,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from perf.common import machine, pin_blas_threads, png_path, write_json  # noqa: E402
+from perf.common import machine, pin_blas_threads, png_path, spread, write_json  # noqa: E402
 from streamnet.runtime.control.placement import worker_url  # noqa: E402
 
 pin_blas_threads(1)
@@ -244,15 +245,13 @@ def pair_summary(co: dict) -> dict:
             "static_epoch_s": co["static"]["epoch_s"], "load_epoch_s": load["epoch_s"]}
 
 
-def spread(values) -> dict | None:
+def spread_of_pairs(values) -> dict | None:
     """Median and interquartile range of the values that are there (None where none are)."""
-    import statistics
     vals = sorted(v for v in values if v is not None)
     if not vals:
         return None
-    q = statistics.quantiles(vals, n=4, method="inclusive") if len(vals) > 1 else [vals[0]] * 3
-    return {"median": round(statistics.median(vals), 3), "q1": round(q[0], 3), "q3": round(q[2], 3),
-            "n": len(vals), "of": len(values)}
+    s = spread(vals, method="inclusive")
+    return {**{k: round(s[k], 3) for k in ("median", "q1", "q3")}, "n": s["n"], "of": len(values)}
 
 
 def plot(result: dict, path: str) -> None:
@@ -322,9 +321,11 @@ def main() -> int:
                   flush=True)
         result["cotenant_pairs"] = pairs
         result["cotenant_spread"] = {
-            "epoch_time_load_over_static": spread([r for p in pairs for r in p["epoch_time_load_over_static"]]),
-            **{k: spread([p[k] for p in pairs]) for k in ("accuracy_load_minus_static_pp", "rounds_to_first_change",
-                                                         "rounds_to_follow", "rounds_to_return")}}
+            "epoch_time_load_over_static": spread_of_pairs(
+                [r for p in pairs for r in p["epoch_time_load_over_static"]]),
+            **{k: spread_of_pairs([p[k] for p in pairs])
+               for k in ("accuracy_load_minus_static_pp", "rounds_to_first_change", "rounds_to_follow",
+                         "rounds_to_return")}}
     finally:
         if zk is not None:
             zk.stop()

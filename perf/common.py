@@ -30,6 +30,12 @@ def on_one_core():
         os.sched_setaffinity(0, mask)
 
 
+def spread(xs, method: str = "exclusive") -> dict:
+    """Median and quartiles of xs (at least one value), with their count."""
+    q = statistics.quantiles(xs, n=4, method=method) if len(xs) >= 2 else [xs[0]] * 3
+    return {"median": statistics.median(xs), "q1": q[0], "q3": q[2], "n": len(xs)}
+
+
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 

@@ -38,12 +38,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine, median, pin_blas_threads, png_path, write_json  # noqa: E402
+from common import machine, median, pin_blas_threads, png_path, spread, write_json  # noqa: E402
 
 STEP_CASES = [("lenet5", 32), ("lenet5", 64), ("alexnet64", 32), ("alexnet64", 64), ("alexnet224", 16)]
 LAYER_CASES = [("lenet5", 64), ("alexnet64", 32)]
@@ -143,11 +142,6 @@ def matmul_peak(seconds: float) -> float:
 
 def load() -> float:
     return os.getloadavg()[0]
-
-
-def spread(xs: list[float]) -> dict:
-    q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0]] * 3
-    return {"median": statistics.median(xs), "q1": q[0], "q3": q[2], "n": len(xs)}
 
 
 def paired(a, b, pairs: int) -> tuple[list[float], list[float]]:
