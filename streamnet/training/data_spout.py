@@ -90,8 +90,7 @@ class DataSpout(Spout):
         self._landed = self.step         # the step of the last position known saved (where we began: ours)
         self._must_land = False          # the next round waits for the position saved at its boundary
         self._hold = True                # the first boundary keeps the shares this instance began with
-        self._failed = None              # (step, state) of a save the next round waits for, to try again
-        self._retry_at = 0.0
+        self._retry_at = 0.0             # the queued save starts no sooner (a failed one tried again)
         self._fenced: FencedError | None = None     # a save found another instance owns the task
 
     def restore(self, state):
@@ -192,10 +191,9 @@ class DataSpout(Spout):
             except Exception as e:  # noqa: BLE001 - e.g. the coordinator unreachable: the task goes on
                 log.warning("could not save the position of step %d: %s", step, e)
                 if self._must_land and step == self.step and self._queued is None:
-                    self._failed, self._retry_at = (step, state), time.monotonic() + RETRY_S
-        if self._failed is not None and self._queued is None and time.monotonic() >= self._retry_at:
-            self._queued, self._failed = self._failed, None
-        if self._saving is None and self._queued is not None and self._fenced is None:
+                    self._queued, self._retry_at = (step, state), time.monotonic() + RETRY_S
+        if (self._saving is None and self._queued is not None and self._fenced is None
+                and time.monotonic() >= self._retry_at):
             step, state = self._queued
             self._queued = None
             self._saving = (step, state, self.ctx.save_state_started(state))
@@ -240,7 +238,7 @@ class DataSpout(Spout):
     def is_done(self):
         self._settle()
         return ((self.epoch >= self.cfg.epochs or self.stopped) and not self.in_flight and self._fenced is None
-                and self._saving is None and self._queued is None and self._failed is None)
+                and self._saving is None and self._queued is None)
 
     def close(self):
         if self.is_done():

@@ -32,11 +32,15 @@ class Recorder:
         return [direct_task]
 
 
-def _spout(saves: list, state=None, cfg=CFG):
+def _spout(saves: list, state=None, cfg=CFG, started=None, work_shares=lambda component: None):
+    """A spout opened (and restored from `state`) on a Context whose saves go to `saves`,
+    or, given `started`, start there (ctx.save_state_started)."""
     spout = DataSpout(run=run_config_to_dict(cfg), train_size=64)
     ctx = Context(topology="t", component="data", task=0, task_index=0, parallelism=1, worker="w0", config={},
                   component_config=spout.config, component_tasks={"compute": range(1, 3)}.__getitem__,
-                  compute=None, publish=lambda k, v: None, save_state=saves.append)
+                  compute=None, publish=lambda k, v: None, save_state=saves.append, work_shares=work_shares)
+    if started is not None:
+        ctx.save_state_started = started
     out = Recorder()
     spout.open(ctx, SpoutCollector(out))
     if state is not None:
@@ -117,16 +121,8 @@ class Saves:
 
 def _balanced(state=None, shares=None):
     saves, box = Saves(), {"shares": shares}
-    spout = DataSpout(run=run_config_to_dict(replace(CFG, balance="load")), train_size=64)
-    ctx = Context(topology="t", component="data", task=0, task_index=0, parallelism=1, worker="w0", config={},
-                  component_config=spout.config, component_tasks={"compute": range(1, 3)}.__getitem__,
-                  compute=None, publish=lambda k, v: None, save_state=None,
-                  work_shares=lambda component: box["shares"])
-    ctx.save_state_started = saves
-    out = Recorder()
-    spout.open(ctx, SpoutCollector(out))
-    if state is not None:
-        spout.restore(state)
+    spout, out = _spout([], state, replace(CFG, balance="load"), started=saves,
+                        work_shares=lambda component: box["shares"])
     return spout, out, saves, box
 
 

@@ -81,6 +81,11 @@ class Decision:
         return self.shares is not None or bool(self.threads) or bool(self.moves)
 
 
+def _load_of(task: int, assignment: Assignment, workers: dict) -> dict:
+    """The load record of the worker that hosts `task` ({} where there is none)."""
+    return workers.get(assignment.tasks.get(task), {}).get("load") or {}
+
+
 def _speeds(topology: Topology, name: str, assignment: Assignment, workers: dict) -> dict[str, dict[int, float]]:
     """Per component, task -> items per second, for components whose tasks all report a
     speed measured under their current share."""
@@ -88,7 +93,7 @@ def _speeds(topology: Topology, name: str, assignment: Assignment, workers: dict
     for c in topology.components:
         speeds = {}
         for t in topology.tasks(c["id"]):
-            rec = workers.get(assignment.tasks.get(t), {}).get("load") or {}
+            rec = _load_of(t, assignment, workers)
             spi = rec.get("seconds_per_item", {}).get(name, {}).get(str(t))
             if not spi or spi <= 0 or not math.isfinite(spi):
                 break
@@ -105,8 +110,8 @@ def _speeds(topology: Topology, name: str, assignment: Assignment, workers: dict
 def _noise(name: str, tasks, assignment: Assignment, workers: dict) -> float:
     """The largest relative standard error of the speeds of `tasks` (0 where a worker
     does not report one)."""
-    errors = [((workers.get(assignment.tasks.get(t), {}).get("load") or {}).get("speed_error", {})
-               .get(name, {}).get(str(t)) or 0.0) for t in tasks]
+    errors = [_load_of(t, assignment, workers).get("speed_error", {}).get(name, {}).get(str(t)) or 0.0
+              for t in tasks]
     return max(errors, default=0.0)
 
 
