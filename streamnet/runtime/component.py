@@ -137,7 +137,7 @@ class Context:
         self._component_tasks, self._compute, self._publish = component_tasks, compute, publish
         self._save_state = save_state
         self._save_state_async = save_state_async
-        self._on_saved: Callable[[], None] = lambda: None    # the engine: wake the task's executor
+        self._on_saved: Callable[[Any], None] = lambda done: None   # the engine: wake the task's executor
         self._put_checkpoint = put_checkpoint
         self._compute_share = compute_share
         self._report_work, self._work_shares = report_work, work_shares
@@ -209,7 +209,7 @@ class Context:
                 done.set_exception(e)
             return done
         saving = asyncio.ensure_future(self._save_state_async(state))
-        saving.add_done_callback(lambda _: self._on_saved())
+        saving.add_done_callback(self._on_saved)
         return saving
 
     def put_checkpoint(self, pointer: dict) -> None:

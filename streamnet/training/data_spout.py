@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 SHARE_LOG = 50      # changes of the work shares kept in the published log
 SAVE_S = 0.5        # the position is saved at least this often (and at every epoch end)
-RETRY_S = 1.0       # a save the next round waits for is tried again this long after it failed
+RETRY_S = 1.0       # a save that failed is tried again this long after (unless a later one is queued)
 
 
 class DataSpout(Spout):
@@ -178,19 +178,21 @@ class DataSpout(Spout):
     def _settle(self) -> None:
         """Take note of a save that has landed and start the one queued behind it. A
         fenced save (another instance took the task over) makes next_tuple raise. A save
-        the next round waits for that failed otherwise (the coordinator away) is logged
-        and tried again after RETRY_S; any other failed one is left to the next boundary's."""
+        that failed otherwise (the coordinator away) is logged and tried again after
+        RETRY_S, unless a later position is queued: under load balancing the round after
+        next waits for it, and no round would come to save a later one."""
         if self._saving is not None and self._saving[2].done():
             step, state, done = self._saving
             self._saving = None
-            try:
-                done.result()
+            error = RuntimeError("the save was cancelled") if done.cancelled() else done.exception()
+            if error is None:
                 self._landed = max(self._landed, step)
-            except FencedError as e:
-                self._fenced = e
-            except Exception as e:  # noqa: BLE001 - e.g. the coordinator unreachable: the task goes on
-                log.warning("could not save the position of step %d: %s", step, e)
-                if self._must_land and step == self.step and self._queued is None:
+            elif isinstance(error, FencedError):
+                self._fenced = error
+            else:       # e.g. the coordinator away longer than a save waits: the task goes on
+                log.warning("could not save the position of step %d (%s: %s); trying again in %.0f s",
+                            step, type(error).__name__, error, RETRY_S)
+                if self._queued is None:    # a later position queued makes this one moot
                     self._queued, self._retry_at = (step, state), time.monotonic() + RETRY_S
         if (self._saving is None and self._queued is not None and self._fenced is None
                 and time.monotonic() >= self._retry_at):

@@ -147,8 +147,8 @@ def test_worker_cut_off_and_healed_is_fenced(zk, victim):
     ZooKeeper session expired and its tasks moved - a worker cut off - then SIGCONT it.
     Healed, it takes a new session and registers again; no update is counted twice and
     the run finishes. The sync bolt's host wakes still cut off from ZooKeeper for 2 s
-    (its own relay to it cut), so its stale spout and sync bolt act first on the round
-    they hold: they must be fenced - what they send is dropped by the workers that now
+    (its own relay to it cut), after longer than the message timeout, so its stale
+    spout and sync bolt act first on the round they hold: they must be fenced - what they send is dropped by the workers that now
     run their tasks (stale in their /status), or their next state save is refused. (A
     stale compute unit may hold nothing - it may have been waiting for parameters - so
     its fencing is printed, not asserted.)"""
@@ -158,11 +158,17 @@ def test_worker_cut_off_and_healed_is_fenced(zk, victim):
         host = _training_with_victim(state, topo, victim)
         session = worker_sessions(state)[host]
         c.procs[host].send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
         try:
             wait_for(lambda: host not in state.workers() and host not in placement(state, topo.name).values(), 30,
                      "the cut-off worker's session to expire and its tasks to move", interval=0.1)
             if victim == "sync":
                 c.relays[host].cut()
+                # stopped for longer than a tuple tree may stay open, so the stale spout's
+                # round has timed out when it wakes and it acts at once: it sends that
+                # work again (or, if it was saving its position, that save is refused)
+                until = stopped + topo.config["message_timeout_s"] + 1.0
+                wait_for(lambda: time.monotonic() >= until, 30, "the stale spout's round to time out", interval=0.1)
         finally:
             c.procs[host].send_signal(signal.SIGCONT)
         if victim == "sync":

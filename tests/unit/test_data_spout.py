@@ -186,21 +186,31 @@ def test_a_spout_started_anew_cuts_the_rounds_the_last_one_may_have_sent_as_it_d
     assert [len(np.concatenate(w["batches"])) for _, w in _send(again, out2)] == [12, 4]   # now the new ones
 
 
-def test_a_fenced_save_stops_the_spout_and_a_failed_one_it_waits_for_is_tried_again(monkeypatch):
+def test_a_failed_save_is_tried_again_until_one_lands_and_a_fenced_one_stops_the_spout(monkeypatch):
     from streamnet.runtime import FencedError
-    spout, out, saves, box = _balanced()
-    _ack_all(spout, _send(spout, out))
-    saves.land(ConnectionError("coordinator away"))  # an ordinary save: the next boundary's covers it
-    _ack_all(spout, _send(spout, out))
-    box["shares"] = [1.5, 0.5]
-    saves.land()
-    _ack_all(spout, _send(spout, out))               # new shares: the next round waits for their save
     clock = [1000.0]
     monkeypatch.setattr(data_spout.time, "monotonic", lambda: clock[0])
+    spout, out, saves, box = _balanced()
+    _ack_all(spout, _send(spout, out))               # round 0; the save of its boundary starts
+    sent = _send(spout, out)                         # round 1 goes out meanwhile
     saves.land(ConnectionError("coordinator away"))
-    assert _send(spout, out) == [] and len(saves.started) == 3
+    _ack_all(spout, sent)                            # a later position is queued, to start after RETRY_S
+    assert len(saves.started) == 1 and _send(spout, out) == []
     clock[0] += data_spout.RETRY_S
-    assert _send(spout, out) == [] and len(saves.started) == 4 and saves.started[3][0]["shares"] == [1.5, 0.5]
+    assert _send(spout, out) == [] and len(saves.started) == 2 and saves.started[1][0]["step"] == 2
+    saves.land(ConnectionError("coordinator away"))  # no round comes to save a later one: this one again
+    assert _send(spout, out) == [] and len(saves.started) == 2
+    clock[0] += data_spout.RETRY_S
+    assert _send(spout, out) == [] and len(saves.started) == 3 and saves.started[2][0]["step"] == 2
+    saves.land()
+    _ack_all(spout, _send(spout, out))               # round 2
+    box["shares"] = [1.5, 0.5]
+    saves.land()
+    _ack_all(spout, _send(spout, out))               # round 3; new shares: the next round waits for their save
+    saves.land(ConnectionError("coordinator away"))
+    assert _send(spout, out) == [] and len(saves.started) == 5
+    clock[0] += data_spout.RETRY_S
+    assert _send(spout, out) == [] and len(saves.started) == 6 and saves.started[5][0]["shares"] == [1.5, 0.5]
     saves.land()
     assert len(_send(spout, out)) == 2
     _ack_all(spout, list(out.emitted))

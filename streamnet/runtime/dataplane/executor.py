@@ -166,6 +166,20 @@ class SpoutExecutor(Executor):
         self.done_reported = False
         self.active = True
         self.drain_called = False
+        self.exited = False          # run() has returned: a refusal found now is logged by saved()
+        self.refused: FencedError | None = None   # a background save refused, not yet raised by the spout
+
+    def saved(self, done) -> None:
+        """A background state save (ctx.save_state_started) is done: the spout goes on at
+        once. A refused one (another instance took the task over) is the spout's to
+        raise; but an instance stopped meanwhile (its task moved, which is how a stale
+        one usually learns of it) never will, so the refusal is logged for it."""
+        self.wake.set()
+        error = None if done.cancelled() else done.exception()
+        if isinstance(error, FencedError):
+            self.refused = error
+            if self.exited:
+                log.warning("%s (refused after this instance stopped)", error)
 
     # -- emit -----------------------------------------------------------------------
     def emit(self, values, stream, msg_id, direct_task):
@@ -271,7 +285,10 @@ class SpoutExecutor(Executor):
             self.fenced = True
             raise
         finally:
-            if not (self.fenced or self.crashed):   # a stale (or crashed) instance publishes nothing
+            self.exited = True
+            if self.refused is not None and not self.fenced:
+                log.warning("%s (refused as this instance stopped)", self.refused)
+            if not (self.fenced or self.crashed or self.refused):   # a stale (or crashed) one publishes nothing
                 spout.close()
 
 

@@ -138,7 +138,7 @@ class TopologyRuntime:
         ctx._save_state = lambda v: fencing.save_state(self, ex, v)
         ctx._save_state_async = lambda v: fencing.save_state_async(self, ex, v)
         if isinstance(ex, SpoutExecutor):
-            ctx._on_saved = ex.wake.set          # a spout waiting for a save goes on when it lands
+            ctx._on_saved = ex.saved          # a spout waiting for a save goes on when it lands
         return ex
 
     def report_work(self, task: int, items: float, seconds: float) -> None:

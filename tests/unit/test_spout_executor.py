@@ -1,0 +1,73 @@
+"""A spout executor and its task's background state saves (ctx.save_state_started):
+a save refused because another instance took the task over is logged even when
+this instance was stopped first (its task moved: the usual way a stale instance
+learns of it), and a stale instance does not close (publish) after a refusal."""
+import asyncio
+from types import SimpleNamespace
+
+from streamnet.runtime import FencedError, Spout
+from streamnet.runtime.component import Context
+from streamnet.runtime.dataplane.executor import SpoutExecutor
+
+REFUSED = "task data.0 of t was taken over by another instance"
+
+
+class SavingSpout(Spout):
+    """Starts one background save at its first call and emits nothing."""
+    outputs = ["n"]
+
+    def open(self, ctx, collector):
+        super().open(ctx, collector)
+        self.saving, self.closed = None, False
+
+    def next_tuple(self):
+        if self.saving is None:
+            self.saving = self.ctx.save_state_started({"n": 0})
+
+    def close(self):
+        self.closed = True
+
+
+async def _run(refuse_before_stop: bool):
+    """Run the executor until its save is in flight; refuse the save before or after
+    stopping the executor. The spout instance."""
+    answer = asyncio.get_running_loop().create_future()
+
+    async def save(state):
+        await answer
+
+    rt = SimpleNamespace(name="t", topology=SimpleNamespace(config={"message_timeout_s": 30, "max_spout_pending": 4}),
+                         stop_requested=False, task_done=lambda task: None, wait_converged=lambda: asyncio.sleep(0))
+    spout = SavingSpout()
+    ctx = Context(topology="t", component="data", task=0, task_index=0, parallelism=1, worker="w0", config={},
+                  component_config={}, component_tasks=lambda c: [], compute=None, publish=lambda k, v: None,
+                  save_state=None, save_state_async=save)
+    ex = SpoutExecutor(rt, 0, {"id": "data"}, spout, ctx)
+    ctx._on_saved = ex.saved
+    run = asyncio.ensure_future(ex.run())
+    while spout.__dict__.get("saving") is None:
+        await asyncio.sleep(0.001)
+    if refuse_before_stop:
+        answer.set_exception(FencedError(REFUSED))
+        await asyncio.sleep(0.01)
+    ex.stopping = True
+    ex.wake.set()
+    await asyncio.wait_for(run, 5)
+    if not refuse_before_stop:
+        answer.set_exception(FencedError(REFUSED))
+        await asyncio.sleep(0.01)
+    return spout
+
+
+def test_a_save_refused_after_the_instance_stopped_is_logged(caplog):
+    caplog.set_level("WARNING")
+    spout = asyncio.run(_run(refuse_before_stop=False))
+    assert [r.getMessage() for r in caplog.records] == [REFUSED + " (refused after this instance stopped)"]
+    assert spout.closed          # it did not know yet when it stopped
+
+
+def test_a_save_refused_before_a_stop_the_spout_never_raised_is_logged_and_the_spout_not_closed(caplog):
+    caplog.set_level("WARNING")
+    spout = asyncio.run(_run(refuse_before_stop=True))
+    assert [r.getMessage() for r in caplog.records] == [REFUSED + " (refused as this instance stopped)"]
+    assert not spout.closed
