@@ -329,3 +329,54 @@ def test_a_worker_measures_a_task_afresh_under_a_new_share():
     assert record() == ({}, {})             # ... and a speed needs MIN_REPORTS rounds under the new share
     rt.report_work(1, 130, 2.6)
     assert record() == ({"1": pytest.approx(0.02)}, {"1": 1.3})
+
+
+def test_the_fixed_cost_of_a_round_is_learnt_from_two_shares_and_the_shares_then_land():
+    # each unit's round costs (0.3 + share) / v: its speed per item is lower at a smaller
+    # share. A co-tenant halves unit 2's v: the first change (fixed cost not known yet) is
+    # proportional to the speeds and falls short; the speeds at those shares give the fixed
+    # cost, and the next change lands where both rounds take as long. When the co-tenant
+    # leaves, the shares go back to equal in one change
+    fixed, memory, a, t = 0.3, Memory(), placed(), 10.0
+    v = {1: 10000.0, 2: 5000.0}
+
+    def speeds():
+        x = {k: a.shares.get(k, 1.0) for k in v}
+        return workers_with({"w1": {1: v[1] * x[1] / (fixed + x[1])}, "w2": {2: v[2] * x[2] / (fixed + x[2])}})
+
+    def step():
+        nonlocal a, t
+        t += 0.5
+        d = decide(NAME, topology(), a, speeds(), memory, t)
+        if d.shares is not None:
+            a = Assignment(**{**a.__dict__, "shares": d.shares})
+        return d
+    assert step().shares[2] == pytest.approx(2 / 3, abs=1e-3)         # proportional: short of the balance
+    d = step()
+    assert memory.fixed["compute"] == pytest.approx(fixed, abs=1e-3) and "fixed cost: 0.30" in d.notes[0]
+    x1, x2 = a.shares[1], a.shares[2]
+    assert (fixed + x1) / v[1] == pytest.approx((fixed + x2) / v[2], rel=0.01)   # 1.433 : 0.567
+    assert all(step().shares is None for _ in range(10))               # and stay there
+    v[2] = 10000.0                                                     # the co-tenant leaves
+    changes = [d for d in (step() for _ in range(10)) if d.shares is not None]
+    assert len(changes) == 1 and a.shares == {1: 1.0, 2: 1.0}
+
+
+def test_a_speed_measured_under_a_new_share_is_written_past_the_budget():
+    # the leader changes the shares again only on speeds measured under the new ones: they
+    # must not wait for the budget that a settling speed used up
+    m, t = LoadMeter(), 100.0
+    for _ in range(WARMUP + MIN_REPORTS):
+        m.report_work(NAME, 1, 100, 0.5)
+    for i in range(10):                           # speeds that keep moving use up the budget
+        for _ in range(WINDOW):
+            m.report_work(NAME, 1, 100, 1.0 + i)
+        m.due(m.record(0.5, 2, False), t)
+    for _ in range(WINDOW):
+        m.report_work(NAME, 1, 100, 20.0)
+    assert not m.due(m.record(0.5, 2, False), t)              # moved, but out of budget
+    for _ in range(1 + MIN_REPORTS):              # the first report under a new share is left out
+        m.report_work(NAME, 1, 70, 0.5, share=0.7)
+    rec = m.record(0.5, 2, False)
+    assert rec["work_share"] == {NAME: {"1": 0.7}} and m.due(rec, t)
+    assert not m.due(m.record(0.5, 2, False), t)              # once
