@@ -23,9 +23,7 @@ last host figures, when a task reported work); `moved()` says whether a new reco
 differs enough from the last one published to be worth a coordinator write, and
 `due()` bounds the rate of writes (a burst of BURST, then one per MIN_PUBLISH_S), so
 that hundreds of workers do not flood ZooKeeper with unchanged numbers while a real
-change still reaches the leader within a round or two; a speed measured under a new
-share (what the leader waits for after it changed the shares) is written past that
-budget (`measured_afresh`).
+change still reaches the leader within a round or two.
 """
 from __future__ import annotations
 
@@ -209,11 +207,11 @@ class LoadMeter:
         if self.refilled_at is not None:
             self.tokens = min(float(BURST), self.tokens + (now - self.refilled_at) / MIN_PUBLISH_S)
         self.refilled_at = now
-        if self.tokens < 1.0 and not (self.published is not None and measured_afresh(self.published, rec)):
+        if self.tokens < 1.0:
             return False
         if self.published is not None and now - self.published_at < HEARTBEAT_S and not moved(self.published, rec):
             return False
-        self.tokens = max(0.0, self.tokens - 1.0)
+        self.tokens -= 1.0
         self.published, self.published_at = rec, now
         return True
 
@@ -243,16 +241,6 @@ def moved(old: dict, new: dict, frac: float = CHANGE) -> bool:
             if _sharper(ea.get(topology, {}).get(t), eb.get(topology, {}).get(t)):
                 return True
     return False
-
-
-def measured_afresh(old: dict, new: dict) -> bool:
-    """Whether `new` has a speed measured under a share other than the one `old` has it
-    under: after a change of shares the leader acts again only on speeds measured under
-    the new ones, so these are written even past the write budget (at most one write per
-    change of shares, and the leader changes them at most every few rounds)."""
-    sa = old.get("work_share", {})
-    return any(sa.get(topology, {}).get(t) != share
-               for topology, shares in new.get("work_share", {}).items() for t, share in shares.items())
 
 
 def _sharper(old: float | None, new: float | None) -> bool:

@@ -6,13 +6,10 @@ over with a fresh memory.
 For a topology whose config says `balance: load`:
 
 - **work shares**: each task of a component whose tasks all report their speed
-  (seconds per work item) gets a share of the component's work, as a weight with
-  mean 1.0, so that all of them finish a round together while the total stays the
-  same (the consumer - a training spout - turns weights into batches): proportional
-  to its speed, less the round's fixed cost, which the policy learns from the speeds
-  it saw at two shares (_fixed: a unit's steps cost something whatever their batch,
-  so the first change of a slowed unit's share used to fall short and take a second
-  one). A speed counts only if it was measured under the task's current
+  (seconds per work item) gets a share of the component's work proportional to its
+  speed, as a weight with mean 1.0, so that all of them finish a round together
+  while the total stays the same (the consumer - a training spout - turns weights
+  into batches). A speed counts only if it was measured under the task's current
   share (a unit's speed may depend on its batch). Shares change only when one moves by
   more than CHANGE and by more than NOISE times the largest relative error of the
   speeds (a worker measures a speed as a median of its last rounds and reports the
@@ -52,7 +49,6 @@ MIN_INTERVAL_S = 1.0   # between two changes of a component's shares (or a worke
 SEEN_S = 10.0          # the speeds a component showed at its recent shares are remembered this long ...
 WORLD_CHANGE = 0.3     # ... unless a task's relative speed at the same shares moves by more than this
 SAME = 0.01            # shares this close are the same shares
-FIXED_MAX = 1.0        # a task's fixed cost per round is taken as at most a mean share's work
 MIN_SHARE = 0.1        # no task's share falls below this (it keeps a little work, and its speed is seen)
 THREAD_MARGIN = 0.75   # free cores must differ from the threads by this much before threads change
 SLOW = 0.5             # a task this far below its component's median speed is a candidate to move
@@ -66,9 +62,8 @@ class Memory:
     """What the policy remembers between passes (the leader keeps one per topology)."""
     changed_at: dict[str, float] = field(default_factory=dict)     # component or "threads:<w>" -> time
     direction: dict[int, int] = field(default_factory=dict)        # task -> +1/-1: its share's last move
-    # component -> [(time, shares, speeds last seen there, relative speeds first seen there)]
+    # component -> [(time, shares, relative speeds last seen there, those first seen there)]
     seen: dict[str, list] = field(default_factory=dict)
-    fixed: dict[str, float] = field(default_factory=dict)          # component -> its fixed cost (see _fixed)
     slow_passes: dict[int, int] = field(default_factory=dict)      # task -> passes in a row slow
     moved_at: dict[int, float] = field(default_factory=dict)       # task -> time it was moved
     history: list[dict] = field(default_factory=list)              # the last HISTORY decisions
@@ -125,65 +120,30 @@ def _gap(a: dict[int, float], b: dict[int, float]) -> float:
     return max(abs(a[t] - b[t]) / b[t] for t in b)
 
 
-def _relative(speeds: dict[int, float]) -> dict[int, float]:
-    mean = sum(speeds.values()) / len(speeds)
-    return {t: s / mean for t, s in speeds.items()}
-
-
-def _remember(memory: Memory, cid: str, shares: dict[int, float], speeds: dict[int, float], now: float) -> list:
-    """Note the speeds seen at `shares`; forget everything seen when the relative ones moved
+def _remember(memory: Memory, cid: str, shares: dict[int, float], rel: dict[int, float], now: float) -> list:
+    """Note the relative speeds seen at `shares`; forget everything seen when they moved
     at the same shares (other load came or went: what was seen elsewhere is stale too).
     They are compared with the speeds first seen at these shares, not the last: a
     co-tenant that leaves makes the published speeds (medians of a window) climb in
     steps smaller than WORLD_CHANGE, and a comparison with the last pass only would
     let what was seen under the co-tenant hold the shares there for SEEN_S."""
-    rel = _relative(speeds)
     seen = [e for e in memory.seen.get(cid, []) if now - e[0] < SEEN_S and set(e[1]) == set(shares)]
     same = [e for e in seen if _gap(e[1], shares) < SAME]
-    first = same[0][3] if same else rel
+    first = same[0][3] if same else dict(rel)
     if _gap(first, rel) > WORLD_CHANGE:
-        seen, first = [], rel
-    seen = [e for e in seen if e not in same] + [(now, dict(shares), dict(speeds), first)]
+        seen, first = [], dict(rel)
+    seen = [e for e in seen if e not in same] + [(now, dict(shares), dict(rel), first)]
     memory.seen[cid] = seen
     return seen
 
 
-def _fixed(memory: Memory, cid: str, seen: list) -> float:
-    """The component's fixed cost per round, in shares: a task's round takes (fixed +
-    share) / v for some speed v of its own, so its speed per item, share / time, is
-    lower at a smaller share (a training unit's steps cost something whatever their
-    batch). Estimated from each task's speeds at two shares seen in the same world (the
-    latest and each other one remembered; negative estimates, from noise or load that
-    came with the change, count as 0), and kept once seen: slowing a node by sharing its
-    cores slows the fixed and the per-item part alike. 0 until the shares first moved."""
-    (_, now_shares, now_speeds, _), estimates = seen[-1], []
-    for _, shares, speeds, _ in seen[:-1]:
-        for t, x2 in now_shares.items():
-            x1, s1, s2 = shares[t], speeds[t], now_speeds[t]
-            if abs(x2 - x1) > CHANGE * max(x1, x2) and s1 / x1 != s2 / x2:
-                estimates.append(min(max((s2 - s1) / (s1 / x1 - s2 / x2), 0.0), FIXED_MAX))
-    if estimates:
-        memory.fixed[cid] = statistics.median(estimates)
-    return memory.fixed.get(cid, 0.0)
-
-
-def _target(speeds: dict[int, float], shares: dict[int, float], fixed: float) -> dict[int, float]:
-    """The shares (mean 1) at which every task's round takes as long, the speeds
-    having been measured at `shares` and each task's round costing (fixed + share) / v:
-    v = speed x (fixed + share) / share, and share' = T x v - fixed for the T at which
-    the shares keep their total. With no fixed cost: proportional to the speeds."""
-    v = {t: s * (fixed + shares[t]) / shares[t] for t, s in speeds.items()}
-    time = len(v) * (1.0 + fixed) / sum(v.values())
-    return _normalise({t: time * vt - fixed for t, vt in v.items()})
-
-
-def _turns_back_here(seen: list, current: dict[int, float], target: dict[int, float], fixed: float) -> bool:
+def _turns_back_here(seen: list, current: dict[int, float], target: dict[int, float]) -> bool:
     """Whether the speeds last seen at (about) the `target` shares would send the shares
     back toward `current` rather than keep them at target."""
     there = [e for e in seen if _gap(e[1], target) <= CHANGE and _gap(e[1], current) > SAME]
     if not there:
         return False
-    again = _target(there[-1][2], there[-1][1], fixed)
+    again = _normalise(there[-1][2])
     return _gap(again, current) < _gap(again, target)
 
 
@@ -201,23 +161,23 @@ def decide(name: str, topology: Topology, assignment: Assignment, workers: dict,
     speeds = _speeds(topology, name, assignment, workers)
     shares = dict(assignment.shares)
     for cid, sp in speeds.items():
+        mean = sum(sp.values()) / len(sp)
+        rel = {t: s / mean for t, s in sp.items()}
+        target = _normalise(rel)
         current = {t: shares.get(t, 1.0) for t in sp}
-        seen = _remember(memory, cid, current, sp, now)
-        fixed = _fixed(memory, cid, seen)
-        target = _target(sp, current, fixed)
+        seen = _remember(memory, cid, current, rel, now)
         moves = {t: (target[t] > current[t]) - (target[t] < current[t]) for t in sp}
         turns = any(m and memory.direction.get(t, m) != m for t, m in moves.items())
         if _gap(target, current) > max(CHANGE, NOISE * _noise(name, sp, assignment, workers)) and (not turns or (
                 now - memory.changed_at.get(cid, -math.inf) >= MIN_INTERVAL_S
-                and not _turns_back_here(seen, current, target, fixed))):
+                and not _turns_back_here(seen, current, target))):
             shares.update(target)
             memory.changed_at[cid] = now
             memory.direction.update({t: m for t, m in moves.items() if m})
             med = statistics.median(sp.values())
             d.notes.append(f"{cid} shares " + ", ".join(
                 f"task {t} ({assignment.tasks.get(t)}) {current[t]:.2f} -> {target[t]:.2f}: "
-                f"{sp[t] / med:.2f}x the median speed ({sp[t]:,.0f} items/s)" for t in sorted(sp))
-                + (f" (a round's fixed cost: {fixed:.2f} of a mean share)" if fixed else ""))
+                f"{sp[t] / med:.2f}x the median speed ({sp[t]:,.0f} items/s)" for t in sorted(sp)))
         d.moves.update(_moves(cid, sp, assignment, workers, topology, memory, now, d.notes))
     if shares != dict(assignment.shares):
         d.shares = shares
