@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 SHARE_LOG = 50      # changes of the work shares kept in the published log
 SAVE_S = 0.5        # the position is saved at least this often (and at every epoch end)
 RETRY_S = 1.0       # a save that failed is tried again this long after (unless a later one is queued)
+clock = time.monotonic      # the spout's clock for SAVE_S and RETRY_S (a test sets its own)
 
 
 class DataSpout(Spout):
@@ -84,7 +85,7 @@ class DataSpout(Spout):
         self.replayed_samples = 0     # this task's, for /metrics (not saved)
         self._count_replay(0)
         self.draining = self.stopped = False
-        self._saved_at = -float("inf")              # time.monotonic() of the last save of the position
+        self._saved_at = -float("inf")              # clock() at the last save of the position
         self._saving = None              # (step, state, future) of the save in flight (ctx.save_state_started)
         self._queued = None              # (step, state) to save once that one has landed
         self._landed = self.step         # the step of the last position known saved (where we began: ours)
@@ -164,7 +165,7 @@ class DataSpout(Spout):
             # under load balancing every round, else at most every SAVE_S; the next round waits
             # for it at an epoch's start, after a checkpoint round, at a stop and with new shares
             must = self.round == 0 or self.flagged or self.stopped or changed
-            if self.balanced or must or time.monotonic() - self._saved_at >= SAVE_S:
+            if self.balanced or must or clock() - self._saved_at >= SAVE_S:
                 self._save(must)
 
     def _save(self, must: bool) -> None:
@@ -172,7 +173,7 @@ class DataSpout(Spout):
         self._queued = (self.step, {"epoch": self.epoch, "round": self.round, "step": self.step,
                                     "replayed": self.replayed, "stopped": self.stopped, "shares": self.shares})
         self._must_land = self._must_land or must
-        self._saved_at = time.monotonic()
+        self._saved_at = clock()
         self._settle()
 
     def _settle(self) -> None:
@@ -193,9 +194,9 @@ class DataSpout(Spout):
                 log.warning("could not save the position of step %d (%s: %s); trying again in %.0f s",
                             step, type(error).__name__, error, RETRY_S)
                 if self._queued is None:    # a later position queued makes this one moot
-                    self._queued, self._retry_at = (step, state), time.monotonic() + RETRY_S
+                    self._queued, self._retry_at = (step, state), clock() + RETRY_S
         if (self._saving is None and self._queued is not None and self._fenced is None
-                and time.monotonic() >= self._retry_at):
+                and clock() >= self._retry_at):
             step, state = self._queued
             self._queued = None
             self._saving = (step, state, self.ctx.save_state_started(state))

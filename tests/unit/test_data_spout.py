@@ -189,7 +189,7 @@ def test_a_spout_started_anew_cuts_the_rounds_the_last_one_may_have_sent_as_it_d
 def test_a_failed_save_is_tried_again_until_one_lands_and_a_fenced_one_stops_the_spout(monkeypatch):
     from streamnet.runtime import FencedError
     clock = [1000.0]
-    monkeypatch.setattr(data_spout.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(data_spout, "clock", lambda: clock[0])
     spout, out, saves, box = _balanced()
     _ack_all(spout, _send(spout, out))               # round 0; the save of its boundary starts
     sent = _send(spout, out)                         # round 1 goes out meanwhile
