@@ -5,7 +5,10 @@ it has already combined.
 - a sync task started anew after its worker died (`restore`, or a first
   contribution ahead of step 0): its counters come back from the coordinator, its
   parameters from the compute units' replicas - it asks every replica for theirs
-  and adopts the newest, with the outer momentum reset (logged);
+  and adopts the newest, with the outer momentum reset (logged); if every replica
+  is older than its counters (all of them started anew with it), the updates in
+  between are lost: it goes on from the newest as the counters' step (logged as an
+  error), since the spout will not send those steps again;
 - a contribution for a step already combined (a replay after a failure) is
   answered with the current parameters, and an epoch end's evaluation and
   checkpoint are sent again, since they may have been lost with a worker;
@@ -142,7 +145,17 @@ class SyncRecovery:
             # the old sync bolt saved its last combine but died before sending it: undo its count
             self.counts.undo_last_round()
             log.warning("step %d was combined but never delivered; it will be combined again", step)
-        self.counts.next_step = step
+        if step < self.counts.next_step:
+            # every replica that held the newer parameters went with the old sync bolt (all
+            # units and the sync task moved at once): the data spout is past those steps and
+            # will not send them again, so they cannot be combined anew. Going back to `step`
+            # would leave every unit waiting for parameters of a step that never comes
+            log.error("sync task of slice %d: the updates of steps %d-%d were lost with every replica that held "
+                      "them; training goes on from the parameters of step %d as step %d (those rounds' samples "
+                      "stay counted)", self.slice, step, self.counts.next_step - 1, step, self.counts.next_step)
+        else:
+            self.counts.next_step = step
+        step = self.counts.next_step
         self.adoption = None
         # replicas behind the newest one catch up before they compute again
         self.collector.emit(row(PARAMS, step=step, slice=self.slice, params=self.agg.params.copy()), stream="params")
