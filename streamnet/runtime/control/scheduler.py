@@ -11,6 +11,12 @@ unreachable reports change, or when a worker publishes a new load record (a data
 watch per worker node: the balancer reacts within a round or two, not a period) -
 but never sooner than MIN_GAP_S after its last pass.
 
+A leader whose own ZooKeeper session expired (a ZooKeeper outage usually expires
+everyone's) leaves the tasks of workers that have not registered again where they
+are for one session timeout after it rejoined: moving them all at once, as if their
+workers had died, would restart every compute unit together with the sync task, and
+with them every replica of the parameters.
+
 Election and the liveness probe: election.py.
 """
 from __future__ import annotations
@@ -53,6 +59,8 @@ class SchedulerService:
         self.balance_memory: dict[str, Memory] = {}   # topology -> the load balancer's memory (leader only)
         self._load_watches: dict[str, object] = {}     # worker -> cancel its data watch (leader only)
         self._parsed: dict[str, tuple[str, Topology]] = {}   # topology -> (its spec as JSON, parsed)
+        self._grace_until = -float("inf")   # time.monotonic(): after our session expired (see the docstring)
+        self._graced: set[str] = set()      # topologies whose waiting was logged in this grace
 
     def start(self) -> None:
         # every candidate watches the reports: the leader to place no task on a dead peer,
@@ -62,7 +70,10 @@ class SchedulerService:
         self.election.join()
 
     def rejoin(self) -> None:
-        """After a session expiry: our candidate node is gone."""
+        """After a session expiry: our candidate node is gone, and the other workers'
+        sessions have probably expired with ours (see the module's docstring)."""
+        self._grace_until = time.monotonic() + getattr(self.state.coord, "session_timeout", 0.0)
+        self._graced = set()
         self.election.node = None
         self.election.join()
         self._wake.set()
@@ -220,6 +231,15 @@ class SchedulerService:
 
     def _reconcile_topology(self, name: str, workers: dict) -> None:
         current, version = self.state.assignment(name)
+        if current is not None and time.monotonic() < self._grace_until:
+            away = sorted(set(current.tasks.values()) - set(workers))
+            if away:
+                if name not in self._graced:
+                    self._graced.add(name)
+                    log.info("topology %s: workers %s not registered again yet after ZooKeeper sessions "
+                             "expired; their tasks stay for up to %.1f s", name, ",".join(away),
+                             self._grace_until - time.monotonic())
+                return
         stopped = self.state.applied_workers(name, version) if current and current.draining else set()
         spec = self.state.topology(name)
         topology = self._parse(name, spec)

@@ -135,6 +135,7 @@ class ZkCoordinator(Coordinator):
         self.role = self.credential.role
         self._clusters: dict[str, dict] = {}    # cluster node -> {role: ZooKeeper Id} (secure_cluster)
         self.hosts = hosts
+        self.session_timeout = session_timeout
         self.call_timeout = session_timeout
         self._connected = threading.Event()
         self.zk = KazooClient(

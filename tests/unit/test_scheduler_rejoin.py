@@ -1,0 +1,52 @@
+"""A leader whose own ZooKeeper session expired (a ZooKeeper outage expires everyone's)
+leaves the tasks of workers not registered again where they are for one session
+timeout, instead of moving them all at once with every replica of the parameters."""
+import types
+
+from streamnet.runtime.assignment import Assignment
+from streamnet.runtime.control import scheduler
+from streamnet.runtime.control.scheduler import SchedulerService
+
+CURRENT = Assignment(tasks={0: "w0", 1: "w0", 2: "w1"}, workers={"w0": "http://w0:1", "w1": "http://w1:1"},
+                     threads={"w0": 1, "w1": 1}, shares={})
+
+
+def _service(monkeypatch, planned: list):
+    state = types.SimpleNamespace(coord=types.SimpleNamespace(session_timeout=4.0),
+                                  assignment=lambda name: (CURRENT, 3))
+    s = SchedulerService(state, "w0", auth=None)
+    s.election = types.SimpleNamespace(node="n-1", join=lambda: None)
+
+    def plan(spec, workers, *rest):
+        planned.append(sorted(workers))
+        raise StopIteration     # the pass went on to placement: enough for this test
+    monkeypatch.setattr(scheduler, "plan", plan)
+    state.applied_workers = state.rebalance_request = lambda *a: None
+    state.topology = lambda name: {}
+    s._parse = lambda name, spec: None
+    return s
+
+
+def _pass(s, workers) -> None:
+    try:
+        s._reconcile_topology("t", workers)
+    except StopIteration:
+        pass
+
+
+def test_after_its_session_expired_the_leader_waits_a_session_timeout_for_the_others(monkeypatch, caplog):
+    caplog.set_level("INFO")
+    planned = []
+    s = _service(monkeypatch, planned)
+    _pass(s, {"w0": {}})                    # no expiry of ours: w1 left, its tasks move now
+    assert planned == [["w0"]]
+    s.rejoin()                              # our session expired and we registered again
+    _pass(s, {"w0": {}})
+    _pass(s, {"w0": {}})
+    assert planned == [["w0"]]              # w1 may be registering again: its tasks stay
+    assert caplog.text.count("not registered again yet") == 1
+    _pass(s, {"w0": {}, "w1": {}})          # it is back: placement goes on as usual
+    assert planned == [["w0"], ["w0", "w1"]]
+    s._grace_until -= 4.0                   # one session timeout later it would move them
+    _pass(s, {"w0": {}})
+    assert planned == [["w0"], ["w0", "w1"], ["w0"]]
