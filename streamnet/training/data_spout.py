@@ -185,8 +185,10 @@ class DataSpout(Spout):
         if self._saving is not None and self._saving[2].done():
             step, state, done = self._saving
             self._saving = None
-            error = RuntimeError("the save was cancelled") if done.cancelled() else done.exception()
-            if error is None:
+            error = None if done.cancelled() else done.exception()
+            if done.cancelled():
+                self._queued = None         # the worker is closing: nothing more is saved
+            elif error is None:
                 self._landed = max(self._landed, step)
             elif isinstance(error, FencedError):
                 self._fenced = error

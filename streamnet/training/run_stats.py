@@ -94,6 +94,7 @@ class SyncStats:
     bytes_sent: int
     refused: int                      # contributions the aggregator refused (non-finite)
     recoveries: int                   # times a new sync task took over
+    lost_steps: int                   # combined steps whose updates were lost with every replica
     epoch_samples: dict[int, int]     # epoch (1-based) -> samples counted
     each_sample_counted_once: bool
     miscounted: dict                  # SampleLedger.report
@@ -134,7 +135,8 @@ class SyncStats:
         so the counts are each epoch's least over the slices, and the run counted each
         sample once only if every slice did and all agree. Bytes and recoveries add up;
         a replayed or refused contribution is answered by every slice and is counted once
-        (the most of any slice); barrier and save waits are the longest of any slice."""
+        (the most of any slice), and so are lost steps; barrier and save waits are the
+        longest of any slice."""
         if len(parts) == 1:
             return parts[0]
         first = parts[0]
@@ -155,6 +157,7 @@ class SyncStats:
             samples_this_run=min(p.samples_this_run for p in parts), duplicates=max(p.duplicates for p in parts),
             bytes_received=sum(p.bytes_received for p in parts), bytes_sent=sum(p.bytes_sent for p in parts),
             refused=max(p.refused for p in parts), recoveries=sum(p.recoveries for p in parts),
+            lost_steps=max(p.lost_steps for p in parts),
             epoch_samples={e: min(p.epoch_samples.get(e, 0) for p in parts) for e in epochs},
             each_sample_counted_once=agree and all(p.each_sample_counted_once for p in parts),
             miscounted=miscounted,

@@ -58,6 +58,7 @@ def summary_of(cfg: RunConfig, run: RunStats, workers: int | None, wall_s: float
         # of every unit's communication time, what the rounds waited for the coordinator's save
         "sync_save_wait_s": stats.save_wait_s,
         "sync_recoveries": stats.recoveries,
+        "lost_steps": stats.lost_steps,
         "refused_contributions": stats.refused,
         "resumed_from_step": stats.resumed_from_step,
         "stopped_at": run.stopped_at.to_dict() if run.stopped_at else None,

@@ -289,7 +289,8 @@ class SyncBolt(SyncRecovery, Bolt):
         return SyncStats(
             sync_rounds=c.rounds, samples_processed=c.samples, samples_this_run=c.samples - c.samples_before,
             duplicates=c.duplicates, bytes_received=self.bytes_in, bytes_sent=self.bytes_out,
-            refused=len(self.agg.refused), recoveries=c.recoveries, epoch_samples=dict(c.epoch_samples),
+            refused=len(self.agg.refused), recoveries=c.recoveries, lost_steps=c.lost_steps,
+            epoch_samples=dict(c.epoch_samples),
             each_sample_counted_once=all(n == self.train_size and c.ledger.clean(e) for e, n in finished.items()),
             miscounted=c.ledger.report(lambda e: self.plans.plan(e - 1)),
             barrier_s=dict(self.barrier_s), save_wait_s=self.save_wait_s, epoch_train_loss=self.loss.per_epoch(),

@@ -6,9 +6,10 @@ it has already combined.
   contribution ahead of step 0): its counters come back from the coordinator, its
   parameters from the compute units' replicas - it asks every replica for theirs
   and adopts the newest, with the outer momentum reset (logged); if every replica
-  is older than its counters (all of them started anew with it), the updates in
-  between are lost: it goes on from the newest as the counters' step (logged as an
-  error), since the spout will not send those steps again;
+  has answered and all are older than its counters (all of them started anew with
+  it), the updates in between are lost: it goes on from the newest as the counters'
+  step, since the spout will not send those steps again (an error in the log, and
+  `lost_steps` in the summary);
 - a contribution for a step already combined (a replay after a failure) is
   answered with the current parameters, and an epoch end's evaluation and
   checkpoint are sent again, since they may have been lost with a worker;
@@ -130,31 +131,43 @@ class SyncRecovery:
 
     async def tick(self):
         if self.adoption is not None and time.monotonic() - self.adoption.since > self.ADOPT_WAIT_S:
-            if self.adoption.replies:
+            if self.adoption.replies and self._lost_by(self.adoption.newest()[0]) == 0:
                 await self._adopt()   # some replica died with the old sync bolt: go on with the others
             else:
-                self._request_replicas()
+                self._request_replicas()   # none, or only older ones: a replica that holds them may yet answer
+
+    def _undone(self, step: int) -> bool:
+        """Whether the newest replica's `step` says that the old sync bolt saved its last
+        combine but died before sending it. Not at step 0: a replica started anew holds
+        the seeded parameters of step 0 too, so there the replicas cannot tell whether
+        that first combine reached them (if it did, going back would leave every unit
+        waiting for a step the spout has passed; if not, its update is lost - logged)."""
+        last = self.counts.last_round
+        return step > 0 and self.counts.next_step == step + 1 and last is not None and last.step == step
+
+    def _lost_by(self, step: int) -> int:
+        """The combined steps whose updates adopting the parameters of `step` loses."""
+        return 0 if self._undone(step) else max(0, self.counts.next_step - step)
 
     async def _adopt(self) -> None:
         step, params = self.adoption.newest()
         log.warning("sync task of slice %d adopts the parameters of step %d from %d replica(s); outer momentum "
                     "restarts", self.slice, step, len(self.adoption.replies))
         self.agg = Aggregator(params, self.agg.plan)
-        last = self.counts.last_round
-        if self.counts.next_step > step and last and last.step == step:
-            # the old sync bolt saved its last combine but died before sending it: undo its count
+        lost = self._lost_by(step)
+        if self._undone(step):
             self.counts.undo_last_round()
             log.warning("step %d was combined but never delivered; it will be combined again", step)
-        if step < self.counts.next_step:
-            # every replica that held the newer parameters went with the old sync bolt (all
-            # units and the sync task moved at once): the data spout is past those steps and
-            # will not send them again, so they cannot be combined anew. Going back to `step`
-            # would leave every unit waiting for parameters of a step that never comes
+        elif lost:
+            # every replica that held newer parameters started anew (all units moved with the
+            # sync task at once), and every one has answered: the data spout is past those
+            # steps and will not send them again, so they cannot be combined anew. Going back
+            # to `step` would leave every unit waiting for parameters of a step that never comes
+            self.counts.lost_steps += lost
             log.error("sync task of slice %d: the updates of steps %d-%d were lost with every replica that held "
                       "them; training goes on from the parameters of step %d as step %d (those rounds' samples "
                       "stay counted)", self.slice, step, self.counts.next_step - 1, step, self.counts.next_step)
-        else:
-            self.counts.next_step = step
+        self.counts.next_step = max(self.counts.next_step, step)
         step = self.counts.next_step
         self.adoption = None
         # replicas behind the newest one catch up before they compute again

@@ -38,6 +38,7 @@ class SyncState:
     samples: int = 0                  # samples counted, resumed runs included
     duplicates: int = 0
     recoveries: int = 0
+    lost_steps: int = 0               # combined steps whose updates were lost with every replica (sync_recovery)
     epoch_samples: defaultdict = field(default_factory=lambda: defaultdict(int))   # epoch (1-based) -> samples
     started: float = field(default_factory=time.time)
     clock: EpochClock | None = None   # made in __post_init__ from `started`
@@ -79,7 +80,7 @@ class SyncState:
     def saved(self) -> dict:
         return {"next_step": self.next_step, "epoch_samples": {str(k): v for k, v in self.epoch_samples.items()},
                 "rounds": self.rounds, "samples": self.samples, "duplicates": self.duplicates,
-                "recoveries": self.recoveries, "started": self.started,
+                "recoveries": self.recoveries, "lost_steps": self.lost_steps, "started": self.started,
                 "last_round": list(self.last_round) if self.last_round else None,
                 "ledger": self.ledger.to_state(), "epoch_clock": self.clock.to_state(),
                 "samples_before": self.samples_before, "resumed_from": self.resumed_from}
@@ -91,6 +92,7 @@ class SyncState:
         self.ledger.load_state(state.get("ledger"))       # the .get()s: absent in states of older versions
         self.rounds, self.samples, self.duplicates = state["rounds"], state["samples"], state["duplicates"]
         self.recoveries = state["recoveries"] + 1
+        self.lost_steps = state.get("lost_steps", 0)
         self.started = state["started"]
         self.clock = EpochClock.from_state(self.started, state.get("epoch_clock"))
         last = state.get("last_round")

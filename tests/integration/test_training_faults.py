@@ -31,6 +31,7 @@ def _finished_exactly(cfg, results, what: str):
     print(f"{what}: accuracy {s.test_accuracy:.2%}, replayed {s.extra['samples_replayed']}, "
           f"sync recoveries {s.extra['sync_recoveries']}")
     assert s.extra["each_sample_counted_once"] is True
+    assert s.extra["lost_steps"] == 0          # no update lost with every replica of the parameters
     assert results["sync.0.stats"]["epoch_samples"] == {"1": 12000, "2": 12000, "3": 12000}
     assert s.test_accuracy >= 0.80
     return s
@@ -148,8 +149,9 @@ def test_worker_cut_off_and_healed_is_fenced(zk, victim):
     Healed, it takes a new session and registers again; no update is counted twice and
     the run finishes. The sync bolt's host wakes still cut off from ZooKeeper for 2 s
     (its own relay to it cut), after longer than the message timeout, so its stale
-    spout and sync bolt act first on the round they hold: they must be fenced - what they send is dropped by the workers that now
-    run their tasks (stale in their /status), or their next state save is refused. (A
+    spout and sync bolt act first on the round they hold: they must be fenced - what
+    they send is dropped by the workers that now run their tasks (stale in their
+    /status), or their next state save is refused. (A
     stale compute unit may hold nothing - it may have been waiting for parameters - so
     its fencing is printed, not asserted.)"""
     cfg = _config()

@@ -218,3 +218,17 @@ def test_a_failed_save_is_tried_again_until_one_lands_and_a_fenced_one_stops_the
     with pytest.raises(FencedError):
         spout.next_tuple()
     assert not spout.is_done()
+
+
+def test_a_failed_save_behind_a_later_position_is_not_tried_again_and_a_cancelled_one_ends_the_saving():
+    spout, out, saves, box = _balanced()
+    _ack_all(spout, _send(spout, out))               # round 0; the save of step 1 starts
+    _ack_all(spout, _send(spout, out))               # round 1 done: step 2's position waits behind it
+    saves.land(ConnectionError("coordinator away"))  # step 1's fails: step 2's covers it
+    assert [s["step"] for s, _ in saves.started] == [1, 2]
+    saves.land()
+    assert [s["step"] for s, _ in saves.started] == [1, 2] and spout._landed == 2
+    _ack_all(spout, _send(spout, out))               # round 2; step 3's save starts
+    saves.started[-1][1].cancel()                    # the worker closing
+    spout.next_tuple()
+    assert spout._saving is None and spout._queued is None and len(saves.started) == 3

@@ -13,7 +13,7 @@ def _stats(**over) -> SyncStats:
     v = dict(sync_rounds=8, samples_processed=400, samples_this_run=300, duplicates=1, bytes_received=1000,
              bytes_sent=3000, refused=0, recoveries=1, epoch_samples={1: 200, 2: 200},
              each_sample_counted_once=True, miscounted={}, barrier_s={0: 0.5, 1: 0.25},
-             save_wait_s=0.125, epoch_train_loss={1: 2.0, 2: 1.5},
+             save_wait_s=0.125, lost_steps=0, epoch_train_loss={1: 2.0, 2: 1.5},
              epoch_clock={1: EpochSpan(start=100.0, end=110.0, samples=200),
                           2: EpochSpan(start=110.0, end=None, samples=100)},
              num_params=61706, slices=1, resumed_from_step=None, quarantined={"train": {"count": 2}}, wall_s=10.0,

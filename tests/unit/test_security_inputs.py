@@ -170,21 +170,3 @@ def test_work_with_batches_outside_the_training_set_is_refused(caplog, batches, 
     assert out.failed == [work] and out.emitted == []
     assert "unit 1 refuses its work for step 0: " + why in caplog.text
 
-
-def test_a_sync_task_whose_replicas_all_started_anew_goes_on_at_its_counters_step(caplog):
-    # the sync task and every unit moved at once (a ZooKeeper outage expired every session):
-    # the counters say step 5 was next, the replicas hold the initial parameters of step 0.
-    # The spout will not send steps 0-4 again: going back to step 0 left every unit asking
-    # for parameters of step 5 for ever (a CI hang); it goes on from step 0's as step 5
-    bolt, out = _prepared(SyncBolt, "sync", 0)
-    bolt.counts.next_step = 5
-    with caplog.at_level(logging.WARNING):
-        bolt._request_replicas()
-        for task in (1, 2):
-            replica = Tuple(row(REPLICA, task=task, slice=0, step=0, params=np.full(P, task, np.float32)),
-                            list(REPLICA), "replica", "compute", task, {})
-            asyncio.run(bolt.execute(replica))
-    assert bolt.adoption is None and bolt.counts.next_step == 5
-    stream, values = out.emitted[-1]
-    assert stream == "params" and dict(zip(PARAMS, values))["step"] == 5
-    assert "the updates of steps 0-4 were lost" in caplog.text

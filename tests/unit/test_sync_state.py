@@ -39,10 +39,11 @@ def test_undoing_the_last_round_uncounts_it():
 def test_the_coordinator_layout_round_trips_and_a_restore_is_a_recovery():
     s, plans = SyncState(units=2, started=50.0), _plans()
     s.count_round(plans, step=0, epoch=0, rnd=0, samples=8, worked=[0, 1])
-    s.duplicates = 2
+    s.duplicates, s.lost_steps = 2, 3
     saved = s.saved()
     assert set(saved) == {"next_step", "epoch_samples", "rounds", "samples", "duplicates", "recoveries",
-                          "started", "last_round", "ledger", "epoch_clock", "samples_before", "resumed_from"}
+                          "lost_steps", "started", "last_round", "ledger", "epoch_clock", "samples_before",
+                          "resumed_from"}
     assert saved["epoch_samples"] == {"1": 8} and saved["last_round"] == [0, 1, 8, 0, [0, 1]]
     assert saved["epoch_clock"] == {"1": {"from": 50.0, "samples": 8}}
     t = SyncState(units=2)

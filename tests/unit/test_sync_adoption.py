@@ -1,0 +1,75 @@
+"""A sync task started anew rebuilds its parameters from the compute units' replicas
+(sync_recovery.py): it adopts the newest, and never goes back to a step the data
+spout has passed - if every replica started anew with it, the updates in between are
+lost (counted in `lost_steps`, logged as an error) and training goes on."""
+import asyncio
+import logging
+
+import numpy as np
+
+from streamnet.runtime.component import Tuple
+from streamnet.training.streams import PARAMS, REPLICA, row
+from streamnet.training.sync_bolt import SyncBolt
+from tests.unit.test_security_inputs import P, _prepared
+
+
+def _replica(bolt, task: int, step: int) -> None:
+    tup = Tuple(row(REPLICA, task=task, slice=0, step=step, params=np.full(P, task, np.float32)), list(REPLICA),
+                "replica", "compute", task, {})
+    asyncio.run(bolt.execute(tup))
+
+
+def _last_params(out) -> dict:
+    stream, values = out.emitted[-1]
+    assert stream == "params"
+    return dict(zip(PARAMS, values))
+
+
+def test_when_every_replica_started_anew_it_goes_on_at_its_counters_step(caplog):
+    # the sync task and every unit moved at once: the counters say step 5 is next, the
+    # replicas hold the seeded parameters of step 0. The spout will not send steps 0-4
+    # again: going back to step 0 left every unit asking for step 5's parameters for ever
+    bolt, out = _prepared(SyncBolt, "sync", 0)
+    bolt.counts.next_step = 5
+    with caplog.at_level(logging.WARNING):
+        bolt._request_replicas()
+        for task in (1, 2):
+            _replica(bolt, task, 0)
+    assert bolt.adoption is None and bolt.counts.next_step == 5 and bolt.counts.lost_steps == 5
+    assert _last_params(out)["step"] == 5
+    assert "the updates of steps 0-4 were lost" in caplog.text
+    assert bolt.stats().lost_steps == 5
+
+
+def test_an_older_replica_is_not_adopted_while_a_newer_one_may_yet_answer(monkeypatch):
+    bolt, out = _prepared(SyncBolt, "sync", 0)
+    bolt.counts.next_step = 5
+    bolt._request_replicas()
+    _replica(bolt, 1, 0)                       # a unit started anew; the other has not answered
+    monkeypatch.setattr(bolt, "ADOPT_WAIT_S", 0.0)
+    asyncio.run(bolt.tick())
+    assert bolt.adoption is not None and out.emitted[-1][0] == "state_request"   # asked again
+    _replica(bolt, 1, 0)
+    _replica(bolt, 2, 5)                       # the unit that holds step 5's parameters
+    assert bolt.adoption is None and bolt.counts.lost_steps == 0
+    params = _last_params(out)
+    assert params["step"] == 5 and params["params"][0] == 2.0
+
+
+def test_a_combine_saved_but_never_sent_is_combined_again_but_not_the_first(caplog):
+    # the old sync task counted step 3 and died before sending it: the replicas hold step 3
+    bolt, out = _prepared(SyncBolt, "sync", 0)
+    bolt.counts.count_round(bolt.plans, 3, 0, 3, 8, [0, 1])
+    bolt._request_replicas()
+    for task in (1, 2):
+        _replica(bolt, task, 3)
+    assert bolt.counts.next_step == 3 and bolt.counts.lost_steps == 0 and _last_params(out)["step"] == 3
+    # at step 0 a replica started anew cannot be told from one the first combine never
+    # reached: the step is not undone (if it reached them, the spout is past it)
+    bolt, out = _prepared(SyncBolt, "sync", 0)
+    bolt.counts.count_round(bolt.plans, 0, 0, 0, 8, [0, 1])
+    bolt._request_replicas()
+    with caplog.at_level(logging.WARNING):
+        for task in (1, 2):
+            _replica(bolt, task, 0)
+    assert bolt.counts.next_step == 1 and bolt.counts.lost_steps == 1 and _last_params(out)["step"] == 1
