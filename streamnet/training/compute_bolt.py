@@ -159,8 +159,9 @@ class ComputeBolt(Bolt):
         s = tup["slice"]
         lo, hi = self.slices[s]
         if tup.stream == "state_request":
+            # the parameters of that step, as received: not the unit's own local steps since
             self.collector.emit(row(REPLICA, task=self.ctx.task, slice=s, step=self.slice_steps[s],
-                                    params=self.unit.model.params[lo:hi].copy()),
+                                    params=self.unit.start[lo:hi].copy()),
                                 stream="replica", direct_task=self.sync_tasks[s])
             self.collector.ack(tup)
             return

@@ -168,6 +168,8 @@ class SyncRecovery:
                       "them; training goes on from the parameters of step %d as step %d (those rounds' samples "
                       "stay counted)", self.slice, step, self.counts.next_step - 1, step, self.counts.next_step)
         self.counts.next_step = max(self.counts.next_step, step)
+        if lost:
+            await self._save(self.counts.saved())   # a sync task started after this one knows them lost
         step = self.counts.next_step
         self.adoption = None
         # replicas behind the newest one catch up before they compute again

@@ -78,8 +78,8 @@ async def _compute(fn, *args):
     return fn(*args)
 
 
-def _prepared(cls, component: str, task_index: int):
-    bolt = cls(run=run_config_to_dict(CFG))
+def _prepared(cls, component: str, task_index: int, cfg: RunConfig = CFG):
+    bolt = cls(run=run_config_to_dict(cfg))
     out = Recorder()
     ctx = Context(topology="t", component=component, task=TASKS[component][task_index], task_index=task_index,
                   parallelism=len(TASKS[component]), worker="w0", config={}, component_config=bolt.config,
@@ -169,4 +169,3 @@ def test_work_with_batches_outside_the_training_set_is_refused(caplog, batches, 
     np.testing.assert_array_equal(bolt.unit.model.params, before)       # no step was taken
     assert out.failed == [work] and out.emitted == []
     assert "unit 1 refuses its work for step 0: " + why in caplog.text
-

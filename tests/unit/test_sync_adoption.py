@@ -4,13 +4,16 @@ spout has passed - if every replica started anew with it, the updates in between
 lost (counted in `lost_steps`, logged as an error) and training goes on."""
 import asyncio
 import logging
+from dataclasses import replace
 
 import numpy as np
 
 from streamnet.runtime.component import Tuple
-from streamnet.training.streams import PARAMS, REPLICA, row
+from streamnet.training import AlgorithmConfig
+from streamnet.training.compute_bolt import ComputeBolt
+from streamnet.training.streams import PARAMS, REPLICA, STATE_REQUEST, WORK, row
 from streamnet.training.sync_bolt import SyncBolt
-from tests.unit.test_security_inputs import P, _prepared
+from tests.unit.test_security_inputs import CFG, P, _prepared
 
 
 def _replica(bolt, task: int, step: int) -> None:
@@ -73,3 +76,21 @@ def test_a_combine_saved_but_never_sent_is_combined_again_but_not_the_first(capl
         for task in (1, 2):
             _replica(bolt, task, 0)
     assert bolt.counts.next_step == 1 and bolt.counts.lost_steps == 1 and _last_params(out)["step"] == 1
+
+
+def test_a_replica_is_the_parameters_of_its_step_not_the_units_own_steps_since():
+    # MixBP: a unit that computed its round has moved its parameters by its local steps;
+    # what it hands a new sync task is what it received (here the seeded step 0's)
+    cfg = replace(CFG, algorithm=AlgorithmConfig(name="mixbp", batch=4, sync_period=2))
+    bolt, out = _prepared(ComputeBolt, "compute", 0, cfg)
+    seeded = bolt.unit.model.params.copy()
+    work = Tuple(row(WORK, unit=0, epoch=0, round=0, step=0, lr_scale=1.0, checkpoint=False,
+                     batches=[np.arange(4), np.arange(4, 8)]), list(WORK), "default", "data", 0, {})
+    asyncio.run(bolt.execute(work))
+    assert out.emitted and not np.array_equal(bolt.unit.model.params, seeded)      # it stepped
+    request = Tuple(row(STATE_REQUEST, nonce=1, slice=0), list(STATE_REQUEST), "state_request", "sync", 3, {})
+    asyncio.run(bolt.execute(request))
+    stream, values = out.emitted[-1]
+    replica = dict(zip(REPLICA, values))
+    assert stream == "replica" and replica["step"] == 0
+    np.testing.assert_array_equal(replica["params"], seeded)
