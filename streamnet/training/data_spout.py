@@ -185,10 +185,11 @@ class DataSpout(Spout):
         if self._saving is not None and self._saving[2].done():
             step, state, done = self._saving
             self._saving = None
-            error = None if done.cancelled() else done.exception()
             if done.cancelled():
                 self._queued = None         # the worker is closing: nothing more is saved
-            elif error is None:
+                return
+            error = done.exception()
+            if error is None:
                 self._landed = max(self._landed, step)
             elif isinstance(error, FencedError):
                 self._fenced = error

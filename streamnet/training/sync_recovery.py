@@ -154,22 +154,20 @@ class SyncRecovery:
         log.warning("sync task of slice %d adopts the parameters of step %d from %d replica(s); outer momentum "
                     "restarts", self.slice, step, len(self.adoption.replies))
         self.agg = Aggregator(params, self.agg.plan)
-        lost = self._lost_by(step)
         if self._undone(step):
             self.counts.undo_last_round()
             log.warning("step %d was combined but never delivered; it will be combined again", step)
-        elif lost:
+        elif step < self.counts.next_step:
             # every replica that held newer parameters started anew (all units moved with the
             # sync task at once), and every one has answered: the data spout is past those
             # steps and will not send them again, so they cannot be combined anew. Going back
             # to `step` would leave every unit waiting for parameters of a step that never comes
-            self.counts.lost_steps += lost
+            self.counts.lost_steps += self.counts.next_step - step
             log.error("sync task of slice %d: the updates of steps %d-%d were lost with every replica that held "
                       "them; training goes on from the parameters of step %d as step %d (those rounds' samples "
                       "stay counted)", self.slice, step, self.counts.next_step - 1, step, self.counts.next_step)
-        self.counts.next_step = max(self.counts.next_step, step)
-        if lost:
             await self._save(self.counts.saved())   # a sync task started after this one knows them lost
+        self.counts.next_step = max(self.counts.next_step, step)
         step = self.counts.next_step
         self.adoption = None
         # replicas behind the newest one catch up before they compute again
