@@ -29,12 +29,11 @@ class CheckpointBolt(Bolt):
             log.warning("checkpoint bolt refuses a part of the checkpoint of step %s: %s", tup["step"], problem)
             self.collector.fail(tup)
             return
-        whole, replaced = self.gather.add(tup["step"], tup["slice"], tup)
-        if replaced is not None:
-            self.collector.ack(replaced)       # a replay sent this slice again
+        whole, finished = self.gather.add(tup["step"], tup["slice"], tup)
+        if finished is not None:
+            self.collector.ack(finished)       # a replay sent this slice again
         if whole is None:
             return
-        stale = self.gather.drop_through(tup["step"])
         if self.dir:
             from functools import partial
 
@@ -50,7 +49,7 @@ class CheckpointBolt(Bolt):
             except CheckpointError as e:
                 self.errors += 1
                 log.error("checkpoint failed, training goes on with the previous one: %s", e)
-        for t in whole + stale:
+        for t in whole + self.gather.finish(tup["step"]):
             self.collector.ack(t)
 
     def close(self):

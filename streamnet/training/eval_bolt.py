@@ -16,11 +16,12 @@ log = logging.getLogger(__name__)
 
 
 class EvalBolt(Bolt):
-    """Keeps one result per epoch (a replayed epoch end is evaluated again and replaces
-    the first), saved in the coordinator so that it survives this worker, and
-    published as `eval.0.history` after each evaluation and when the topology ends.
-    The parameters come from the sync tasks in slices, gathered before evaluating;
-    the slices' tuples are acked once the evaluation is done."""
+    """Keeps one result per epoch, saved in the coordinator so that it survives this
+    worker, and published as `eval.0.history` after each evaluation and when the
+    topology ends. The parameters come from the sync tasks in slices, gathered before
+    evaluating; the slices' tuples are acked once the evaluation is done. An epoch end
+    that a replay sends again after it was evaluated (here or by an instance before
+    this one: the history says) is acked at once, not evaluated twice."""
     outputs = []
 
     def prepare(self, ctx, collector):
@@ -33,6 +34,7 @@ class EvalBolt(Bolt):
 
     def restore(self, state):
         self.history = list(state)
+        self.gather.done = max(((h["epoch"], h["step"]) for h in self.history), default=None)
 
     def _evaluate(self, params):
         self.model.set_params(params)
@@ -45,17 +47,16 @@ class EvalBolt(Bolt):
             self.collector.fail(tup)
             return
         key = (tup["epoch"], tup["step"])
-        parts, replaced = self.gather.add(key, tup["slice"], tup)
-        if replaced is not None:
-            self.collector.ack(replaced)       # a replay sent this slice again
+        parts, finished = self.gather.add(key, tup["slice"], tup)
+        if finished is not None:
+            self.collector.ack(finished)       # a replay sent this slice again
         if parts is None:
             return
-        stale = self.gather.drop_through(key)
         params = joined([t["params"] for t in parts])
         problem = vector_problem(params, self.model.num_params, finite=False)
         if problem:
             log.warning("eval bolt refuses the parameters of epoch %s: %s", tup["epoch"], problem)
-            for t in parts + stale:
+            for t in parts:
                 self.collector.fail(t)
             return
         acc, loss = await self.ctx.compute(self._evaluate, params)
@@ -67,7 +68,7 @@ class EvalBolt(Bolt):
         self.ctx.figure("training_test_accuracy", acc, help="Test accuracy after the last evaluated epoch")
         self.ctx.figure("training_test_loss", loss, help="Test loss after the last evaluated epoch")
         self.ctx.figure("training_evaluated_epoch", tup["epoch"], help="The last evaluated epoch (1-based)")
-        for t in parts + stale:
+        for t in parts + self.gather.finish(key):
             self.collector.ack(t)
 
     def close(self):

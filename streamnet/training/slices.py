@@ -30,16 +30,27 @@ def slice_index(value, slices: int) -> str | None:
 
 
 class Gather:
-    """Items (tuples) that carry the slices of one vector, gathered per key until all
-    S slices have come. A second copy of a slice (a replay sent it again) replaces the
-    first; `add` hands back what it replaced so that the caller can ack it."""
+    """Items (tuples) that carry the slices of one vector, gathered per key (keys in
+    the order of the run: a step, or (epoch, step)) until all S slices have come.
+
+    After a fault the sync tasks answer a replayed round by sending their slice
+    again, each when the replay reaches it, so copies of a slice come late: a second
+    copy of a slice still gathering replaces the first, and a copy of a key finished
+    already (`done`, the newest key the caller dealt with) is handed back at once -
+    kept, it would wait for slices that never come again, and hold its tuple tree,
+    and with it the spout's round, until the message timeout."""
 
     def __init__(self, slices: int):
         self.slices = slices
         self.parts: dict = {}     # key -> {slice: item}
+        self.done = None          # the newest key finished (None: none yet)
 
     def add(self, key, s: int, item) -> tuple[list | None, object | None]:
-        """(the key's items in slice order once all are in, else None; the item replaced, or None)."""
+        """(the key's items in slice order once all are in, else None; an item the
+        caller is finished with and acks now - the copy this one replaced, or this one
+        if its key was finished already - or None)."""
+        if self.done is not None and key <= self.done:
+            return None, item
         got = self.parts.setdefault(key, {})
         replaced = got.get(s)
         got[s] = item
@@ -48,9 +59,11 @@ class Gather:
         del self.parts[key]
         return [got[i] for i in range(self.slices)], replaced
 
-    def drop_through(self, key) -> list:
-        """Forget the gatherings of keys up to `key` (left incomplete by a fault: their
-        rounds were replayed); their items, to ack."""
+    def finish(self, key) -> list:
+        """The caller dealt with `key`'s whole vector: later copies of its slices are
+        handed back by add. Returns the items of the gatherings of older keys, to ack
+        (left incomplete by a fault: their rounds were replayed)."""
+        self.done = key if self.done is None else max(self.done, key)
         old = [k for k in self.parts if k <= key]
         return [item for k in old for item in self.parts.pop(k).values()]
 

@@ -50,7 +50,21 @@ def test_gather_hands_back_the_slices_in_order_once_all_came():
     assert g.add((1, 5), 0, "a2") == (None, "a")          # a replay's copy replaces the first
     assert g.add((0, 2), 1, "old") == (None, None)         # an epoch end left incomplete by a fault
     assert g.add((1, 5), 1, "b") == (["a2", "b", "c"], None)
-    assert g.drop_through((1, 5)) == ["old"] and g.parts == {}
+    assert g.finish((1, 5)) == ["old"] and g.parts == {}
+
+
+def test_gather_hands_back_a_late_copy_of_a_finished_key_at_once():
+    """The hang of a CI run: S=2, a replay reached sync task 1 once per unit, so its
+    slice of an epoch end came twice, the second copy after sync task 0's slice had
+    completed the first. Kept, that copy waited for a slice 0 that never came again."""
+    g = Gather(2)
+    assert g.add((1, 23), 1, "s1 for unit 0's replay") == (None, None)
+    whole, _ = g.add((1, 23), 0, "s0")
+    assert whole == ["s0", "s1 for unit 0's replay"] and g.finish((1, 23)) == []
+    assert g.add((1, 23), 1, "s1 for unit 1's replay") == (None, "s1 for unit 1's replay")
+    assert g.add((0, 11), 0, "older") == (None, "older")
+    assert g.parts == {}
+    assert g.add((2, 47), 0, "next epoch") == (None, None)   # a newer key gathers as before
 
 
 def test_a_checkpoint_state_split_over_slices_joins_and_splits_back():
