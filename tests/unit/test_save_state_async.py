@@ -18,7 +18,7 @@ class Instance:
     """What fencing reads of a task instance (an executor)."""
 
     def __init__(self):
-        self.cid, self.state_version, self.restored = "sync", -1, None
+        self.cid, self.state_version, self.restored, self.unsettled = "sync", -1, None, None
         self.ctx = type("Ctx", (), {"task_index": 0})()
 
 
@@ -88,4 +88,49 @@ def test_a_save_whose_connection_dropped_is_settled_not_taken_for_another_instan
             await fencing.save_state_async(rt, ex, {"next_step": step})
     asyncio.run(go())
     assert state.load_state("train", "sync.0") == ({"next_step": 3}, ex.state_version) and ex.state_version == 3
+    server.shutdown()
+
+
+class SettleGivesUpOnce(LostAnswers):
+    """The connection stays away longer than a settle waits, once: the save in flight
+    had been applied, but the settle gives up before it can see so."""
+    gave_up = False
+
+    def settle_state(self, name, key, value, version):
+        if not self.gave_up:
+            self.gave_up = True
+            raise ConnectionLostError("lost the ZooKeeper connection: still reconnecting")
+        return super().settle_state(name, key, value, version)
+
+
+@pytest.mark.parametrize("path", ["async", "sync"])
+def test_a_save_left_unsettled_is_settled_by_the_next_not_taken_for_another_instance(path):
+    """The save after one whose settle gave up finds that write was its own: it goes on,
+    where it used to compare-and-set on the version before it and fence itself."""
+    server = InProcessServer()
+    state = SettleGivesUpOnce(server.session(), "c")
+    rt, ex = Runtime(state), Instance()
+    save = fencing.save_state_async if path == "async" else \
+        (lambda rt, ex, value: asyncio.to_thread(fencing.save_state, rt, ex, value))
+    if path == "sync":      # the synchronous save loses its connection the same way
+        real = state.save_state
+
+        def losing(name, key, value, version):
+            if not state.gave_up and version >= 0:
+                real(name, key, value, version)          # applied, and then the connection drops
+                state.gave_up = True
+                raise ConnectionLostError("lost the ZooKeeper connection: still reconnecting")
+            return real(name, key, value, version)
+        state.save_state = losing
+
+    async def go():
+        await fencing.claim_state(rt, ex)
+        with pytest.raises(ConnectionLostError):
+            await save(rt, ex, {"next_step": 1})
+        assert ex.unsettled == ({"next_step": 1}, 0)
+        await save(rt, ex, {"next_step": 2})
+        await save(rt, ex, {"next_step": 3})
+    asyncio.run(go())
+    assert ex.unsettled is None
+    assert state.load_state("train", "sync.0") == ({"next_step": 3}, ex.state_version)
     server.shutdown()
