@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from ..runtime import Bolt
+from ..runtime import Bolt, CoordinatorError
 from .run_stats import CheckpointReport
 from .slices import Gather, joined, merge_checkpoint_states, slice_index
 
@@ -13,7 +13,11 @@ log = logging.getLogger(__name__)
 
 
 class CheckpointBolt(Bolt):
-    """Without a directory it only acks: the topology's shape does not depend on it."""
+    """Without a directory it only acks: the topology's shape does not depend on it.
+    What it did (the last checkpoint, the errors, the newest step gathered whole) is
+    saved in the coordinator after each checkpoint round, so that an instance started
+    anew reports the run's last checkpoint and acks a slice a replay sends again of a
+    step written before it."""
     outputs = []
 
     def prepare(self, ctx, collector):
@@ -22,6 +26,9 @@ class CheckpointBolt(Bolt):
         self.errors = 0
         self.last = None
         self.gather = Gather(len(ctx.component_tasks("sync")))
+
+    def restore(self, state):
+        self.last, self.errors, self.gather.done = state["last"], state["errors"], state["done"]
 
     async def execute(self, tup):
         problem = slice_index(tup["slice"], self.gather.slices)
@@ -49,7 +56,12 @@ class CheckpointBolt(Bolt):
             except CheckpointError as e:
                 self.errors += 1
                 log.error("checkpoint failed, training goes on with the previous one: %s", e)
-        for t in whole + self.gather.finish(tup["step"]):
+        stale = self.gather.finish(tup["step"])
+        try:
+            self.ctx.save_state({"last": self.last, "errors": self.errors, "done": self.gather.done})
+        except CoordinatorError as e:   # the checkpoint is written and recorded: training goes on
+            log.warning("checkpoint bolt could not save its account of step %s: %s", tup["step"], e)
+        for t in whole + stale:
             self.collector.ack(t)
 
     def close(self):

@@ -131,6 +131,9 @@ def test_keep_checkpoints_reaches_the_checkpoint_bolt_which_removes_older_ones(t
         def put_checkpoint(self, pointer):
             pass
 
+        def save_state(self, state):
+            pass
+
         def component_tasks(self, component):    # one sync task: every checkpoint comes whole
             return [3]
 
