@@ -4,7 +4,10 @@ A spout emit with a msg_id starts a tree with a random root id (the spout's task
 id in the top 16 bits, so an ack finds its way home); every edge of the tree has a
 random 64-bit id; acking a tuple XORs its edge with the edges of the tuples
 anchored to it into the root's ledger. The ledger reaches zero exactly when every
-tuple of the tree was acked. A tree not complete within message_timeout_s expires.
+tuple of the tree was acked. A tree not complete within message_timeout_s expires;
+one pending for a good part of it is reported once before (`stalled`), since the
+timeout can be minutes long and a tuple lost on the way would otherwise show
+nothing until then.
 """
 from __future__ import annotations
 
@@ -19,10 +22,11 @@ def root_task(root: int) -> int:
 
 
 class _Tree:
-    __slots__ = ("ledger", "deadline", "msg_id")
+    __slots__ = ("ledger", "deadline", "msg_id", "reported")
 
     def __init__(self, ledger: int, deadline: float, msg_id):
         self.ledger, self.deadline, self.msg_id = ledger, deadline, msg_id
+        self.reported = False
 
 
 class Acker:
@@ -59,6 +63,15 @@ class Acker:
         ids = [t.msg_id for t in self._trees.values()]
         self._trees.clear()
         return ids
+
+    def stalled(self, after_s: float) -> list:
+        """The msg_ids of trees pending for more than `after_s`, each named once."""
+        now, out = time.monotonic(), []
+        for t in self._trees.values():
+            if not t.reported and now - (t.deadline - self.timeout_s) > after_s:
+                t.reported = True
+                out.append(t.msg_id)
+        return out
 
     def expire(self) -> list:
         """The msg_ids of trees past their deadline, removed."""

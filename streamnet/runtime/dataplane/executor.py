@@ -26,6 +26,9 @@ from .fencing import FencedError
 
 log = logging.getLogger(__name__)
 STOP = object()
+# a spout's tuple tree pending this part of message_timeout_s (and at least STALL_MIN_S)
+# is logged once: a tuple lost on the way shows before the timeout replays it
+STALL_FRACTION, STALL_MIN_S = 0.25, 10.0
 
 
 @dataclass
@@ -225,6 +228,11 @@ class SpoutExecutor(Executor):
         for msg_id in self.pending.expire():
             self.metrics.timed_out += 1
             self.callbacks.append(("fail", msg_id))
+        stall_s = max(STALL_MIN_S, self.timeout_s * STALL_FRACTION)
+        for msg_id in self.pending.stalled(stall_s):
+            log.warning("spout %s[%d] of %s: the tuple tree of %r is not complete after %.0f s; it fails and is "
+                        "replayed %.0f s after it began (message_timeout_s)", self.cid, self.task, self.rt.name,
+                        msg_id, stall_s, self.timeout_s)
 
     def _call(self, fn, *args) -> None:
         """A spout method: its errors are logged and counted, the task goes on."""
