@@ -13,11 +13,14 @@ log = logging.getLogger(__name__)
 
 
 class CheckpointBolt(Bolt):
-    """Without a directory it only acks: the topology's shape does not depend on it.
-    What it did (the last checkpoint, the errors, the newest step gathered whole) is
-    saved in the coordinator after each checkpoint round, so that an instance started
-    anew reports the run's last checkpoint and acks a slice a replay sends again of a
-    step written before it."""
+    """Without a directory it writes nothing (the topology's shape does not depend on
+    it) but still gathers, acks and keeps its account. Its account (the last
+    checkpoint, the errors, the newest step gathered whole) is saved in the coordinator
+    after each checkpoint round, so that an instance started anew reports the run's
+    last checkpoint and acks at once a slice that a replay sends again of a step
+    written before it. The first checkpoint of a step stands: a step that a new sync
+    task combined again (its predecessor died after saving it, before sending it) is
+    not written again."""
     outputs = []
 
     def prepare(self, ctx, collector):
@@ -58,7 +61,7 @@ class CheckpointBolt(Bolt):
                 log.error("checkpoint failed, training goes on with the previous one: %s", e)
         stale = self.gather.finish(tup["step"])
         try:
-            self.ctx.save_state({"last": self.last, "errors": self.errors, "done": self.gather.done})
+            await self.ctx.save_state_async({"last": self.last, "errors": self.errors, "done": self.gather.done})
         except CoordinatorError as e:   # the checkpoint is written and recorded: training goes on
             log.warning("checkpoint bolt could not save its account of step %s: %s", tup["step"], e)
         for t in whole + stale:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import time
 
-from ..runtime import Bolt
+from ..runtime import Bolt, CoordinatorError
 from .config import run_config_from_dict
 from .evaluate import evaluate
 from .run_stats import Evaluation
@@ -21,7 +21,8 @@ class EvalBolt(Bolt):
     topology ends. The parameters come from the sync tasks in slices, gathered before
     evaluating; the slices' tuples are acked once the evaluation is done. An epoch end
     that a replay sends again after it was evaluated (here or by an instance before
-    this one: the history says) is acked at once, not evaluated twice."""
+    this one: the history says) is acked at once, not evaluated twice: the first
+    evaluation of a step stands."""
     outputs = []
 
     def prepare(self, ctx, collector):
@@ -63,7 +64,10 @@ class EvalBolt(Bolt):
         self.history = [h for h in self.history if h["epoch"] != tup["epoch"]]  # a recomputed epoch end
         self.history.append(Evaluation(epoch=tup["epoch"], step=tup["step"], test_accuracy=acc, test_loss=loss,
                                        time=time.time()).to_dict())
-        self.ctx.save_state(self.history)   # survives this worker
+        try:
+            await self.ctx.save_state_async(self.history)   # survives this worker
+        except CoordinatorError as e:      # published below all the same; a new instance would not know it
+            log.warning("eval bolt could not save the evaluation of epoch %s: %s", tup["epoch"], e)
         self.ctx.publish("history", self.history)
         self.ctx.figure("training_test_accuracy", acc, help="Test accuracy after the last evaluated epoch")
         self.ctx.figure("training_test_loss", loss, help="Test loss after the last evaluated epoch")

@@ -186,7 +186,8 @@ class SyncRecovery:
     def _answer_replay(self, tup) -> None:
         """A step already combined: complete the tree with the current parameters. If it
         was an epoch's last step, its evaluation and checkpoint may have been lost with a
-        worker: send them again (the eval bolt keeps one result per epoch)."""
+        worker: send them again (the eval and checkpoint bolts ack at once a copy of a
+        step they have dealt with)."""
         self.counts.duplicates += 1
         next_step = self.counts.next_step
         params = self.agg.params.copy()

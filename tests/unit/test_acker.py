@@ -36,13 +36,13 @@ def test_the_spout_executor_logs_a_stalled_tree_before_its_timeout(monkeypatch, 
     ex = executor.SpoutExecutor(rt, 0, {"id": "data"}, object(), ctx)
     ex.pending.start(7, 5, (0, 23, 1))
     with caplog.at_level(logging.WARNING):
-        now[0] = 74.0
+        now[0] = 149.0
         ex._expire()
         assert caplog.records == []
-        now[0] = 76.0
+        now[0] = 151.0
         ex._expire()
         ex._expire()
     assert [r.getMessage() for r in caplog.records] == [
-        "spout data[0] of train: the tuple tree of (0, 23, 1) is not complete after 75 s; it fails and is "
+        "spout data[0] of train: the tuple tree of (0, 23, 1) is not complete after 150 s; it fails and is "
         "replayed 300 s after it began (message_timeout_s)"]
     assert not ex.callbacks                       # not failed: that is the timeout's to do

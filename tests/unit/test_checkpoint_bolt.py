@@ -27,7 +27,7 @@ class Ctx:
     def put_checkpoint(self, pointer):
         self.pointers.append(pointer)
 
-    def save_state(self, state):
+    async def save_state_async(self, state):
         self.saved = state
 
     def publish(self, key, value):

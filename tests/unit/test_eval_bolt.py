@@ -19,7 +19,7 @@ class Ctx:
     async def compute(self, fn, *args):
         return fn(*args)
 
-    def save_state(self, state):
+    async def save_state_async(self, state):
         self.saved = state
 
     def publish(self, key, value):

@@ -103,13 +103,16 @@ class SettleGivesUpOnce(LostAnswers):
         return super().settle_state(name, key, value, version)
 
 
-@pytest.mark.parametrize("path", ["async", "sync"])
-def test_a_save_left_unsettled_is_settled_by_the_next_not_taken_for_another_instance(path):
-    """The save after one whose settle gave up finds that write was its own: it goes on,
-    where it used to compare-and-set on the version before it and fence itself."""
+@pytest.mark.parametrize("path,applied", [("async", True), ("async", False), ("sync", True)])
+def test_a_save_left_unsettled_is_settled_by_the_next_not_taken_for_another_instance(path, applied):
+    """The save after one whose settle gave up finds out whether that write was applied
+    (and writes it if not) before its own: it goes on, where it used to compare-and-set
+    on the version before it and, the write applied, fence itself."""
     server = InProcessServer()
     state = SettleGivesUpOnce(server.session(), "c")
+    state.applied = applied
     rt, ex = Runtime(state), Instance()
+    versions = []
     save = fencing.save_state_async if path == "async" else \
         (lambda rt, ex, value: asyncio.to_thread(fencing.save_state, rt, ex, value))
     if path == "sync":      # the synchronous save loses its connection the same way
@@ -128,9 +131,12 @@ def test_a_save_left_unsettled_is_settled_by_the_next_not_taken_for_another_inst
         with pytest.raises(ConnectionLostError):
             await save(rt, ex, {"next_step": 1})
         assert ex.unsettled == ({"next_step": 1}, 0)
+        state.applied = True            # the connection is back
         await save(rt, ex, {"next_step": 2})
+        versions.append(ex.state_version)
         await save(rt, ex, {"next_step": 3})
     asyncio.run(go())
     assert ex.unsettled is None
+    assert versions == [2]          # 0: the claim, 1: step 1's write (applied then, or by the settle), 2: step 2's
     assert state.load_state("train", "sync.0") == ({"next_step": 3}, ex.state_version)
     server.shutdown()

@@ -131,7 +131,7 @@ def test_keep_checkpoints_reaches_the_checkpoint_bolt_which_removes_older_ones(t
         def put_checkpoint(self, pointer):
             pass
 
-        def save_state(self, state):
+        async def save_state_async(self, state):
             pass
 
         def component_tasks(self, component):    # one sync task: every checkpoint comes whole

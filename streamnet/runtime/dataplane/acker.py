@@ -5,7 +5,7 @@ id in the top 16 bits, so an ack finds its way home); every edge of the tree has
 random 64-bit id; acking a tuple XORs its edge with the edges of the tuples
 anchored to it into the root's ledger. The ledger reaches zero exactly when every
 tuple of the tree was acked. A tree not complete within message_timeout_s expires;
-one pending for a good part of it is reported once before (`stalled`), since the
+one pending for half of it is reported once before (`stalled`), since the
 timeout can be minutes long and a tuple lost on the way would otherwise show
 nothing until then.
 """

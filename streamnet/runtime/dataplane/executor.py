@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 STOP = object()
 # a spout's tuple tree pending this part of message_timeout_s (and at least STALL_MIN_S)
 # is logged once: a tuple lost on the way shows before the timeout replays it
-STALL_FRACTION, STALL_MIN_S = 0.25, 10.0
+STALL_FRACTION, STALL_MIN_S = 0.5, 10.0
 
 
 @dataclass

@@ -11,6 +11,7 @@ is a routing decision: routing.py.)
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 
 from ..control.coordinator import BadVersionError, ConnectionLostError, NodeExistsError, retry_while_lost
@@ -60,7 +61,7 @@ def save_state(rt, ex, value) -> None:
         try:
             ex.state_version = rt.worker.state.save_state(rt.name, key, value, ex.state_version)
         except ConnectionLostError:
-            ex.unsettled = (value, ex.state_version)
+            ex.unsettled = (copy.deepcopy(value), ex.state_version)   # as written, whatever the caller does
             raise
     except (BadVersionError, NodeExistsError):
         raise _fenced(rt, key) from None
@@ -82,7 +83,7 @@ async def save_state_async(rt, ex, value) -> None:
             try:
                 version = await asyncio.to_thread(state.settle_state, rt.name, key, value, ex.state_version)
             except ConnectionLostError:
-                ex.unsettled = (value, ex.state_version)
+                ex.unsettled = (copy.deepcopy(value), ex.state_version)   # as written, whatever the caller does
                 raise
     except (BadVersionError, NodeExistsError):
         raise _fenced(rt, key) from None
