@@ -11,7 +11,7 @@ alternating, so a drift of the machine hits both sides alike; the script prints 
 pair and the medians with their ranges, and the engine's own account of its time
 (compute, communication, barrier wait).
 
-    python perf/engine.py [--pairs 5] [--train-limit 30000] [--epochs 3] [--balance static|load]
+    python perf/engine.py [--pairs 5] [--train-limit 30000] [--epochs 3] [--balance static|load] [--sync-period 8]
 
 Writes perf/results/engine.json (--out NAME.json or a path for another). Needs ZooKeeper
 (Debian's zookeeper) and the dataset.
@@ -35,7 +35,7 @@ def config(a):
     from streamnet.training import DataConfig, lenet5_mixbp
     cfg = lenet5_mixbp(units=1, epochs=a.epochs, balance=a.balance,
                        data=DataConfig(train_limit=a.train_limit, test_limit=a.test_limit))
-    return replace(cfg, threads=1, sync_tasks=1)
+    return replace(cfg, threads=1, sync_tasks=1, algorithm=replace(cfg.algorithm, sync_period=a.sync_period))
 
 
 def in_process(cfg):
@@ -71,6 +71,9 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--balance", choices=("static", "load"), default="static",
                    help="the engine side's --balance (load: the data spout saves its position every round)")
+    p.add_argument("--sync-period", type=int, default=8,
+                   help="MixBP's H, local steps per round (1: a round per step, where the engine's per-round "
+                        "cost weighs most)")
     p.add_argument("--zk-hosts", help="a running ZooKeeper (default: start one)")
     p.add_argument("--out", default="engine.json", help="results file: a name under perf/results or a path")
     a = p.parse_args()
@@ -103,7 +106,7 @@ def main() -> int:
         if zk is not None:
             zk.stop()
     ratios, steadies = [r["ratio"] for r in pairs], [r["steady_ratio"] for r in pairs]
-    out = {"machine": machine(), "config": {"train_limit": a.train_limit, "epochs": a.epochs, "batch": 32, "H": 8,
+    out = {"machine": machine(), "config": {"train_limit": a.train_limit, "epochs": a.epochs, "batch": 32, "H": a.sync_period,
                                             "balance": a.balance},
            "pairs": pairs, "ratio_median": round(median(ratios), 3), "ratio_range": [min(ratios), max(ratios)],
            "steady_ratio_median": round(median(steadies), 3), "steady_ratio_range": [min(steadies), max(steadies)],
