@@ -106,8 +106,8 @@ def main() -> int:
         if zk is not None:
             zk.stop()
     ratios, steadies = [r["ratio"] for r in pairs], [r["steady_ratio"] for r in pairs]
-    out = {"machine": machine(), "config": {"train_limit": a.train_limit, "epochs": a.epochs, "batch": 32, "H": a.sync_period,
-                                            "balance": a.balance},
+    out = {"machine": machine(), "config": {"train_limit": a.train_limit, "epochs": a.epochs, "batch": 32,
+                                            "H": a.sync_period, "balance": a.balance},
            "pairs": pairs, "ratio_median": round(median(ratios), 3), "ratio_range": [min(ratios), max(ratios)],
            "steady_ratio_median": round(median(steadies), 3), "steady_ratio_range": [min(steadies), max(steadies)],
            **{f"{k}_median": round(median([r[k] for r in pairs]), 3)

@@ -154,10 +154,11 @@ class SyncBolt(SyncRecovery, Bolt):
         if self.stragglers is not None:
             self.stragglers.judge(self.round_started, [a for a in map(self._arrival, tuples) if a is not None])
         step, (epoch, rnd) = tuples[0]["step"], key
-        # Count the round and save the counters - the save is also the fencing check: a
+        # Count the round, and save the counters - the save is also the fencing check: a
         # superseded task's fails - while the compute pool combines (the event loop stays
-        # free meanwhile). Nothing of the round leaves before both are done: what a bolt
-        # emits waits in its executor until execute returns.
+        # free meanwhile), unless they were saved ahead as the round was computed (a round
+        # as planned: _save_ahead). Nothing of the round leaves before both are done: what
+        # a bolt emits waits in its executor until execute returns.
         worked = self.plans.worked(epoch, rnd, [t["unit"] for t in tuples])
         self.counts.count_round(self.plans, step, epoch, rnd, sum(c.samples for c in contributions), worked)
         ahead, self._ahead = self._ahead, None
