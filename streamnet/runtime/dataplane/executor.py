@@ -163,6 +163,7 @@ class SpoutExecutor(Executor):
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
         self.timeout_s = float(self.rt.topology.config["message_timeout_s"])
+        self.stall_s = max(STALL_MIN_S, self.timeout_s * STALL_FRACTION)   # a tree pending this long is logged
         self.pending = Acker(self.timeout_s)  # this spout's tuple trees not complete yet
         self.callbacks: deque = deque()      # ("ack"|"fail", msg_id) to hand to the spout
         self.wake = Wake()
@@ -228,11 +229,10 @@ class SpoutExecutor(Executor):
         for msg_id in self.pending.expire():
             self.metrics.timed_out += 1
             self.callbacks.append(("fail", msg_id))
-        stall_s = max(STALL_MIN_S, self.timeout_s * STALL_FRACTION)
-        for msg_id in self.pending.stalled(stall_s):
+        for msg_id in self.pending.stalled(self.stall_s):
             log.warning("spout %s[%d] of %s: the tuple tree of %r is not complete after %.0f s; it fails and is "
                         "replayed %.0f s after it began (message_timeout_s)", self.cid, self.task, self.rt.name,
-                        msg_id, stall_s, self.timeout_s)
+                        msg_id, self.stall_s, self.timeout_s)
 
     def _call(self, fn, *args) -> None:
         """A spout method: its errors are logged and counted, the task goes on."""

@@ -61,7 +61,7 @@ def save_state(rt, ex, value) -> None:
         try:
             ex.state_version = rt.worker.state.save_state(rt.name, key, value, ex.state_version)
         except ConnectionLostError:
-            ex.unsettled = (copy.deepcopy(value), ex.state_version)   # as written, whatever the caller does
+            _unsettled(ex, value)
             raise
     except (BadVersionError, NodeExistsError):
         raise _fenced(rt, key) from None
@@ -83,11 +83,17 @@ async def save_state_async(rt, ex, value) -> None:
             try:
                 version = await asyncio.to_thread(state.settle_state, rt.name, key, value, ex.state_version)
             except ConnectionLostError:
-                ex.unsettled = (copy.deepcopy(value), ex.state_version)   # as written, whatever the caller does
+                _unsettled(ex, value)
                 raise
     except (BadVersionError, NodeExistsError):
         raise _fenced(rt, key) from None
     ex.state_version = version
+
+
+def _unsettled(ex, value) -> None:
+    """Remember a save whose fate the coordinator did not tell (a copy of the value as
+    written, whatever the caller does with it after), for _settle_unsettled."""
+    ex.unsettled = (copy.deepcopy(value), ex.state_version)
 
 
 def _settle_unsettled(rt, ex) -> None:
