@@ -146,6 +146,11 @@ class Context:
         #: True when this task saved state before (it starts again after a failure or a
         #: move): restore(state) follows prepare(), which can skip what the state replaces
         self.restarting = False
+        #: this instance's fencing token: it grows with every instance that claims the
+        #: task's state, so an instance started later has a larger one. A task can send
+        #: it with what it emits, and a receiver that has seen a larger one knows the
+        #: sender was superseded (its next save would fail) and can refuse what it sends
+        self.generation = 0
         self.log = logging.getLogger(f"streamnet.task.{component}.{task_index}")
 
     def component_tasks(self, component: str) -> list[int]:

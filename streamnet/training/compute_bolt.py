@@ -43,6 +43,13 @@ class ComputeBolt(Bolt):
     broadcast, so it asks the sync tasks for their slices and holds the work until
     they come. (Only after a fault can a slice be ahead of the work while another is
     not: that slice is answered "applied", the others computed.)
+
+    A sync task that starts over asks every replica for its slice; from then on the
+    unit takes no parameters of that slice from an older instance of the sync task
+    (a smaller `generation`: one still running on a worker that has not yet learnt it
+    was superseded). Those fail, and their round is replayed: the new instance judged
+    from the replicas' answers which rounds reached the units, and a round that reached
+    some after they answered would leave the units and its counters a round apart.
     """
     outputs = {"default": list(CONTRIBUTION), "resync": list(RESYNC), "replica": list(REPLICA)}
 
@@ -58,6 +65,7 @@ class ComputeBolt(Bolt):
         self.sync_tasks = ctx.component_tasks("sync")
         self.slices = bounds(self.unit.model.num_params, len(self.sync_tasks))
         self.slice_steps = [0] * len(self.slices)   # a new replica holds the seeded initial parameters: step 0's
+        self.slice_generations = [0] * len(self.slices)   # per slice, the newest sync instance seen
         self.stash: list = []
         self.compute_s = self.wait_s = 0.0
         self.samples = 0
@@ -158,6 +166,19 @@ class ComputeBolt(Bolt):
             return
         s = tup["slice"]
         lo, hi = self.slices[s]
+        generation = tup["generation"]
+        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+            log.warning("unit %d refuses a %s tuple from %s: generation %r is not a non-negative integer",
+                        self.ctx.task_index, tup.stream, tup.source, generation)
+            self.collector.fail(tup)
+            return
+        if generation < self.slice_generations[s]:
+            log.warning("unit %d refuses a %s tuple of slice %d from a superseded sync task (generation %d, a "
+                        "newer one is %d)%s", self.ctx.task_index, tup.stream, s, generation,
+                        self.slice_generations[s], "" if tup.stream == "state_request" else ": its round is replayed")
+            self.collector.fail(tup)
+            return
+        self.slice_generations[s] = generation
         if tup.stream == "state_request":
             # the parameters of that step, as received: not the unit's own local steps since
             self.collector.emit(row(REPLICA, task=self.ctx.task, slice=s, step=self.slice_steps[s],

@@ -18,9 +18,11 @@ CONTRIBUTION = ("unit", "epoch", "round", "step", "lr_scale", "samples", "steps"
                 "finite", "status", "checkpoint", "unit_state", "timing")
 RESYNC = ("task",)                                   # compute -> every sync task: send me your slice
 REPLICA = ("task", "slice", "step", "params")        # compute -> sync s (direct): my slice s, for a new sync task
-PARAMS = ("step", "slice", "params")                 # sync s -> every compute task
-DIRECT_PARAMS = ("step", "slice", "params", "unit_state")   # sync s -> one compute task (its resync)
-STATE_REQUEST = ("nonce", "slice")                   # sync s -> every compute task: send your slice s
+# `generation`: the sending sync task instance's fencing token (Context.generation); a
+# unit takes no parameters from an instance older than one that asked for its replica
+PARAMS = ("step", "slice", "params", "generation")                 # sync s -> every compute task
+DIRECT_PARAMS = ("step", "slice", "params", "unit_state", "generation")   # sync s -> one compute task (its resync)
+STATE_REQUEST = ("nonce", "slice", "generation")     # sync s -> every compute task: send your slice s
 EVAL = ("epoch", "step", "slice", "params")          # sync s -> eval, at an epoch's end
 CHECKPOINT = ("epoch", "step", "slice", "params", "state")   # sync s -> checkpoint, in a checkpoint round
 

@@ -180,7 +180,8 @@ class SyncBolt(SyncRecovery, Bolt):
         self.unit_states = {}
         next_step = self.counts.next_step
         out = params.copy()  # receivers in this process share the array: never hand out the live one
-        self.collector.emit(row(PARAMS, step=next_step, slice=self.slice, params=out), stream="params",
+        self.collector.emit(row(PARAMS, step=next_step, slice=self.slice, params=out,
+                                generation=self.ctx.generation), stream="params",
                             anchors=tuples)
         self.round_started = time.perf_counter()
         self.bytes_out += out.nbytes * len(self.compute_tasks)

@@ -97,7 +97,8 @@ class SyncRecovery:
         log.warning("sync task of slice %d starting over at step %d: asking the %d replicas for their parameters",
                     self.slice, self.counts.next_step, len(self.compute_tasks))
         self.adoption = Adoption(since=time.monotonic())
-        self.collector.emit(row(STATE_REQUEST, nonce=time.time_ns(), slice=self.slice), stream="state_request")
+        self.collector.emit(row(STATE_REQUEST, nonce=time.time_ns(), slice=self.slice,
+                                generation=self.ctx.generation), stream="state_request")
 
     def _maybe_new(self, tup) -> None:
         """A sync task with no saved state that gets work past step 0 replaced one that
@@ -111,7 +112,8 @@ class SyncRecovery:
         if self.adoption is None:
             unit = self.compute_tasks.index(tup["task"])
             self.collector.emit(row(DIRECT_PARAMS, step=self.counts.next_step, slice=self.slice,
-                                    params=self.agg.params.copy(), unit_state=self.unit_states.get(unit)),
+                                    params=self.agg.params.copy(), unit_state=self.unit_states.get(unit),
+                                    generation=self.ctx.generation),
                                 stream="direct_params", direct_task=tup["task"])
         self.collector.ack(tup)
 
@@ -171,7 +173,8 @@ class SyncRecovery:
         step = self.counts.next_step
         self.adoption = None
         # replicas behind the newest one catch up before they compute again
-        self.collector.emit(row(PARAMS, step=step, slice=self.slice, params=self.agg.params.copy()), stream="params")
+        self.collector.emit(row(PARAMS, step=step, slice=self.slice, params=self.agg.params.copy(),
+                                generation=self.ctx.generation), stream="params")
         for key in sorted(self.pending):   # what arrived while we were rebuilding
             slot = self.pending[key]
             for unit, t in sorted(slot.items()):
@@ -191,7 +194,8 @@ class SyncRecovery:
         self.counts.duplicates += 1
         next_step = self.counts.next_step
         params = self.agg.params.copy()
-        self.collector.emit(row(PARAMS, step=next_step, slice=self.slice, params=params), stream="params", anchors=tup)
+        self.collector.emit(row(PARAMS, step=next_step, slice=self.slice, params=params,
+                                generation=self.ctx.generation), stream="params", anchors=tup)
         epoch, rnd = tup["epoch"], tup["round"]
         if tup["step"] == next_step - 1:
             if self.plans.epoch_end(epoch, rnd):

@@ -11,7 +11,7 @@ from streamnet.training import AlgorithmConfig, DataConfig, ModelConfig, RunConf
 from streamnet.training.compute_bolt import ComputeBolt
 from streamnet.training.config import run_config_to_dict
 from streamnet.training.schedule import UnitSchedule
-from streamnet.training.streams import APPLIED, CONTRIBUTION, OK, PARAMS, RESYNC, WORK, row
+from streamnet.training.streams import APPLIED, CONTRIBUTION, OK, PARAMS, REPLICA, RESYNC, STATE_REQUEST, WORK, row
 
 CFG = RunConfig(model=ModelConfig(name="lenet5"), data=DataConfig(dataset="synthetic", synthetic_train=64,
                                                                    synthetic_test=16),
@@ -59,8 +59,9 @@ def _work(step: int) -> Tuple:
     return Tuple(values, list(WORK), "default", "data", 0, {})
 
 
-def _params(step: int, params: np.ndarray, s: int = 0) -> Tuple:
-    return Tuple(row(PARAMS, step=step, slice=s, params=params), list(PARAMS), "params", "sync", 8 + s, {})
+def _params(step: int, params: np.ndarray, s: int = 0, generation: int = 0) -> Tuple:
+    return Tuple(row(PARAMS, step=step, slice=s, params=params, generation=generation), list(PARAMS), "params",
+                 "sync", 8 + s, {})
 
 
 def test_work_ahead_of_the_parameters_is_held_and_the_request_repeated_until_they_come():
@@ -131,6 +132,49 @@ def test_a_parameter_slice_that_is_not_one_of_the_sync_tasks_is_refused():
     tup = _params(1, np.zeros(10, np.float32), s=2)
     asyncio.run(bolt.execute(tup))
     assert failed == [tup] and out.acked == [] and bolt.params_step == 0
+
+
+def _request(s: int, generation: int) -> Tuple:
+    return Tuple(row(STATE_REQUEST, nonce=1, slice=s, generation=generation), list(STATE_REQUEST), "state_request",
+                 "sync", 8 + s, {})
+
+
+def test_once_a_new_sync_task_asked_for_its_replica_a_unit_takes_no_parameters_from_the_one_it_superseded():
+    bolt, out = _bolt(sync_tasks=2)
+    failed = []
+    out.fail = failed.append
+    (a, b), (c, d) = bolt.slices
+    start = bolt.unit.model.params.copy()
+    old = start + 0.25
+    asyncio.run(bolt.execute(_params(1, old[a:b], 0, generation=3)))      # the old instance, before any request
+    assert bolt.slice_steps == [1, 0] and failed == []
+    asyncio.run(bolt.execute(_request(0, generation=5)))                   # its successor starts over
+    replica = dict(zip(REPLICA, out.emitted[-1][1]))
+    assert (out.emitted[-1][0], replica["slice"], replica["step"]) == ("replica", 0, 1)
+    stale = _params(2, (old + 1.0)[a:b], 0, generation=3)                  # the old instance's next round
+    asyncio.run(bolt.execute(stale))
+    assert failed == [stale] and bolt.slice_steps == [1, 0]                # refused: its round is replayed
+    np.testing.assert_array_equal(bolt.unit.model.params[a:b], old[a:b])
+    asyncio.run(bolt.execute(_params(2, old[c:d], 1, generation=1)))       # another slice's task: its own count
+    asyncio.run(bolt.execute(_params(2, (old + 2.0)[a:b], 0, generation=5)))   # the successor's own
+    assert bolt.slice_steps == [2, 2] and failed == [stale]
+    np.testing.assert_array_equal(bolt.unit.model.params[a:b], (old + 2.0)[a:b])
+    np.testing.assert_array_equal(bolt.unit.model.params[c:d], old[c:d])
+    late = _request(0, generation=4)                                       # a request from an older one still
+    asyncio.run(bolt.execute(late))
+    assert failed == [stale, late] and out.emitted[-1][0] == "replica" and len(out.emitted) == 1
+
+
+def test_a_parameter_tuple_whose_generation_is_not_a_count_is_refused():
+    bolt, out = _bolt()
+    failed = []
+    out.fail = failed.append
+    for generation in (-1, 1.5, "2", None, True):
+        tup = Tuple(row(PARAMS, step=1, slice=0, params=np.zeros(bolt.unit.model.num_params, np.float32),
+                        generation=generation), list(PARAMS), "params", "sync", 8, {})
+        asyncio.run(bolt.execute(tup))
+        assert failed[-1] is tup
+    assert bolt.params_step == 0 and out.acked == []
 
 
 def test_with_one_slice_the_sync_task_judges_finiteness_and_still_drops_a_diverged_unit():

@@ -93,9 +93,9 @@ def test_stopped_at_is_the_one_optional_record():
 
 def test_a_tuple_is_laid_out_by_field_name_and_every_field_must_be_given():
     from streamnet.training.streams import PARAMS, row
-    assert row(PARAMS, params="p", slice=1, step=3) == [3, 1, "p"]
+    assert row(PARAMS, params="p", generation=2, slice=1, step=3) == [3, 1, "p", 2]
     with pytest.raises(KeyError, match=r"missing \['params'\], unknown \['parms'\]"):
-        row(PARAMS, step=3, slice=0, parms="p")
+        row(PARAMS, step=3, slice=0, parms="p", generation=0)
 
 
 def test_the_slices_accounts_merge_into_the_runs():

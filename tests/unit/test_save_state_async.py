@@ -55,6 +55,8 @@ def test_the_owner_saves_and_a_superseded_instance_is_fenced(state):
         assert state.load_state("train", "sync.0") == ({"next_step": 2}, old.state_version)
         await fencing.claim_state(rt, new)              # a new instance takes the task over
         assert new.restored == {"next_step": 2}
+        # its fencing token is larger than any its predecessor could send, after any number of saves
+        assert new.ctx.generation == new.state_version > old.state_version > old.ctx.generation >= 0
         with pytest.raises(FencedError, match="taken over by another instance"):
             await fencing.save_state_async(rt, old, {"next_step": 3})
         await fencing.save_state_async(rt, new, {"next_step": 3})

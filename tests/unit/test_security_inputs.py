@@ -143,7 +143,7 @@ def test_a_replica_of_the_wrong_shape_is_not_adopted(caplog):
 def test_parameters_of_the_wrong_shape_are_refused_by_a_compute_unit(caplog):
     bolt, out = _prepared(ComputeBolt, "compute", 1)
     before = bolt.unit.model.params.copy()
-    tup = Tuple(row(PARAMS, step=1, slice=0, params=np.zeros(1 << 20, np.float32)), list(PARAMS), "params", "sync",
+    tup = Tuple(row(PARAMS, step=1, slice=0, params=np.zeros(1 << 20, np.float32), generation=0), list(PARAMS), "params", "sync",
                 3, {})
     with caplog.at_level(logging.WARNING):
         asyncio.run(bolt.execute(tup))

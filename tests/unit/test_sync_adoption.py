@@ -88,7 +88,7 @@ def test_a_replica_is_the_parameters_of_its_step_not_the_units_own_steps_since()
                      batches=[np.arange(4), np.arange(4, 8)]), list(WORK), "default", "data", 0, {})
     asyncio.run(bolt.execute(work))
     assert out.emitted and not np.array_equal(bolt.unit.model.params, seeded)      # it stepped
-    request = Tuple(row(STATE_REQUEST, nonce=1, slice=0), list(STATE_REQUEST), "state_request", "sync", 3, {})
+    request = Tuple(row(STATE_REQUEST, nonce=1, slice=0, generation=0), list(STATE_REQUEST), "state_request", "sync", 3, {})
     asyncio.run(bolt.execute(request))
     stream, values = out.emitted[-1]
     replica = dict(zip(REPLICA, values))

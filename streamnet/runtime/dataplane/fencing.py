@@ -6,7 +6,11 @@ that was paused or cut off and came back) fails its next save with FencedError
 and stops without acking or publishing. What it held is failed for replay at
 once, and what was queued for it goes to its successor on this worker, if any.
 (The data-plane half - tuples from a superseded instance are dropped as stale -
-is a routing decision: routing.py.)
+is a routing decision: routing.py. It sees remote tuples only, and only once the
+receiver's worker knows of the new assignment; for what must never be taken from a
+superseded sender, the claim's version is also the instance's fencing token,
+`Context.generation`, which a task can send with what it emits for its receivers
+to check: training's sync tasks do, with the parameters.)
 """
 from __future__ import annotations
 
@@ -50,6 +54,7 @@ async def claim_state(rt, ex) -> None:
     ex.restored, ex.state_version = await asyncio.to_thread(
         retry_while_lost, claim, CLAIM_DEADLINE_S, what=f"claim the state of {key} on worker {rt.worker.id}",
         give_up=lambda: rt.worker.closing)
+    ex.ctx.generation = ex.state_version    # every claim writes the node: later instances, larger versions
 
 
 def save_state(rt, ex, value) -> None:
