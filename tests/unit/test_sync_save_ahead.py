@@ -1,0 +1,113 @@
+"""The sync task saves the counters of the round after the one it sent while the units
+compute it (sync_bolt `_save_ahead`): a round that comes as planned goes out on that
+save, one that does not gets its own, and a successor that restores counters one or
+two rounds ahead of every replica uncounts those rounds (sync_recovery `_undone`)."""
+import asyncio
+
+import numpy as np
+
+from streamnet.runtime.component import BoltCollector, Context, Tuple
+from streamnet.training import AlgorithmConfig, RunConfig
+from streamnet.training.config import run_config_to_dict
+from streamnet.training.schedule import EpochPlans, UnitSchedule
+from streamnet.training.streams import CONTRIBUTION, OK, row
+from streamnet.training.sync_bolt import SyncBolt
+from streamnet.training.sync_state import SyncState
+from tests.unit.test_security_inputs import CFG, P, TASKS, Recorder, _compute
+from tests.unit.test_sync_adoption import _last_params, _replica
+
+
+def _sync():
+    saves = []
+    bolt = SyncBolt(run=run_config_to_dict(CFG))
+    out = Recorder()
+    ctx = Context(topology="t", component="sync", task=3, task_index=0, parallelism=1, worker="w0", config={},
+                  component_config=bolt.config, component_tasks=TASKS.__getitem__, compute=_compute,
+                  publish=lambda k, v: None, save_state=saves.append)
+    bolt.prepare(ctx, BoltCollector(out))
+    return bolt, out, saves
+
+
+async def _round(bolt, step, samples=4):
+    for unit in (0, 1):
+        values = row(CONTRIBUTION, unit=unit, epoch=0, round=step, step=step, lr_scale=1.0, samples=samples, steps=1,
+                     loss_sum=1.0, slice=0, vector=np.zeros(P, np.float32), finite=True, status=OK,
+                     checkpoint=False, unit_state=None, timing=None)
+        await bolt.execute(Tuple(values, list(CONTRIBUTION), "default", "compute", 1 + unit, {}))
+
+
+def _counted(state):
+    return {k: state[k] for k in ("next_step", "rounds", "samples", "epoch_samples", "recent_rounds", "ledger")}
+
+
+def test_a_round_that_comes_as_planned_goes_out_on_the_save_made_while_it_was_computed():
+    bolt, out, saves = _sync()
+
+    async def go():
+        await _round(bolt, 0)
+        # the round's own save, then the next round's, made before the next round came
+        await asyncio.sleep(0)
+        assert [s["next_step"] for s in saves] == [1, 2] and _last_params(out)["step"] == 1
+        await _round(bolt, 1)
+        await asyncio.sleep(0)
+    asyncio.run(go())
+    assert [s["next_step"] for s in saves] == [1, 2, 3]          # no save of its own: round 1 went out on #2
+    assert _counted(saves[1]) == _counted(bolt.counts.saved())   # and #2 is what counting it gave
+    assert bolt.counts.next_step == 2 and _last_params(out)["step"] == 2
+
+
+def test_a_round_not_as_planned_gets_its_own_save_after_the_one_ahead():
+    bolt, out, saves = _sync()
+
+    async def go():
+        await _round(bolt, 0)
+        await _round(bolt, 1, samples=3)                         # not what the plan says
+        await asyncio.sleep(0)
+    asyncio.run(go())
+    assert [s["next_step"] for s in saves] == [1, 2, 2, 3]
+    assert saves[2]["samples"] == 8 + 6 and _counted(saves[2]) == _counted(bolt.counts.saved())
+
+
+def test_the_ahead_count_never_moves_the_counters_that_judge_replays():
+    bolt, out, saves = _sync()
+    asyncio.run(_round(bolt, 0))
+    assert saves[-1]["next_step"] == 2
+    assert bolt.counts.next_step == 1 and bolt.counts.rounds == 1     # saved as 2; in memory 1
+    asyncio.run(_round(bolt, 0))                                      # a replay of round 0: answered
+    assert bolt.counts.duplicates == 2 and bolt.counts.rounds == 1
+
+
+def test_a_successor_two_rounds_ahead_of_every_replica_uncounts_both():
+    # the old task saved step 3's count, sent step 4's parameters to no one, and saved the
+    # count of step 4 ahead: the replicas hold step 3
+    bolt, out = _sync()[:2]
+    for step in (3, 4):
+        bolt.counts.count_round(bolt.plans, step, 0, step, 8, [0, 1])
+    bolt._request_replicas()
+    for task in (1, 2):
+        _replica(bolt, task, 3)
+    assert bolt.counts.next_step == 3 and bolt.counts.rounds == 0 and bolt.counts.lost_steps == 0
+    assert _last_params(out)["step"] == 3
+    # three ahead is not a count saved ahead: those updates are lost
+    bolt, out = _sync()[:2]
+    for step in (2, 3, 4):
+        bolt.counts.count_round(bolt.plans, step, 0, step, 8, [0, 1])
+    bolt._request_replicas()
+    for task in (1, 2):
+        _replica(bolt, task, 2)
+    assert bolt.counts.next_step == 5 and bolt.counts.lost_steps == 3
+
+
+def test_two_rounds_undone_across_an_epoch_boundary_leave_the_ledger_clean():
+    cfg = RunConfig(algorithm=AlgorithmConfig(name="mixbp", batch=2, sync_period=2), units=2)
+    plans = EpochPlans(UnitSchedule(cfg, 16))             # 2 units x 8 samples, b=2, H=2: 2 rounds per epoch
+    s = SyncState(units=2)
+    for step, (epoch, rnd) in enumerate([(0, 0), (0, 1), (1, 0)]):
+        s.count_round(plans, step, epoch, rnd, 8, [0, 1])
+    assert 1 in s.ledger.open                 # epoch 1's last round is still recent: not closed yet
+    s.undo_last_round()
+    s.undo_last_round()
+    for step, (epoch, rnd) in enumerate([(0, 1), (1, 0), (1, 1), (2, 0), (2, 1)], start=1):
+        s.count_round(plans, step, epoch, rnd, 8, [0, 1])
+    assert 1 not in s.ledger.open and 2 not in s.ledger.open
+    assert s.ledger.clean(1) and s.ledger.clean(2) and dict(s.epoch_samples) == {1: 16, 2: 16, 3: 16}
