@@ -188,9 +188,11 @@ class SyncBolt(SyncRecovery, Bolt):
         when it comes as planned its save has landed and its parameters go out at once.
         A successor that restores these counters finds them a round ahead of the
         replicas and uncounts that round (sync_recovery `_undone`). The in-memory
-        counters do not move: replays are judged by them."""
+        counters do not move: replays are judged by them. Not for step 1: a successor
+        cannot uncount down to step 0 (replicas started anew hold step 0's parameters
+        too), so counters saved two ahead of step 0 would count a round never computed."""
         e, r = (epoch, rnd + 1) if rnd + 1 < self.plans.rounds(epoch) else (epoch + 1, 0)
-        if e >= self.cfg.epochs:
+        if e >= self.cfg.epochs or self.counts.next_step < 2:
             return
         worked = self.plans.worked(e, r, sorted(self.plans.expected(e, r)))
         samples = sum(len(b) for u in worked for b in self.plans.plan(e)[u][r])

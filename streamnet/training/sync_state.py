@@ -84,6 +84,7 @@ class SyncState:
         self.epoch_samples[last.epoch] -= last.samples
         self.samples -= last.samples
         self.rounds -= 1
+        self.clock.unrecord(last.epoch, last.samples)
         self.next_step = last.step
 
     # -- in the coordinator ----------------------------------------------------

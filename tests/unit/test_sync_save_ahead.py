@@ -45,15 +45,18 @@ def test_a_round_that_comes_as_planned_goes_out_on_the_save_made_while_it_was_co
 
     async def go():
         await _round(bolt, 0)
+        await asyncio.sleep(0)
+        assert [s["next_step"] for s in saves] == [1]        # nothing saved ahead of step 1 (see _save_ahead)
+        await _round(bolt, 1)
         # the round's own save, then the next round's, made before the next round came
         await asyncio.sleep(0)
-        assert [s["next_step"] for s in saves] == [1, 2] and _last_params(out)["step"] == 1
-        await _round(bolt, 1)
+        assert [s["next_step"] for s in saves] == [1, 2, 3] and _last_params(out)["step"] == 2
+        await _round(bolt, 2)
         await asyncio.sleep(0)
     asyncio.run(go())
-    assert [s["next_step"] for s in saves] == [1, 2, 3]          # no save of its own: round 1 went out on #2
-    assert _counted(saves[1]) == _counted(bolt.counts.saved())   # and #2 is what counting it gave
-    assert bolt.counts.next_step == 2 and _last_params(out)["step"] == 2
+    assert [s["next_step"] for s in saves] == [1, 2, 3, 4]       # no save of its own: round 2 went out on #3
+    assert _counted(saves[2]) == _counted(bolt.counts.saved())   # and #3 is what counting it gave
+    assert bolt.counts.next_step == 3 and _last_params(out)["step"] == 3
 
 
 def test_a_round_not_as_planned_gets_its_own_save_after_the_one_ahead():
@@ -61,20 +64,22 @@ def test_a_round_not_as_planned_gets_its_own_save_after_the_one_ahead():
 
     async def go():
         await _round(bolt, 0)
-        await _round(bolt, 1, samples=3)                         # not what the plan says
+        await _round(bolt, 1)
+        await _round(bolt, 2, samples=3)                         # not what the plan says
         await asyncio.sleep(0)
     asyncio.run(go())
-    assert [s["next_step"] for s in saves] == [1, 2, 2, 3]
-    assert saves[2]["samples"] == 8 + 6 and _counted(saves[2]) == _counted(bolt.counts.saved())
+    assert [s["next_step"] for s in saves] == [1, 2, 3, 3, 4]
+    assert saves[3]["samples"] == 8 + 8 + 6 and _counted(saves[3]) == _counted(bolt.counts.saved())
 
 
 def test_the_ahead_count_never_moves_the_counters_that_judge_replays():
     bolt, out, saves = _sync()
     asyncio.run(_round(bolt, 0))
-    assert saves[-1]["next_step"] == 2
-    assert bolt.counts.next_step == 1 and bolt.counts.rounds == 1     # saved as 2; in memory 1
-    asyncio.run(_round(bolt, 0))                                      # a replay of round 0: answered
-    assert bolt.counts.duplicates == 2 and bolt.counts.rounds == 1
+    asyncio.run(_round(bolt, 1))
+    assert saves[-1]["next_step"] == 3
+    assert bolt.counts.next_step == 2 and bolt.counts.rounds == 2     # saved as 3; in memory 2
+    asyncio.run(_round(bolt, 1))                                      # a replay of round 1: answered
+    assert bolt.counts.duplicates == 2 and bolt.counts.rounds == 2
 
 
 def test_a_successor_two_rounds_ahead_of_every_replica_uncounts_both():
@@ -111,3 +116,5 @@ def test_two_rounds_undone_across_an_epoch_boundary_leave_the_ledger_clean():
         s.count_round(plans, step, epoch, rnd, 8, [0, 1])
     assert 1 not in s.ledger.open and 2 not in s.ledger.open
     assert s.ledger.clean(1) and s.ledger.clean(2) and dict(s.epoch_samples) == {1: 16, 2: 16, 3: 16}
+    # the epoch clock took the two undone rounds back too: each epoch's samples once
+    assert {e: span.samples for e, span in s.clock.spans.items()} == {1: 16, 2: 16, 3: 16}

@@ -34,8 +34,13 @@ def test_undoing_the_last_round_uncounts_it():
     assert (s.rounds, s.samples, s.epoch_samples[1]) == (0, 0, 0)
     s.count_round(plans, step=0, epoch=0, rnd=0, samples=8, worked=[0, 1])
     s.count_round(plans, step=1, epoch=0, rnd=1, samples=8, worked=[0, 1])
+    assert s.clock.spans[1].samples == 16 and s.clock.spans[1].end is not None
+    s.undo_last_round()                  # the epoch's last round: the clock takes its end back with it
+    assert s.clock.spans[1].samples == 8 and s.clock.spans[1].end is None
+    s.count_round(plans, step=1, epoch=0, rnd=1, samples=8, worked=[0, 1])
     s.ledger.close(1, plans.plan(0))
     assert s.ledger.clean(1)             # counted once in the end, not twice
+    assert s.clock.spans[1].samples == 16 and s.clock.spans[1].end is not None
 
 
 def test_the_coordinator_layout_round_trips_and_a_restore_is_a_recovery():
