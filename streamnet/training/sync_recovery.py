@@ -133,8 +133,14 @@ class SyncRecovery:
 
     async def tick(self):
         if self.adoption is not None and time.monotonic() - self.adoption.since > self.ADOPT_WAIT_S:
-            if self.adoption.replies and self._lost_by(self.adoption.newest()[0]) == 0:
-                await self._adopt()   # some replica died with the old sync bolt: go on with the others
+            newest = self.adoption.newest()[0] if self.adoption.replies else None
+            # some replica died with the old sync bolt: go on with the others - unless that
+            # would uncount rounds: a unit that never heard this instance's request (it died,
+            # or the request was lost) could still take those rounds from the instance this
+            # one superseded, which may send one a round after saving its count (sync_bolt
+            # `_save_ahead`); its new instance, or the request made again, answers
+            if newest is not None and self._lost_by(newest) == 0 and not self._undone(newest):
+                await self._adopt()
             else:
                 self._request_replicas()   # none, or only older ones: a replica that holds them may yet answer
 

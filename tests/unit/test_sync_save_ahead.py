@@ -5,25 +5,27 @@ two rounds ahead of every replica uncounts those rounds (sync_recovery `_undone`
 import asyncio
 
 import numpy as np
+import pytest
 
+from streamnet.runtime import FencedError
 from streamnet.runtime.component import BoltCollector, Context, Tuple
 from streamnet.training import AlgorithmConfig, RunConfig
 from streamnet.training.config import run_config_to_dict
 from streamnet.training.schedule import EpochPlans, UnitSchedule
-from streamnet.training.streams import CONTRIBUTION, OK, row
+from streamnet.training.streams import CONTRIBUTION, OK, STATE_REQUEST, row
 from streamnet.training.sync_bolt import SyncBolt
 from streamnet.training.sync_state import SyncState
 from tests.unit.test_security_inputs import CFG, P, TASKS, Recorder, _compute
 from tests.unit.test_sync_adoption import _last_params, _replica
 
 
-def _sync():
+def _sync(save_state_async=None):
     saves = []
     bolt = SyncBolt(run=run_config_to_dict(CFG))
     out = Recorder()
     ctx = Context(topology="t", component="sync", task=3, task_index=0, parallelism=1, worker="w0", config={},
                   component_config=bolt.config, component_tasks=TASKS.__getitem__, compute=_compute,
-                  publish=lambda k, v: None, save_state=saves.append)
+                  publish=lambda k, v: None, save_state=saves.append, save_state_async=save_state_async)
     bolt.prepare(ctx, BoltCollector(out))
     return bolt, out, saves
 
@@ -118,3 +120,70 @@ def test_two_rounds_undone_across_an_epoch_boundary_leave_the_ledger_clean():
     assert s.ledger.clean(1) and s.ledger.clean(2) and dict(s.epoch_samples) == {1: 16, 2: 16, 3: 16}
     # the epoch clock took the two undone rounds back too: each epoch's samples once
     assert {e: span.samples for e, span in s.clock.spans.items()} == {1: 16, 2: 16, 3: 16}
+
+
+class HeldSaves:
+    """Saves that land only when the test lets them (a ZooKeeper still answering)."""
+
+    def __init__(self):
+        self.states, self.landing = [], []
+
+    async def __call__(self, state):
+        self.states.append(state)
+        landed = asyncio.get_running_loop().create_future()
+        self.landing.append(landed)
+        await landed
+
+
+def test_a_round_that_comes_while_its_ahead_save_is_in_flight_goes_out_when_it_lands():
+    saves = HeldSaves()
+    bolt, out, _ = _sync(saves)
+
+    async def go():
+        for step in (0, 1):
+            task = asyncio.ensure_future(_round(bolt, step))
+            while len(saves.landing) <= step:
+                await asyncio.sleep(0)
+            saves.landing[step].set_result(None)
+            await task
+        await asyncio.sleep(0)
+        assert [s["next_step"] for s in saves.states] == [1, 2, 3]    # round 1's own save, then 2's ahead
+        sent = len(out.emitted)
+        task = asyncio.ensure_future(_round(bolt, 2))                 # comes before the ahead save landed
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert len(out.emitted) == sent and not task.done()           # its parameters wait for that save
+        saves.landing[2].set_result(None)
+        await task
+        assert len(saves.states) == 4 and _last_params(out)["step"] == 3   # no save of its own (#4: ahead)
+        saves.landing[3].set_result(None)
+    asyncio.run(go())
+
+
+def test_a_fenced_ahead_save_stops_the_round_it_counted():
+    saves = HeldSaves()
+    bolt, out, _ = _sync(saves)
+
+    async def go():
+        for step in (0, 1):
+            task = asyncio.ensure_future(_round(bolt, step))
+            while len(saves.landing) <= step:
+                await asyncio.sleep(0)
+            saves.landing[step].set_result(None)
+            await task
+        await asyncio.sleep(0)
+        saves.landing[2].set_exception(FencedError("another instance took the task over"))
+        sent = len(out.emitted)
+        with pytest.raises(FencedError):
+            await _round(bolt, 2)
+        assert len(out.emitted) == sent                                # nothing of round 2 went out
+    asyncio.run(go())
+
+
+def test_what_the_sync_task_sends_carries_its_generation():
+    bolt, out, saves = _sync()
+    bolt.ctx.generation = 7
+    asyncio.run(_round(bolt, 0))
+    assert _last_params(out)["generation"] == 7
+    bolt._request_replicas()
+    assert dict(zip(STATE_REQUEST, out.emitted[-1][1]))["generation"] == 7
