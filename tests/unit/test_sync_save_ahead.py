@@ -134,19 +134,23 @@ class HeldSaves:
         self.landing.append(landed)
         await landed
 
+    async def rounds_0_and_1(self, bolt):
+        """Rounds 0 and 1, each save landing as it is made; then round 2's ahead is in flight."""
+        for step in (0, 1):
+            task = asyncio.ensure_future(_round(bolt, step))
+            while len(self.landing) <= step:
+                await asyncio.sleep(0)
+            self.landing[step].set_result(None)
+            await task
+        await asyncio.sleep(0)
+
 
 def test_a_round_that_comes_while_its_ahead_save_is_in_flight_goes_out_when_it_lands():
     saves = HeldSaves()
     bolt, out, _ = _sync(saves)
 
     async def go():
-        for step in (0, 1):
-            task = asyncio.ensure_future(_round(bolt, step))
-            while len(saves.landing) <= step:
-                await asyncio.sleep(0)
-            saves.landing[step].set_result(None)
-            await task
-        await asyncio.sleep(0)
+        await saves.rounds_0_and_1(bolt)
         assert [s["next_step"] for s in saves.states] == [1, 2, 3]    # round 1's own save, then 2's ahead
         sent = len(out.emitted)
         task = asyncio.ensure_future(_round(bolt, 2))                 # comes before the ahead save landed
@@ -165,13 +169,7 @@ def test_a_fenced_ahead_save_stops_the_round_it_counted():
     bolt, out, _ = _sync(saves)
 
     async def go():
-        for step in (0, 1):
-            task = asyncio.ensure_future(_round(bolt, step))
-            while len(saves.landing) <= step:
-                await asyncio.sleep(0)
-            saves.landing[step].set_result(None)
-            await task
-        await asyncio.sleep(0)
+        await saves.rounds_0_and_1(bolt)
         saves.landing[2].set_exception(FencedError("another instance took the task over"))
         sent = len(out.emitted)
         with pytest.raises(FencedError):
