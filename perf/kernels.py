@@ -211,7 +211,7 @@ def measure_steps(cases, pairs, block_s, peak) -> dict:
              "ratio": spread(ratios), "ratios": ratios,
              "numba_samples_per_s": batch / median(to), "torch_samples_per_s": batch / median(tt),
              "numba_gflops": flops / median(to) / 1e9, "torch_gflops": flops / median(tt) / 1e9,
-             "load_before": load0, "load_after": load(), "wake_round_trip": wake}
+             "load_before": load0, "load_after": load()}
         r["numba_fraction_of_peak"] = r["numba_gflops"] / peak  # of the first peak: see main
         r["torch_fraction_of_peak"] = r["torch_gflops"] / peak
         out[f"{name}_b{batch}"] = r
