@@ -25,6 +25,7 @@ from .pool import maxpool_backward, maxpool_forward
 
 COL_BUDGET = 1 << 16  # floats in one chunk's column matrix (256 KiB: stays in L2)
 MIN_COLS = 256        # but at least this many GEMM columns, below which BLAS is inefficient
+WHOLE_BELOW = 1024    # a training forward whose chunks are narrower than this runs the batch as one chunk
 
 
 @jit
@@ -40,77 +41,102 @@ def chunk_size(n, rows, p):
 
 
 @jit
-def _valid(j, pad, stride, size, out):
-    """[lo, hi) of the output positions z whose input z*stride - pad + j is inside [0, size)."""
-    lo = min(out, max(0, (pad - j + stride - 1) // stride))
-    hi = max(lo, min(out, (size - 1 + pad - j) // stride + 1))
-    return lo, hi
+def kept_chunk(n, rows, p):
+    """Samples per chunk of a training forward that keeps its columns: the whole batch
+    where chunk_size's chunks would be narrow (see conv2d_forward_keep)."""
+    s = chunk_size(n, rows, p)
+    return n if s * p < WHOLE_BELOW else s
+
+
+@jit
+def _padded(x, n0, n1, pad):
+    """Samples n0..n1-1 of x with a zero border of `pad` on each side."""
+    c, h, w = x.shape[1], x.shape[2], x.shape[3]
+    xp = np.zeros((n1 - n0, c, h + 2 * pad, w + 2 * pad), dtype=x.dtype)
+    for ni in range(n0, n1):
+        for ci in range(c):
+            for y in range(h):
+                src = x[ni, ci, y]
+                dst = xp[ni - n0, ci, y + pad, pad:]
+                for z in range(w):
+                    dst[z] = src[z]
+    return xp
 
 
 @jit
 def im2col(x, n0, n1, kh, kw, stride, pad, col):
     """Fill col with the columns of samples n0..n1-1.
 
-    The bounds test stays in the inner loop: LLVM turns it into a masked vector
-    copy. Hoisting it out (per-tap valid ranges, as col2im does) was slower for
-    the short rows here: LeNet-5 conv2 batch 64 0.95 -> 1.18 ms, AlexNet-64
-    conv2 batch 32 13.2 -> 17.4 ms.
+    Read from a zero-padded copy of the samples, so no index is out of bounds and
+    each output row is a plain copy from a view indexed with the bare loop counter
+    (numba's negative-index wrap then drops out and the copy vectorises); each
+    column row is written front to back. Against the bounds test in the inner loop
+    it replaced (one core, whole batch 32 of AlexNet-64): conv2 20.4 -> 4.5 ms,
+    conv3 7.5 -> 1.5, conv4 18.3 -> 3.3, conv5 11.4 -> 2.5, conv1 (stride 2)
+    1.12 -> 0.71. (Hoisting the bounds out per tap instead was slower than the
+    bounds test: AlexNet-64 conv2 13.2 -> 17.4 ms.)
     """
-    c, h, w = x.shape[1], x.shape[2], x.shape[3]
-    oh = conv_out_size(h, kh, stride, pad)
-    ow = conv_out_size(w, kw, stride, pad)
+    c = x.shape[1]
+    xp = _padded(x, n0, n1, pad)
+    hp, wp = xp.shape[2], xp.shape[3]
+    oh = (hp - kh) // stride + 1
+    ow = (wp - kw) // stride + 1
     p = oh * ow
-    for ni in range(n0, n1):
-        base = (ni - n0) * p
-        for ci in range(c):
-            for i in range(kh):
-                for j in range(kw):
-                    r = (ci * kh + i) * kw + j
+    for ci in range(c):
+        for i in range(kh):
+            for j in range(kw):
+                row = col[(ci * kh + i) * kw + j]
+                for s in range(n1 - n0):
+                    plane = xp[s, ci]
                     for y in range(oh):
-                        iy = y * stride - pad + i
-                        q = base + y * ow
-                        if iy < 0 or iy >= h:
+                        src = plane[y * stride + i, j:]
+                        dst = row[s * p + y * ow:]
+                        if stride == 1:
                             for z in range(ow):
-                                col[r, q + z] = 0.0
-                            continue
-                        for z in range(ow):
-                            ix = z * stride - pad + j
-                            col[r, q + z] = x[ni, ci, iy, ix] if 0 <= ix < w else 0.0
+                                dst[z] = src[z]
+                        else:
+                            for z in range(ow):
+                                dst[z] = src[z * stride]
 
 
 @jit
 def col2im(col, n0, n1, kh, kw, stride, pad, dx):
     """Add the column gradients of samples n0..n1-1 into dx (which starts zeroed).
 
-    Each tap's valid output range is computed once and the adds index views with
-    the bare loop counter, so numba's negative-index check drops out and the loop
-    vectorises: LeNet-5 conv2 batch 64 1.31 -> 1.15 ms, AlexNet-64 conv2 batch 32
-    20.6 -> 14.9 ms, AlexNet-64 conv1 (stride 2) 1.16 -> 0.55 ms.
+    Into a zero-padded buffer first, as im2col reads from one, so the adds need no
+    valid ranges and vectorise; then its interior into dx. Same order of adds, so
+    the same bits, as the per-tap valid ranges it replaced; whole batch 32 of
+    AlexNet-64, one core: conv2 12.5 -> 9.5 ms, conv3 6.3 -> 2.2, conv4 21.2 ->
+    5.5, conv5 9.8 -> 3.7 (conv1, stride 2: 0.67 -> 0.76).
     """
     c, h, w = dx.shape[1], dx.shape[2], dx.shape[3]
-    oh = conv_out_size(h, kh, stride, pad)
-    ow = conv_out_size(w, kw, stride, pad)
+    hp, wp = h + 2 * pad, w + 2 * pad
+    oh = (hp - kh) // stride + 1
+    ow = (wp - kw) // stride + 1
     p = oh * ow
-    for ni in range(n0, n1):
-        base = (ni - n0) * p
-        for ci in range(c):
-            for i in range(kh):
-                ylo, yhi = _valid(i, pad, stride, h, oh)
-                for j in range(kw):
-                    r = (ci * kh + i) * kw + j
-                    zlo, zhi = _valid(j, pad, stride, w, ow)
-                    row = col[r]
-                    for y in range(ylo, yhi):
-                        s = row[base + y * ow + zlo:base + y * ow + zhi]
-                        dst = dx[ni, ci, y * stride - pad + i]
+    dxp = np.zeros((n1 - n0, c, hp, wp), dtype=dx.dtype)
+    for ci in range(c):
+        for i in range(kh):
+            for j in range(kw):
+                row = col[(ci * kh + i) * kw + j]
+                for s in range(n1 - n0):
+                    plane = dxp[s, ci]
+                    for y in range(oh):
+                        dst = plane[y * stride + i, j:]
+                        src = row[s * p + y * ow:]
                         if stride == 1:
-                            d = dst[zlo - pad + j:]
-                            for t in range(s.size):
-                                d[t] += s[t]
+                            for z in range(ow):
+                                dst[z] += src[z]
                         else:
-                            d = dst[zlo * stride - pad + j::stride]
-                            for t in range(s.size):
-                                d[t] += s[t]
+                            for z in range(ow):
+                                dst[z * stride] += src[z]
+    for s in range(n1 - n0):
+        for ci in range(c):
+            for y in range(h):
+                src = dxp[s, ci, y + pad, pad:]
+                dst = dx[n0 + s, ci, y]
+                for z in range(w):
+                    dst[z] += src[z]
 
 
 @jit
@@ -142,9 +168,19 @@ def columns_size(x_shape, w_shape, stride, pad):
 @jit
 def conv2d_forward_keep(x, weight, bias, stride, pad, cols):
     """conv2d_forward that also leaves the batch's columns in cols (a flat buffer of
-    columns_size floats, chunk after chunk) for conv2d_backward_kept, which then
-    skips rebuilding them: AlexNet-64 batch 32 saves one im2col per conv layer
-    (conv2: 12 ms of its 128 ms backward)."""
+    columns_size floats) for conv2d_backward_kept, which then skips rebuilding them:
+    AlexNet-64 batch 32 saves one im2col per conv layer (conv2: 12 ms of its 128 ms
+    backward).
+
+    Where chunk_size's chunks would have fewer than WHOLE_BELOW columns (its
+    MIN_COLS floor: the layers with many column rows), the whole batch is one chunk:
+    its columns go to memory anyway, and the backward's weight gradient is then one
+    GEMM over all n*oh*ow columns instead of one per narrow chunk summed in float64
+    (AlexNet-64 batch 32, one core: conv3 37.8 -> 31.1 ms, conv4 51.1 -> 43.0, conv2
+    74.8 -> 61.4), while the forward's one GEMM runs as fast as its chunks did
+    (conv3 28.5 against 28.8 ms). Wide chunks stay: AlexNet-64's conv1 (25 rows,
+    2048 columns a chunk) as one chunk took 16.2 ms forward and 17.5 backward
+    against 5.6 and 5.6, its 64 x 32768 output going through memory twice."""
     if cols.size == 0:
         return conv2d_forward(x, weight, bias, stride, pad)
     return _gemm_forward(x, weight, bias, stride, pad, cols, True)
@@ -158,7 +194,7 @@ def _gemm_forward(x, weight, bias, stride, pad, cols, keep):
     ow = conv_out_size(w, kw, stride, pad)
     p = oh * ow
     rows = c * kh * kw
-    s = chunk_size(n, rows, p)
+    s = kept_chunk(n, rows, p) if keep else chunk_size(n, rows, p)
     # flat buffers reshaped per chunk: a sliced 2-D buffer would be non-contiguous,
     # and numba copies non-contiguous operands of np.dot on every call
     y_buf = np.empty(o * s * p, dtype=x.dtype)
@@ -197,7 +233,9 @@ def conv2d_backward(dout, x, weight, dweight, dbias, stride, pad, need_dx):
 
 @jit
 def conv2d_backward_kept(dout, x, weight, dweight, dbias, stride, pad, need_dx, cols):
-    """conv2d_backward reading the columns conv2d_forward_keep left in cols."""
+    """conv2d_backward reading the columns conv2d_forward_keep left in cols. It uses
+    cols up: with need_dx they are overwritten by the input gradient's columns (a
+    second buffer of their size would double the largest allocation of a step)."""
     if cols.size == 0:
         return conv2d_backward(dout, x, weight, dweight, dbias, stride, pad, need_dx)
     return _gemm_backward(dout, x, weight, dweight, dbias, stride, pad, need_dx, cols, True)
@@ -211,7 +249,7 @@ def _gemm_backward(dout, x, weight, dweight, dbias, stride, pad, need_dx, cols, 
     ow = dout.shape[3]
     p = oh * ow
     rows = c * kh * kw
-    s = chunk_size(n, rows, p)
+    s = kept_chunk(n, rows, p) if kept else chunk_size(n, rows, p)
     col_buf = np.empty(0 if kept else rows * s * p, dtype=x.dtype)
     dy_buf = np.empty(o * s * p, dtype=x.dtype)
     dw_acc = np.zeros((o, rows), dtype=np.float64) if n > s else np.zeros((0, 0), dtype=np.float64)
@@ -223,7 +261,7 @@ def _gemm_backward(dout, x, weight, dweight, dbias, stride, pad, need_dx, cols, 
     bias_grad(dflat, dbias)
     if need_dx:
         dx = np.zeros((n, c, h, w), dtype=x.dtype)
-        dcol_buf = np.empty(rows * s * p, dtype=x.dtype)
+        dcol_buf = np.empty(0 if kept else rows * s * p, dtype=x.dtype)
     else:
         dx = np.empty((0, 0, 0, 0), dtype=x.dtype)
         dcol_buf = np.empty(0, dtype=x.dtype)
@@ -247,7 +285,8 @@ def _gemm_backward(dout, x, weight, dweight, dbias, stride, pad, need_dx, cols, 
         else:
             np.dot(dy, col.T, dwm)  # one chunk: straight into the gradient view
         if need_dx:
-            dcol = dcol_buf[:rows * m].reshape(rows, m)
+            # kept: the chunk's own columns, which the weight gradient has read
+            dcol = col if kept else dcol_buf[:rows * m].reshape(rows, m)
             np.dot(wmt, dy, dcol)
             col2im(dcol, n0, n1, kh, kw, stride, pad, dx)
     if n > s:
@@ -278,7 +317,8 @@ def conv2d_pool_forward(x, weight, bias, stride, pad, k, s, relu, cols):
 def conv2d_pool_backward(dout, out, arg, conv_shape, x, weight, dweight, dbias, stride, pad, relu,
                          need_dx, cols):
     """Backward of conv2d_pool_forward (dout: the gradient of its output `out`):
-    overwrite dweight and dbias, return dx or an empty array."""
+    overwrite dweight and dbias, return dx or an empty array. Uses cols up, as
+    conv2d_backward_kept does."""
     if relu:
         g = np.empty_like(dout)
         gf, df, of = g.reshape(-1), dout.reshape(-1), out.reshape(-1)
