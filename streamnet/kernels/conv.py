@@ -11,9 +11,10 @@ conv2d_forward_keep leaves a training forward's columns for the backward pass.
 Column layout: row (c, i, j), column (sample in chunk, oh, ow).
 Weight layout is PyTorch's: (out, in, kh, kw).
 
-Two kinds of small layer take their own paths: one input channel, stride 1
-(LeNet-5's conv1) is direct (conv_wide.py); stride 1 with few column rows
-(LeNet-5's conv2) runs over batch-minor blocks (conv_minor.py).
+Three kinds of layer take their own paths: one input channel, stride 1 (LeNet-5's
+conv1) is direct (conv_wide.py); stride 1 with few column rows (LeNet-5's conv2)
+runs over batch-minor blocks (conv_minor.py); any other 3x3, stride 1 (AlexNet's
+conv3-5) is Winograd F(2x2, 3x3) (conv_winograd.py).
 """
 import numpy as np
 
@@ -21,6 +22,7 @@ from ._jit import jit
 from .bias import bias_grad
 from .conv_minor import minor_backward, minor_forward, use_minor
 from .conv_wide import use_wide, wide_backward, wide_forward
+from .conv_winograd import use_winograd, winograd_backward, winograd_forward, winograd_size
 from .pool import maxpool_backward, maxpool_forward
 
 COL_BUDGET = 1 << 16  # floats in one chunk's column matrix (256 KiB: stays in L2)
@@ -148,6 +150,8 @@ def conv2d_forward(x, weight, bias, stride, pad):
     kh, kw = weight.shape[2], weight.shape[3]
     if use_minor(c, kh, kw, stride):  # few column rows: batch-minor blocks, see conv_minor.py
         return minor_forward(x, weight, bias, pad)
+    if use_winograd(kh, kw, stride, pad):  # 3x3, stride 1: see conv_winograd.py
+        return winograd_forward(x, weight, bias, pad, np.empty(0, dtype=x.dtype))
     rows = c * kh * kw
     p = conv_out_size(h, kh, stride, pad) * conv_out_size(w, kw, stride, pad)
     col_buf = np.empty(rows * chunk_size(n, rows, p) * p, dtype=x.dtype)  # one chunk, reused
@@ -156,12 +160,15 @@ def conv2d_forward(x, weight, bias, stride, pad):
 
 @jit
 def columns_size(x_shape, w_shape, stride, pad):
-    """Floats of the column matrix conv2d_forward_keep leaves for the backward pass:
-    0 for layers on the direct or batch-minor paths, which rebuild columns cheaply."""
+    """Floats of the column matrix conv2d_forward_keep leaves for the backward pass
+    (on the Winograd path, its transformed input): 0 for layers on the direct or
+    batch-minor paths, which rebuild columns cheaply."""
     n, c, h, w = x_shape
     o, _, kh, kw = w_shape
     if use_wide(c, stride) or use_minor(c, kh, kw, stride):
         return 0
+    if use_winograd(kh, kw, stride, pad):
+        return winograd_size(x_shape, o, pad)
     return c * kh * kw * n * conv_out_size(h, kh, stride, pad) * conv_out_size(w, kw, stride, pad)
 
 
@@ -183,6 +190,8 @@ def conv2d_forward_keep(x, weight, bias, stride, pad, cols):
     against 5.6 and 5.6, its 64 x 32768 output going through memory twice."""
     if cols.size == 0:
         return conv2d_forward(x, weight, bias, stride, pad)
+    if use_winograd(weight.shape[2], weight.shape[3], stride, pad):
+        return winograd_forward(x, weight, bias, pad, cols)  # cols: its transformed input
     return _gemm_forward(x, weight, bias, stride, pad, cols, True)
 
 
@@ -227,6 +236,8 @@ def conv2d_backward(dout, x, weight, dweight, dbias, stride, pad, need_dx):
         return wide_backward(dout, x, weight, dweight, dbias, pad, need_dx)
     if use_minor(c, weight.shape[2], weight.shape[3], stride):
         return minor_backward(dout, x, weight, dweight, dbias, pad, need_dx)
+    if use_winograd(weight.shape[2], weight.shape[3], stride, pad):
+        return winograd_backward(dout, x, weight, dweight, dbias, pad, need_dx, np.empty(0, dtype=x.dtype), False)
     return _gemm_backward(dout, x, weight, dweight, dbias, stride, pad, need_dx,
                           np.empty(0, dtype=x.dtype), False)
 
@@ -238,6 +249,8 @@ def conv2d_backward_kept(dout, x, weight, dweight, dbias, stride, pad, need_dx, 
     second buffer of their size would double the largest allocation of a step)."""
     if cols.size == 0:
         return conv2d_backward(dout, x, weight, dweight, dbias, stride, pad, need_dx)
+    if use_winograd(weight.shape[2], weight.shape[3], stride, pad):
+        return winograd_backward(dout, x, weight, dweight, dbias, pad, need_dx, cols, True)
     return _gemm_backward(dout, x, weight, dweight, dbias, stride, pad, need_dx, cols, True)
 
 
