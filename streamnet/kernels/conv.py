@@ -78,11 +78,10 @@ def im2col(x, n0, n1, kh, kw, stride, pad, col):
     1.12 -> 0.71. (Hoisting the bounds out per tap instead was slower than the
     bounds test: AlexNet-64 conv2 13.2 -> 17.4 ms.)
     """
-    c = x.shape[1]
+    c, h, w = x.shape[1], x.shape[2], x.shape[3]
     xp = _padded(x, n0, n1, pad)
-    hp, wp = xp.shape[2], xp.shape[3]
-    oh = (hp - kh) // stride + 1
-    ow = (wp - kw) // stride + 1
+    oh = conv_out_size(h, kh, stride, pad)
+    ow = conv_out_size(w, kw, stride, pad)
     p = oh * ow
     for ci in range(c):
         for i in range(kh):
@@ -112,11 +111,10 @@ def col2im(col, n0, n1, kh, kw, stride, pad, dx):
     5.5, conv5 9.8 -> 3.7 (conv1, stride 2: 0.67 -> 0.76).
     """
     c, h, w = dx.shape[1], dx.shape[2], dx.shape[3]
-    hp, wp = h + 2 * pad, w + 2 * pad
-    oh = (hp - kh) // stride + 1
-    ow = (wp - kw) // stride + 1
+    oh = conv_out_size(h, kh, stride, pad)
+    ow = conv_out_size(w, kw, stride, pad)
     p = oh * ow
-    dxp = np.zeros((n1 - n0, c, hp, wp), dtype=dx.dtype)
+    dxp = np.zeros((n1 - n0, c, h + 2 * pad, w + 2 * pad), dtype=dx.dtype)
     for ci in range(c):
         for i in range(kh):
             for j in range(kw):
