@@ -182,7 +182,9 @@ def conv2d_forward_keep(x, weight, bias, stride, pad, cols):
     its columns go to memory anyway, and the backward's weight gradient is then one
     GEMM over all n*oh*ow columns instead of one per narrow chunk summed in float64
     (AlexNet-64 batch 32, one core: conv3 37.8 -> 31.1 ms, conv4 51.1 -> 43.0, conv2
-    74.8 -> 61.4), while the forward's one GEMM runs as fast as its chunks did
+    74.8 -> 61.4; BLAS then sums all columns in float32, where the chunks' sums were
+    added in float64: kept and rebuilt columns differ by that rounding), while the
+    forward's one GEMM runs as fast as its chunks did
     (conv3 28.5 against 28.8 ms). Wide chunks stay: AlexNet-64's conv1 (25 rows,
     2048 columns a chunk) as one chunk took 16.2 ms forward and 17.5 backward
     against 5.6 and 5.6, its 64 x 32768 output going through memory twice."""

@@ -142,6 +142,7 @@ def _gradients(dout, th, tw, g):
     past the output's edge)."""
     n, o, oh, ow = dout.shape
     t = th * tw
+    zero = np.zeros(1, dtype=dout.dtype)[0]  # not 0.0: a float64 literal would make the sums float64
     for ni in range(n):
         for oi in range(o):
             for ty in range(th):
@@ -149,9 +150,9 @@ def _gradients(dout, th, tw, g):
                 for tx in range(tw):
                     x0 = 2 * tx
                     a = dout[ni, oi, y0, x0]
-                    b = dout[ni, oi, y0, x0 + 1] if x0 + 1 < ow else 0.0
-                    c = dout[ni, oi, y0 + 1, x0] if y0 + 1 < oh else 0.0
-                    d = dout[ni, oi, y0 + 1, x0 + 1] if y0 + 1 < oh and x0 + 1 < ow else 0.0
+                    b = dout[ni, oi, y0, x0 + 1] if x0 + 1 < ow else zero
+                    c = dout[ni, oi, y0 + 1, x0] if y0 + 1 < oh else zero
+                    d = dout[ni, oi, y0 + 1, x0 + 1] if y0 + 1 < oh and x0 + 1 < ow else zero
                     q = ni * t + ty * tw + tx
                     # A dy has rows (a, b), (a+c, b+d), (a-c, b-d), (-c, -d); A^T takes
                     # each row (p, r) to (p, p+r, p-r, -r)

@@ -22,9 +22,10 @@ def _three(x, w, b, stride, pad, k, s, relu):
 
 
 # (c, size, kernel, stride, pad, pool k, pool s): LeNet-5's conv2 (batch-minor), an
-# im2col layer with a 3/2 overlapping pool (AlexNet-224's), a strided one, no ReLU
+# im2col layer with a 3/2 overlapping pool (AlexNet-224's), a strided one, no ReLU, and
+# a Winograd layer (AlexNet's conv5: 3x3, stride 1, many channels)
 CASES = [(6, 14, 5, 1, 0, 2, 2, True), (3, 11, 3, 1, 1, 3, 2, True), (2, 12, 5, 2, 2, 2, 2, True),
-         (4, 9, 3, 1, 0, 2, 2, False)]
+         (4, 9, 3, 1, 0, 2, 2, False), (30, 8, 3, 1, 1, 2, 2, True)]
 
 
 @pytest.mark.parametrize("c,size,kern,stride,pad,k,s,relu", CASES)
