@@ -190,8 +190,9 @@ def winograd_forward(x, weight, bias, pad, work):
     """out (N, O, OH, OW) = conv(x, weight (O, C, 3, 3), stride 1, pad) + bias; work:
     winograd_size floats, in which V stays for winograd_backward (or an empty array:
     a workspace of its own, for a forward with no backward pass)."""
-    if work.size == 0:
-        work = np.empty(winograd_size(x.shape, weight.shape[0], pad), dtype=x.dtype)
+    if work.size == 0:  # room for V alone: no backward pass will use it
+        th, tw = _tiles(x.shape[2], x.shape[3], pad)
+        work = np.empty(16 * x.shape[0] * th * tw * x.shape[1], dtype=x.dtype)
     return _convolve(x, _weights(weight, False), False, bias, pad, work)
 
 
