@@ -11,8 +11,8 @@ from streamnet.training import DataConfig, lenet5_mixbp
 from streamnet.training.nsmap import build_topology
 from streamnet.training.summary_from_results import summarise
 
-from streamnet.testing import (SESSION_TIMEOUT, Relay, ZooKeeper, cluster_in_mode, finish, placement, running_cluster, stale_dropped,
-                               worker_sessions, zookeeper_installed)
+from streamnet.testing import (SESSION_TIMEOUT, Relay, ZooKeeper, cluster_in_mode, finish, placement, running_cluster,
+                               stale_dropped, worker_sessions, zookeeper_installed)
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 # each trains LeNet-5 on 12,000 samples x 3 epochs through a fault: minutes in all
