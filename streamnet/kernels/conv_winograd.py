@@ -48,15 +48,20 @@ def _tiles(h, w, pad):
 
 
 @jit
-def winograd_size(x_shape, o, pad):
-    """Floats of the workspace a training forward leaves V in for the backward pass,
-    which then transforms the output gradient into it for the input gradient: room
-    for either."""
+def _v_size(x_shape, pad):
+    """Floats of V, the transformed input of a convolution of an x of x_shape."""
     n, c, h, w = x_shape
     th, tw = _tiles(h, w, pad)
-    oh, ow = h + 2 * pad - 2, w + 2 * pad - 2
-    gh, gw = _tiles(oh, ow, 2 - pad)
-    return 16 * n * max(th * tw * c, gh * gw * o)
+    return 16 * n * th * tw * c
+
+
+@jit
+def winograd_size(x_shape, o, pad):
+    """Floats of the workspace a training forward leaves V in for the backward pass,
+    which then transforms the output gradient into it for the input gradient (a
+    convolution of the output gradient, padded by 2 - pad): room for either."""
+    n, c, h, w = x_shape
+    return max(_v_size(x_shape, pad), _v_size((n, o, h + 2 * pad - 2, w + 2 * pad - 2), 2 - pad))
 
 
 @jit
@@ -191,8 +196,7 @@ def winograd_forward(x, weight, bias, pad, work):
     winograd_size floats, in which V stays for winograd_backward (or an empty array:
     a workspace of its own, for a forward with no backward pass)."""
     if work.size == 0:  # room for V alone: no backward pass will use it
-        th, tw = _tiles(x.shape[2], x.shape[3], pad)
-        work = np.empty(16 * x.shape[0] * th * tw * x.shape[1], dtype=x.dtype)
+        work = np.empty(_v_size(x.shape, pad), dtype=x.dtype)
     return _convolve(x, _weights(weight, False), False, bias, pad, work)
 
 
