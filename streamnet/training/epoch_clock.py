@@ -24,6 +24,18 @@ class EpochClock:
         span = replace(self.spans[epoch], samples=self.spans[epoch].samples + samples)
         self.spans[epoch] = replace(span, end=time.time()) if ends else span
 
+    def unrecord(self, epoch: int, samples: int) -> None:
+        """Take back the latest record of `epoch` (a combine that is uncounted): its
+        samples, and the end if it ended the epoch; a span left empty goes, so that the
+        round counted again starts it anew."""
+        span = self.spans.get(epoch)
+        if span is None:
+            return
+        if span.samples <= samples:
+            del self.spans[epoch]
+        else:
+            self.spans[epoch] = replace(span, samples=span.samples - samples, end=None)
+
     def to_state(self) -> dict:
         return {str(e): s.to_dict() for e, s in self.spans.items()}
 

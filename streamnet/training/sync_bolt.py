@@ -25,6 +25,7 @@ of a round it already combined by sending the current parameters again
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 
@@ -83,6 +84,7 @@ class SyncBolt(SyncRecovery, Bolt):
         self.round_started: float | None = None     # when this task sent the last round's parameters
         self.t0 = time.perf_counter()
         self._published = 0.0
+        self._ahead: tuple | None = None     # (the round it counts, the save) of _save_ahead, in flight or done
         self.prepare_recovery()
         if self.config.get("resume") and not ctx.restarting:
             # a task started again (its worker died) continues from the coordinator and the
@@ -152,13 +154,20 @@ class SyncBolt(SyncRecovery, Bolt):
         if self.stragglers is not None:
             self.stragglers.judge(self.round_started, [a for a in map(self._arrival, tuples) if a is not None])
         step, (epoch, rnd) = tuples[0]["step"], key
-        # Count the round and save the counters - the save is also the fencing check: a
+        # Count the round, and save the counters - the save is also the fencing check: a
         # superseded task's fails - while the compute pool combines (the event loop stays
-        # free meanwhile). Nothing of the round leaves before both are done: what a bolt
-        # emits waits in its executor until execute returns.
-        self.counts.count_round(self.plans, step, epoch, rnd, sum(c.samples for c in contributions),
-                                self.plans.worked(epoch, rnd, [t["unit"] for t in tuples]))
-        saving = asyncio.ensure_future(self._save(self.counts.saved()))
+        # free meanwhile), unless they were saved ahead as the round was computed (a round
+        # as planned: _save_ahead). Nothing of the round leaves before both are done: what
+        # a bolt emits waits in its executor until execute returns.
+        worked = self.plans.worked(epoch, rnd, [t["unit"] for t in tuples])
+        self.counts.count_round(self.plans, step, epoch, rnd, sum(c.samples for c in contributions), worked)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == (step, epoch, rnd, sum(c.samples for c in contributions), worked):
+            saving = ahead[1]       # saved as this round's count while the units computed it
+        else:
+            if ahead is not None and not ahead[1].done():   # one save at a time
+                await asyncio.wait([ahead[1]])
+            saving = asyncio.ensure_future(self._save(self.counts.saved()))
         try:
             params = await self.ctx.compute(self.agg.combine, contributions, tuples[0]["lr_scale"], step)
         except BaseException:
@@ -170,6 +179,28 @@ class SyncBolt(SyncRecovery, Bolt):
         self.save_wait_s += time.perf_counter() - combined
         del self.pending[key]
         self._combined(key, step, tuples, contributions, params, flagged)
+        self._save_ahead(epoch, rnd)
+
+    def _save_ahead(self, epoch: int, rnd: int) -> None:
+        """Start saving the counters as they will be once the next round is combined, as
+        that round's units start computing it: its samples and units follow from the
+        epoch plan (under load balancing too: shares cut a round, not its total), so
+        when it comes as planned its save has landed and its parameters go out at once.
+        A successor that restores these counters finds them a round ahead of the
+        replicas and uncounts that round (sync_recovery `_undone`). The in-memory
+        counters do not move: replays are judged by them. Not for step 1: a successor
+        cannot uncount down to step 0 (replicas started anew hold step 0's parameters
+        too), so counters saved two ahead of step 0 would count a round never computed."""
+        e, r = (epoch, rnd + 1) if rnd + 1 < self.plans.rounds(epoch) else (epoch + 1, 0)
+        if e >= self.cfg.epochs or self.counts.next_step < 2:
+            return
+        worked = self.plans.worked(e, r, sorted(self.plans.expected(e, r)))
+        samples = sum(len(b) for u in worked for b in self.plans.plan(e)[u][r])
+        ahead = copy.deepcopy(self.counts)
+        ahead.count_round(self.plans, self.counts.next_step, e, r, samples, worked)
+        saving = asyncio.ensure_future(self._save(ahead.saved()))
+        saving.add_done_callback(lambda f: f.cancelled() or f.exception())   # raised where awaited, if ever
+        self._ahead = ((self.counts.next_step, e, r, samples, worked), saving)
 
     def _combined(self, key, step: int, tuples: list, contributions: list, params, flagged: bool) -> None:
         """The round is counted and saved: send the new parameters (and an epoch end's

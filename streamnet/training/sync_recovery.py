@@ -133,19 +133,31 @@ class SyncRecovery:
 
     async def tick(self):
         if self.adoption is not None and time.monotonic() - self.adoption.since > self.ADOPT_WAIT_S:
-            if self.adoption.replies and self._lost_by(self.adoption.newest()[0]) == 0:
-                await self._adopt()   # some replica died with the old sync bolt: go on with the others
+            newest = self.adoption.newest()[0] if self.adoption.replies else None
+            # some replica died with the old sync bolt: go on with the others - unless that
+            # would uncount rounds: a unit that never heard this instance's request (it died,
+            # or the request was lost) could still take those rounds from the instance this
+            # one superseded, which may send one a round after saving its count (sync_bolt
+            # `_save_ahead`); its new instance, or the request made again, answers
+            if newest is not None and self._lost_by(newest) == 0 and not self._undone(newest):
+                await self._adopt()
             else:
                 self._request_replicas()   # none, or only older ones: a replica that holds them may yet answer
 
-    def _undone(self, step: int) -> bool:
-        """Whether the newest replica's `step` says that the old sync bolt saved its last
-        combine but died before sending it. Not at step 0: a replica started anew holds
-        the seeded parameters of step 0 too, so there the replicas cannot tell whether
-        that first combine reached them (if it did, going back would leave every unit
-        waiting for a step the spout has passed; if not, its update is lost - logged)."""
-        last = self.counts.last_round
-        return step > 0 and self.counts.next_step == step + 1 and last is not None and last.step == step
+    def _undone(self, step: int) -> int:
+        """How many of the last combines the newest replica's `step` says were counted
+        and saved but never delivered (0, 1 or 2): the old sync task died after saving
+        them and before their parameters reached any unit - or, for the round after the
+        one it sent, before that round even came (it saves that round's count ahead,
+        sync_bolt.py). Not down to step 0: a replica started anew holds the seeded
+        parameters of step 0 too, so there the replicas cannot tell whether that first
+        combine reached them (if it did, going back would leave every unit waiting for a
+        step the spout has passed; if not, its update is lost - logged)."""
+        n = self.counts.next_step - step
+        recent = self.counts.recent
+        if step <= 0 or not 0 < n <= len(recent):
+            return 0
+        return n if [r.step for r in recent[-n:]] == list(range(step, step + n)) else 0
 
     def _lost_by(self, step: int) -> int:
         """The combined steps whose updates adopting the parameters of `step` loses."""
@@ -156,9 +168,12 @@ class SyncRecovery:
         log.warning("sync task of slice %d adopts the parameters of step %d from %d replica(s); outer momentum "
                     "restarts", self.slice, step, len(self.adoption.replies))
         self.agg = Aggregator(params, self.agg.plan)
-        if self._undone(step):
-            self.counts.undo_last_round()
-            log.warning("step %d was combined but never delivered; it will be combined again", step)
+        undone = self._undone(step)
+        if undone:
+            for _ in range(undone):
+                self.counts.undo_last_round()
+            log.warning("step(s) %d-%d counted but never delivered; they will be combined again", step,
+                        step + undone - 1)
         elif step < self.counts.next_step:
             # every replica that held newer parameters started anew (all units moved with the
             # sync task at once), and every one has answered: the data spout is past those

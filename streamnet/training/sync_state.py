@@ -20,9 +20,11 @@ from .epoch_clock import EpochClock
 from .ledger import SampleLedger
 from .schedule import EpochPlans
 
+RECENT = 2      # combines kept to undo (see SyncState.recent)
+
 
 class LastRound(NamedTuple):
-    """The last combine: to undo its count if it was never delivered. Saved as a list."""
+    """A recent combine: to undo its count if it was never delivered. Saved as a list."""
     step: int
     epoch: int      # 1-based
     samples: int
@@ -43,7 +45,10 @@ class SyncState:
     started: float = field(default_factory=time.time)
     clock: EpochClock | None = None   # made in __post_init__ from `started`
     ledger: SampleLedger | None = None
-    last_round: LastRound | None = None
+    # the last RECENT combines, newest last: a sync task saves the counts of the round after
+    # the one it sent before that round comes (sync_bolt.py), so the counters a successor
+    # restores may be two rounds ahead of every replica
+    recent: list = field(default_factory=list)
     samples_before: int = 0           # counted before the checkpoint this run resumed from
     resumed_from: int | None = None   # that checkpoint's step
 
@@ -59,20 +64,27 @@ class SyncState:
         self.rounds += 1
         self.samples += samples
         self.epoch_samples[epoch + 1] += samples
-        for done in [e for e in self.ledger.open if e < epoch + 1]:
-            self.ledger.close(done, plans.plan(done - 1))   # a later epoch began: it can no longer change
         self.ledger.record(epoch + 1, rnd, worked, plans.rounds(epoch))
-        self.last_round = LastRound(step, epoch + 1, samples, rnd, worked)
+        self.recent = self.recent[-(RECENT - 1):] + [LastRound(step, epoch + 1, samples, rnd, worked)]
+        # an epoch can no longer change once a later one began and none of its rounds is
+        # recent any more (an undo must find it open)
+        for done in [e for e in self.ledger.open if e < self.recent[0].epoch]:
+            self.ledger.close(done, plans.plan(done - 1))
         self.clock.record(epoch + 1, samples, plans.epoch_end(epoch, rnd))
+
+    @property
+    def last_round(self) -> LastRound | None:
+        return self.recent[-1] if self.recent else None
 
     def undo_last_round(self) -> None:
         """The last combine was counted but never delivered (its sync task died, or the
         combine failed): uncount it, so that its step is the next to combine again."""
-        last = self.last_round
+        last = self.recent.pop()
         self.ledger.record(last.epoch, last.round, last.units, 0, delta=-1)
         self.epoch_samples[last.epoch] -= last.samples
         self.samples -= last.samples
         self.rounds -= 1
+        self.clock.unrecord(last.epoch, last.samples)
         self.next_step = last.step
 
     # -- in the coordinator ----------------------------------------------------
@@ -82,6 +94,7 @@ class SyncState:
                 "rounds": self.rounds, "samples": self.samples, "duplicates": self.duplicates,
                 "recoveries": self.recoveries, "lost_steps": self.lost_steps, "started": self.started,
                 "last_round": list(self.last_round) if self.last_round else None,
+                "recent_rounds": [list(r) for r in self.recent],
                 "ledger": self.ledger.to_state(), "epoch_clock": self.clock.to_state(),
                 "samples_before": self.samples_before, "resumed_from": self.resumed_from}
 
@@ -96,7 +109,8 @@ class SyncState:
         self.started = state["started"]
         self.clock = EpochClock.from_state(self.started, state.get("epoch_clock"))
         last = state.get("last_round")
-        self.last_round = LastRound(*last) if last else None
+        recent = state.get("recent_rounds")       # absent in states of older versions: the last alone
+        self.recent = [LastRound(*r) for r in recent] if recent is not None else [LastRound(*last)] if last else []
         self.samples_before, self.resumed_from = state.get("samples_before", 0), state.get("resumed_from")
 
     # -- in a checkpoint -------------------------------------------------------

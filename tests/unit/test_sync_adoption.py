@@ -94,3 +94,28 @@ def test_a_replica_is_the_parameters_of_its_step_not_the_units_own_steps_since()
     replica = dict(zip(REPLICA, values))
     assert stream == "replica" and replica["step"] == 0
     np.testing.assert_array_equal(replica["params"], seeded)
+
+
+def test_rounds_to_uncount_wait_for_every_replica_not_the_timeout(monkeypatch):
+    # the counters are a round ahead of the replicas that answered; the one that did not
+    # could yet take that round from the superseded instance: ask again, do not uncount
+    bolt, out = _prepared(SyncBolt, "sync", 0)
+    for step in (2, 3):
+        bolt.counts.count_round(bolt.plans, step, 0, step, 8, [0, 1])
+    bolt._request_replicas()
+    _replica(bolt, 1, 3)
+    monkeypatch.setattr(bolt, "ADOPT_WAIT_S", 0.0)
+    asyncio.run(bolt.tick())
+    assert bolt.adoption is not None and out.emitted[-1][0] == "state_request"     # asked again
+    assert bolt.counts.next_step == 4
+    _replica(bolt, 1, 3)
+    _replica(bolt, 2, 3)                       # every replica answered: step 3 was never delivered
+    assert bolt.adoption is None and bolt.counts.next_step == 3 and _last_params(out)["step"] == 3
+    # with nothing to uncount, the timeout goes on without the replica that died
+    bolt, out = _prepared(SyncBolt, "sync", 0)
+    bolt.counts.count_round(bolt.plans, 2, 0, 2, 8, [0, 1])
+    bolt._request_replicas()
+    _replica(bolt, 1, 3)
+    monkeypatch.setattr(bolt, "ADOPT_WAIT_S", 0.0)
+    asyncio.run(bolt.tick())
+    assert bolt.adoption is None and bolt.counts.next_step == 3 and _last_params(out)["step"] == 3

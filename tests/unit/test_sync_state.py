@@ -20,7 +20,9 @@ def test_a_round_is_counted_in_the_ledger_the_clock_and_the_totals():
     assert s.clock.spans[1].start == 50.0 and s.clock.spans[1].end is None
     s.count_round(plans, step=1, epoch=0, rnd=1, samples=8, worked=[0, 1])
     assert s.clock.spans[1].end is not None and s.clock.spans[1].samples == 16
-    s.count_round(plans, step=2, epoch=1, rnd=0, samples=8, worked=[0, 1])   # epoch 1 closes, clean
+    s.count_round(plans, step=2, epoch=1, rnd=0, samples=8, worked=[0, 1])
+    assert 1 in s.ledger.open               # its last round is one of the recent ones, which may be undone
+    s.count_round(plans, step=3, epoch=1, rnd=1, samples=8, worked=[0, 1])   # epoch 1 closes, clean
     assert s.ledger.clean(1) and 1 not in s.ledger.open
     assert s.clock.spans[2].start == s.clock.spans[1].end
 
@@ -32,8 +34,13 @@ def test_undoing_the_last_round_uncounts_it():
     assert (s.rounds, s.samples, s.epoch_samples[1]) == (0, 0, 0)
     s.count_round(plans, step=0, epoch=0, rnd=0, samples=8, worked=[0, 1])
     s.count_round(plans, step=1, epoch=0, rnd=1, samples=8, worked=[0, 1])
+    assert s.clock.spans[1].samples == 16 and s.clock.spans[1].end is not None
+    s.undo_last_round()                  # the epoch's last round: the clock takes its end back with it
+    assert s.clock.spans[1].samples == 8 and s.clock.spans[1].end is None
+    s.count_round(plans, step=1, epoch=0, rnd=1, samples=8, worked=[0, 1])
     s.ledger.close(1, plans.plan(0))
     assert s.ledger.clean(1)             # counted once in the end, not twice
+    assert s.clock.spans[1].samples == 16 and s.clock.spans[1].end is not None
 
 
 def test_the_coordinator_layout_round_trips_and_a_restore_is_a_recovery():
@@ -42,9 +49,10 @@ def test_the_coordinator_layout_round_trips_and_a_restore_is_a_recovery():
     s.duplicates, s.lost_steps = 2, 3
     saved = s.saved()
     assert set(saved) == {"next_step", "epoch_samples", "rounds", "samples", "duplicates", "recoveries",
-                          "lost_steps", "started", "last_round", "ledger", "epoch_clock", "samples_before",
-                          "resumed_from"}
+                          "lost_steps", "started", "last_round", "recent_rounds", "ledger", "epoch_clock",
+                          "samples_before", "resumed_from"}
     assert saved["epoch_samples"] == {"1": 8} and saved["last_round"] == [0, 1, 8, 0, [0, 1]]
+    assert saved["recent_rounds"] == [[0, 1, 8, 0, [0, 1]]]
     assert saved["epoch_clock"] == {"1": {"from": 50.0, "samples": 8}}
     t = SyncState(units=2)
     t.restore(saved)
