@@ -85,6 +85,7 @@ class SyncBolt(SyncRecovery, Bolt):
         self.t0 = time.perf_counter()
         self._published = 0.0
         self._ahead: tuple | None = None     # (the round it counts, the save) of _save_ahead, in flight or done
+        self._fenced: FencedError | None = None   # an ahead save found another instance owns the task
         self.prepare_recovery()
         if self.config.get("resume") and not ctx.restarting:
             # a task started again (its worker died) continues from the coordinator and the
@@ -92,12 +93,17 @@ class SyncBolt(SyncRecovery, Bolt):
             self.resume(self.config["resume"])
 
     async def execute(self, tup):
+        self._check_fenced()
         if tup.stream == "replica":
             await self._replica(tup)
         elif tup.stream == "resync":
             self._resync(tup)
         else:
             await self._contribution(tup)
+
+    async def tick(self):
+        self._check_fenced()
+        await super().tick()
 
     async def _contribution(self, tup):
         self._maybe_new(tup)
@@ -199,8 +205,21 @@ class SyncBolt(SyncRecovery, Bolt):
         ahead = copy.deepcopy(self.counts)
         ahead.count_round(self.plans, self.counts.next_step, e, r, samples, worked)
         saving = asyncio.ensure_future(self._save(ahead.saved()))
-        saving.add_done_callback(lambda f: f.cancelled() or f.exception())   # raised where awaited, if ever
+        saving.add_done_callback(self._ahead_saved)
         self._ahead = ((self.counts.next_step, e, r, samples, worked), saving)
+
+    def _ahead_saved(self, saving) -> None:
+        """A fenced ahead save means another instance took this task over: this one
+        stops at its next tuple or tick (`_check_fenced`), not only if it combines again,
+        so it answers no replay and sends nothing more. Other errors are raised where
+        the save is awaited, if it ever is."""
+        error = None if saving.cancelled() else saving.exception()
+        if isinstance(error, FencedError):
+            self._fenced = error
+
+    def _check_fenced(self) -> None:
+        if self._fenced is not None:
+            raise self._fenced
 
     def _combined(self, key, step: int, tuples: list, contributions: list, params, flagged: bool) -> None:
         """The round is counted and saved: send the new parameters (and an epoch end's

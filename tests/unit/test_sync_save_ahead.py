@@ -185,3 +185,42 @@ def test_what_the_sync_task_sends_carries_its_generation():
     assert _last_params(out)["generation"] == 7
     bolt._request_replicas()
     assert dict(zip(STATE_REQUEST, out.emitted[-1][1]))["generation"] == 7
+
+
+@pytest.mark.parametrize("next_call", ["tuple", "tick"])
+def test_a_fenced_ahead_save_stops_the_instance_at_its_next_tuple_or_tick(next_call):
+    """A superseded instance whose round r went out on a save that landed before its
+    successor took over learns of it from round r + 1's ahead save: from then on it
+    answers nothing (no replay, no replica request), not only if it combines again."""
+    saves = HeldSaves()
+    bolt, out, _ = _sync(saves)
+
+    async def go():
+        await saves.rounds_0_and_1(bolt)
+        saves.landing[2].set_exception(FencedError("another instance took the task over"))
+        await asyncio.wait([bolt._ahead[1]])
+        await asyncio.sleep(0)                     # its done callback
+        sent = len(out.emitted)
+        with pytest.raises(FencedError):
+            if next_call == "tick":
+                await bolt.tick()
+            else:       # a replay of round 0, which an unfenced instance answers with its parameters
+                await _round(bolt, 0)
+        assert len(out.emitted) == sent
+    asyncio.run(go())
+
+
+def test_an_ahead_save_that_lands_leaves_the_instance_running():
+    saves = HeldSaves()
+    bolt, out, _ = _sync(saves)
+
+    async def go():
+        await saves.rounds_0_and_1(bolt)
+        saves.landing[2].set_result(None)
+        await asyncio.wait([bolt._ahead[1]])
+        await asyncio.sleep(0)
+        await bolt.tick()
+        sent = len(out.emitted)
+        await _round(bolt, 0)                      # a replay: answered with the current parameters
+        assert len(out.emitted) > sent
+    asyncio.run(go())
