@@ -45,6 +45,12 @@ class SampleLedger:
         if missed or doubled:
             self.faults[epoch] = {"missed": missed, "doubled": doubled}
 
+    def copy(self) -> "SampleLedger":
+        c = SampleLedger(self.units)
+        c.open = {e: bytearray(counts) for e, counts in self.open.items()}
+        c.faults = dict(self.faults)        # an epoch's faults are set once, never changed
+        return c
+
     def clean(self, epoch: int) -> bool:
         return epoch not in self.faults
 

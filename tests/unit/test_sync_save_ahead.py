@@ -13,7 +13,7 @@ from streamnet.training import AlgorithmConfig, RunConfig
 from streamnet.training.config import run_config_to_dict
 from streamnet.training.schedule import EpochPlans, UnitSchedule
 from streamnet.training.streams import CONTRIBUTION, OK, STATE_REQUEST, row
-from streamnet.training.sync_bolt import SyncBolt
+from streamnet.training.sync_bolt import AHEAD_YIELDS, SyncBolt
 from streamnet.training.sync_state import SyncState
 from tests.unit.test_security_inputs import CFG, P, TASKS, Recorder, _compute
 from tests.unit.test_sync_adoption import _last_params, _replica
@@ -38,6 +38,12 @@ async def _round(bolt, step, samples=4):
         await bolt.execute(Tuple(values, list(CONTRIBUTION), "default", "compute", 1 + unit, {}))
 
 
+async def _passes():
+    """Enough passes of the event loop for a save ahead to start (sync_bolt AHEAD_YIELDS)."""
+    for _ in range(AHEAD_YIELDS + 2):
+        await asyncio.sleep(0)
+
+
 def _counted(state):
     return {k: state[k] for k in ("next_step", "rounds", "samples", "epoch_samples", "recent_rounds", "ledger")}
 
@@ -47,14 +53,14 @@ def test_a_round_that_comes_as_planned_goes_out_on_the_save_made_while_it_was_co
 
     async def go():
         await _round(bolt, 0)
-        await asyncio.sleep(0)
+        await _passes()
         assert [s["next_step"] for s in saves] == [1]        # nothing saved ahead of step 1 (see _save_ahead)
         await _round(bolt, 1)
         # the round's own save, then the next round's, made before the next round came
-        await asyncio.sleep(0)
+        await _passes()
         assert [s["next_step"] for s in saves] == [1, 2, 3] and _last_params(out)["step"] == 2
         await _round(bolt, 2)
-        await asyncio.sleep(0)
+        await _passes()
     asyncio.run(go())
     assert [s["next_step"] for s in saves] == [1, 2, 3, 4]       # no save of its own: round 2 went out on #3
     assert _counted(saves[2]) == _counted(bolt.counts.saved())   # and #3 is what counting it gave
@@ -68,7 +74,7 @@ def test_a_round_not_as_planned_gets_its_own_save_after_the_one_ahead():
         await _round(bolt, 0)
         await _round(bolt, 1)
         await _round(bolt, 2, samples=3)                         # not what the plan says
-        await asyncio.sleep(0)
+        await _passes()
     asyncio.run(go())
     assert [s["next_step"] for s in saves] == [1, 2, 3, 3, 4]
     assert saves[3]["samples"] == 8 + 8 + 6 and _counted(saves[3]) == _counted(bolt.counts.saved())
@@ -76,12 +82,16 @@ def test_a_round_not_as_planned_gets_its_own_save_after_the_one_ahead():
 
 def test_the_ahead_count_never_moves_the_counters_that_judge_replays():
     bolt, out, saves = _sync()
-    asyncio.run(_round(bolt, 0))
-    asyncio.run(_round(bolt, 1))
-    assert saves[-1]["next_step"] == 3
-    assert bolt.counts.next_step == 2 and bolt.counts.rounds == 2     # saved as 3; in memory 2
-    asyncio.run(_round(bolt, 1))                                      # a replay of round 1: answered
-    assert bolt.counts.duplicates == 2 and bolt.counts.rounds == 2
+
+    async def go():
+        await _round(bolt, 0)
+        await _round(bolt, 1)
+        await _passes()
+        assert saves[-1]["next_step"] == 3
+        assert bolt.counts.next_step == 2 and bolt.counts.rounds == 2     # saved as 3; in memory 2
+        await _round(bolt, 1)                                             # a replay of round 1: answered
+        assert bolt.counts.duplicates == 2 and bolt.counts.rounds == 2
+    asyncio.run(go())
 
 
 def test_a_successor_two_rounds_ahead_of_every_replica_uncounts_both():
@@ -142,7 +152,7 @@ class HeldSaves:
                 await asyncio.sleep(0)
             self.landing[step].set_result(None)
             await task
-        await asyncio.sleep(0)
+        await _passes()
 
 
 def test_a_round_that_comes_while_its_ahead_save_is_in_flight_goes_out_when_it_lands():
@@ -159,6 +169,7 @@ def test_a_round_that_comes_while_its_ahead_save_is_in_flight_goes_out_when_it_l
         assert len(out.emitted) == sent and not task.done()           # its parameters wait for that save
         saves.landing[2].set_result(None)
         await task
+        await _passes()
         assert len(saves.states) == 4 and _last_params(out)["step"] == 3   # no save of its own (#4: ahead)
         saves.landing[3].set_result(None)
     asyncio.run(go())
@@ -218,7 +229,7 @@ def test_an_ahead_save_that_lands_leaves_the_instance_running():
         await saves.rounds_0_and_1(bolt)
         saves.landing[2].set_result(None)
         await asyncio.wait([bolt._ahead[1]])
-        await asyncio.sleep(0)
+        await _passes()
         await bolt.tick()
         sent = len(out.emitted)
         await _round(bolt, 0)                      # a replay: answered with the current parameters

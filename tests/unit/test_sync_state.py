@@ -86,3 +86,19 @@ def test_clock_loss_and_progress():
                         elapsed_s=4.0)
     assert p == {"epoch": 1, "round": 2, "rounds": 2, "epoch_rounds": 4, "samples": 40, "loss": 2.0,
                  "samples_per_s": 5.0}
+
+
+def test_counting_on_a_snapshot_leaves_the_counters_it_was_taken_from():
+    """What a save ahead counts on (sync_bolt `_save_later`): the next round counted on the
+    snapshot, across an epoch's end that closes the ledger of the one before, and undone."""
+    s, plans = SyncState(units=2, started=50.0), _plans()
+    for step, (epoch, rnd) in enumerate([(0, 0), (0, 1), (1, 0)]):
+        s.count_round(plans, step=step, epoch=epoch, rnd=rnd, samples=8, worked=[0, 1])
+    before = s.saved()
+    snap = s.snapshot()
+    assert snap.saved() == before
+    snap.count_round(plans, step=3, epoch=1, rnd=1, samples=8, worked=[0, 1])    # closes epoch 1's ledger
+    snap.count_round(plans, step=4, epoch=2, rnd=0, samples=8, worked=[1])
+    snap.undo_last_round()
+    assert snap.saved() != before and 1 not in snap.ledger.open
+    assert s.saved() == before and 1 in s.ledger.open and s.next_step == 3
