@@ -135,6 +135,7 @@ class Context:
         self.task_index, self.parallelism, self.worker = task_index, parallelism, worker
         self.config, self.component_config = config, component_config
         self._component_tasks, self._compute, self._publish = component_tasks, compute, publish
+        self.retired = False
         self._save_state = save_state
         self._save_state_async = save_state_async
         self._on_saved: Callable[[Any], None] = lambda done: None   # the engine: wake the task's executor
@@ -247,7 +248,16 @@ class Context:
 
     def publish(self, key: str, value) -> None:
         """Store a (small) result under the topology's results, readable by clients."""
-        self._publish(f"{self.component}.{self.task_index}.{key}", value)
+        if not self.retired:
+            self._publish(f"{self.component}.{self.task_index}.{key}", value)
+
+    def retire(self) -> None:
+        """This task instance moved away (another runs the task now, or will): what it
+        publishes from now on, as it stops, is dropped. The instance that runs the task
+        publishes the same keys; a retired one's results written after them - a worker
+        cut off from the coordinator writes late - would replace a finished run's with
+        stale ones."""
+        self.retired = True
 
 
 class SpoutCollector:

@@ -168,7 +168,8 @@ class SyncBolt(SyncRecovery, Bolt):
         worked = self.plans.worked(epoch, rnd, [t["unit"] for t in tuples])
         self.counts.count_round(self.plans, step, epoch, rnd, sum(c.samples for c in contributions), worked)
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] == (step, epoch, rnd, sum(c.samples for c in contributions), worked):
+        if ahead is not None and not flagged and \
+                ahead[0] == (step, epoch, rnd, sum(c.samples for c in contributions), worked):
             saving = ahead[1]       # saved as this round's count while the units computed it
         else:
             if ahead is not None and not ahead[1].done():   # one save at a time
@@ -196,10 +197,14 @@ class SyncBolt(SyncRecovery, Bolt):
         replicas and uncounts that round (sync_recovery `_undone`). The in-memory
         counters do not move: replays are judged by them. Not for step 1: a successor
         cannot uncount down to step 0 (replicas started anew hold step 0's parameters
-        too), so counters saved two ahead of step 0 would count a round never computed."""
+        too), so counters saved two ahead of step 0 would count a round never computed.
+        Nor for an epoch's last round, nor a checkpoint round: the evaluation and the
+        checkpoint slices they send carry no fencing token, so they go out only once a
+        save of their own has confirmed that this instance still owns the task (else a
+        superseded instance's evaluation reached the stale eval bolt on its own worker)."""
         e, r = (epoch, rnd + 1) if rnd + 1 < self.plans.rounds(epoch) else (epoch + 1, 0)
-        if e >= self.cfg.epochs or self.counts.next_step < 2:
-            return
+        if e >= self.cfg.epochs or self.counts.next_step < 2 or self.plans.epoch_end(e, r):
+            return      # an epoch's end (and a checkpoint round: _maybe_combine) waits for its own save
         worked = self.plans.worked(e, r, sorted(self.plans.expected(e, r)))
         samples = sum(len(b) for u in worked for b in self.plans.plan(e)[u][r])
         saving = asyncio.ensure_future(self._save_later(self.counts.snapshot(), self.counts.next_step, e, r,

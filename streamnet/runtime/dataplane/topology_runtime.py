@@ -80,6 +80,8 @@ class TopologyRuntime:
             for t in sorted(set(self.executors) - mine):
                 log.info("%s: task %d moved away; stopping it here", self.name, t)
                 ex = self.executors.pop(t)
+                if t in self.task_worker:       # placed elsewhere (not gone with a smaller parallelism)
+                    ex.ctx.retire()
                 self.worker.load.forget(self.name, t)
                 self.refresh_view()
                 await self._stop_executor(ex)
