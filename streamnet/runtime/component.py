@@ -252,11 +252,11 @@ class Context:
             self._publish(f"{self.component}.{self.task_index}.{key}", value)
 
     def retire(self) -> None:
-        """This task instance moved away (another runs the task now, or will): what it
-        publishes from now on, as it stops, is dropped. The instance that runs the task
-        publishes the same keys; a retired one's results written after them - a worker
-        cut off from the coordinator writes late - would replace a finished run's with
-        stale ones."""
+        """This task instance is stale: its task was placed elsewhere while its worker's
+        coordinator session expired. What it publishes from now on, as it stops, is
+        dropped: the instance that runs the task publishes the same keys, and a stale
+        one's results written after them - a worker cut off from the coordinator writes
+        late - would replace a finished run's."""
         self.retired = True
 
 

@@ -66,6 +66,7 @@ class Worker:
         self._unwatch: list = []
         self._watched: set[str] = set()
         self.closing = False
+        self.sessions = 0       # coordinator sessions that expired under this worker (tasks started since are current)
         self.scheduler = SchedulerService(state, worker_id, self.auth) if schedule else None
         self.publisher = ResultPublisher(state)
 
@@ -158,6 +159,7 @@ class Worker:
         """Our ZooKeeper session expired and a new one began (coordinator thread):
         the ephemeral worker and candidate nodes are gone - make them again. The
         watches re-fire by themselves and the worker resynchronises from them."""
+        self.sessions += 1      # what runs here was placed elsewhere meanwhile (topology_runtime.apply)
         if self.closing:
             return
         log.warning("worker %s: new ZooKeeper session; registering again", self.id)

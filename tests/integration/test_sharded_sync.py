@@ -125,6 +125,15 @@ def test_worker_cut_off_and_healed_is_fenced_with_two_sync_tasks(zk, victim):
     faults.test_worker_cut_off_and_healed_is_fenced(zk, victim)
 
 
+@fault_scenario
+@pytest.mark.usefixtures("two_sync_tasks")
+def test_sync_host_with_a_unit_and_the_eval_bolt_cut_off_is_fenced_with_two_sync_tasks(zk):
+    """The placement of the CI run where the test above failed (w1 registered late):
+    the stale sync instance's held epoch end must not reach the stale eval bolt beside it,
+    nor any stale instance's results replace the live ones'."""
+    faults.test_worker_cut_off_and_healed_is_fenced(zk, "sync", crowded=True)
+
+
 @pytest.mark.parametrize("expire", [False, True], ids=["within-session", "sessions-expire"])
 @fault_scenario
 @pytest.mark.usefixtures("two_sync_tasks")

@@ -142,8 +142,23 @@ def _refused_saves(log: str) -> int:
         return f.read().count("was taken over by another instance")
 
 
+def _placed_on_w0_and_w2(c, state, topo) -> dict:
+    """Submit while w1 is away (stopped until its session expired), so the topology is
+    placed on w0 and w2 alone - compute 0, sync 0 and the eval bolt together on w2, as in
+    a CI run where w1 registered late - then let w1 back. The first assignment."""
+    c.procs["w1"].send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: "w1" not in state.workers(), 30, "w1's session to expire", interval=0.1)
+        state.submit_topology(topo.name, topo.to_dict())
+        assignment = wait_for(lambda: placement(state, topo.name), 30, "the assignment")
+    finally:
+        c.procs["w1"].send_signal(signal.SIGCONT)
+    wait_for(lambda: "w1" in state.workers(), 30, "w1 to register again", interval=0.1)
+    return assignment
+
+
 @pytest.mark.parametrize("victim", ["compute", "sync"])
-def test_worker_cut_off_and_healed_is_fenced(zk, victim):
+def test_worker_cut_off_and_healed_is_fenced(zk, victim, crowded=False):
     """SIGSTOP the host of a compute unit (or of the spout and sync bolt) until its
     ZooKeeper session expired and its tasks moved - a worker cut off - then SIGCONT it.
     Healed, it takes a new session and registers again; no update is counted twice and
@@ -153,11 +168,20 @@ def test_worker_cut_off_and_healed_is_fenced(zk, victim):
     they send is dropped by the workers that now run their tasks (stale in their
     /status), or their next state save is refused. (A
     stale compute unit may hold nothing - it may have been waiting for parameters - so
-    its fencing is printed, not asserted.)"""
+    its fencing is printed, not asserted.) `crowded`: the sync bolt's host also holds a
+    compute unit and the eval bolt (_placed_on_w0_and_w2), whose stale instances then
+    see what the stale sync bolt sends them locally."""
     cfg = _config()
-    topo = build_topology(cfg, name=f"fenced-{victim}", message_timeout_s=6.0)   # as test_partition: replays reach the healed peers
+    topo = build_topology(cfg, name=f"fenced-{victim}{'-crowded' if crowded else ''}",
+                          message_timeout_s=6.0)   # as test_partition: replays reach the healed peers
     with running_cluster(zk, workers=3, zk_relays=True) as (c, state):
-        host = _training_with_victim(state, topo, victim)
+        if crowded:
+            first = _placed_on_w0_and_w2(c, state, topo)
+            wait_for(_progressed(state, topo.name, 20), 120, "training to get going", interval=0.2)
+            host = first[topo.tasks(victim)[0]]
+            assert {first[topo.tasks("compute")[0]], first[topo.tasks("eval")[0]]} == {host}, first
+        else:
+            host = _training_with_victim(state, topo, victim)
         session = worker_sessions(state)[host]
         c.procs[host].send_signal(signal.SIGSTOP)
         stopped = time.monotonic()
@@ -185,8 +209,10 @@ def test_worker_cut_off_and_healed_is_fenced(zk, victim):
                  "the healed worker to register again in a new session", interval=0.1)
         stale, refused = stale_dropped(state, topo.name), _refused_saves(c.logs[host])
         results = finish(state, topo.name, timeout=600)
-    _finished_exactly(cfg, results, f"cut off {victim} host {host}: {stale} stale tuple(s) dropped, "
-                                    f"{refused} state save(s) refused")
+    s = _finished_exactly(cfg, results, f"cut off {victim} host {host}{' (crowded)' if crowded else ''}: {stale} "
+                                        f"stale tuple(s) dropped, {refused} state save(s) refused")
+    print("  accuracy by epoch:", [f"{h.test_accuracy:.2%}" for h in s.history])
+    assert len(s.history) == 3          # a stale instance's results replace none of the live one's
 
 
 @pytest.mark.parametrize("expire", [False, True], ids=["within-session", "sessions-expire"])

@@ -1,6 +1,7 @@
-"""A task instance that moved away publishes nothing more: the instance that runs the
-task now publishes the same keys, and a late write of the old one's (a worker cut off
-from the coordinator writes late) would replace a finished run's results."""
+"""A stale task instance - its task placed elsewhere while its worker's session
+expired - publishes nothing more: the instance that runs the task now publishes the
+same keys, and a late write of the stale one's (a worker cut off from the coordinator
+writes late) would replace a finished run's results."""
 import asyncio
 import types
 
@@ -35,12 +36,27 @@ class FakeExecutor:
         pass
 
 
-def test_a_task_placed_elsewhere_is_retired_and_one_that_stays_is_not():
-    worker = types.SimpleNamespace(id="w1", load=types.SimpleNamespace(forget=lambda *a: None))
+def _moved(session_expired: bool):
+    """Task 1 placed elsewhere, task 2 staying, on a worker whose session expired or not."""
+    worker = types.SimpleNamespace(id="w1", load=types.SimpleNamespace(forget=lambda *a: None), sessions=0)
     rt = TopologyRuntime(worker, "ping", bench.ping(10, 1).to_dict())
     moving, staying = FakeExecutor(_context([], 1)), FakeExecutor(_context([], 2))
     rt.executors = {1: moving, 2: staying}
+    if session_expired:
+        worker.sessions += 1
     urls = {"w0": "http://w0", "w1": "http://w1", "w2": "http://w2"}
     asyncio.run(rt.apply(Assignment(tasks={0: "w0", 1: "w2", 2: "w1"}, workers=urls), 1))
-    assert moving.ctx.retired and not staying.ctx.retired
     assert set(rt.executors) == {2}
+    return moving, staying
+
+
+def test_a_task_placed_elsewhere_while_the_session_expired_is_retired_and_one_that_stays_is_not():
+    moving, staying = _moved(session_expired=True)
+    assert moving.ctx.retired and not staying.ctx.retired
+
+
+def test_a_task_moved_live_still_publishes_as_it_stops():
+    # a balancing move: the instance stopped here may be the only one that ever publishes
+    # (its successor may fail to start), as before
+    moving, staying = _moved(session_expired=False)
+    assert not moving.ctx.retired and not staying.ctx.retired

@@ -80,7 +80,10 @@ class TopologyRuntime:
             for t in sorted(set(self.executors) - mine):
                 log.info("%s: task %d moved away; stopping it here", self.name, t)
                 ex = self.executors.pop(t)
-                if t in self.task_worker:       # placed elsewhere (not gone with a smaller parallelism)
+                # placed elsewhere while this worker's session expired: a stale instance,
+                # whose results must not replace its successor's (a task moved live, or
+                # gone with a smaller parallelism, still publishes as it stops)
+                if t in self.task_worker and getattr(ex, "session", 0) < getattr(self.worker, "sessions", 0):
                     ex.ctx.retire()
                 self.worker.load.forget(self.name, t)
                 self.refresh_view()
@@ -141,6 +144,7 @@ class TopologyRuntime:
         ctx._save_state_async = lambda v: fencing.save_state_async(self, ex, v)
         if isinstance(ex, SpoutExecutor):
             ctx._on_saved = ex.saved          # a spout waiting for a save goes on when it lands
+        ex.session = getattr(self.worker, "sessions", 0)     # the coordinator session it started in
         return ex
 
     def report_work(self, task: int, items: float, seconds: float) -> None:
