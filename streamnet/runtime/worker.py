@@ -66,7 +66,6 @@ class Worker:
         self._unwatch: list = []
         self._watched: set[str] = set()
         self.closing = False
-        self.sessions = 0       # coordinator sessions that expired under this worker (tasks started since are current)
         self.scheduler = SchedulerService(state, worker_id, self.auth) if schedule else None
         self.publisher = ResultPublisher(state)
 
@@ -155,11 +154,16 @@ class Worker:
                 except CoordinatorError as e:   # the next change (or heartbeat) writes again
                     log.debug("worker %s: could not publish its load: %s", self.id, e)
 
+    @property
+    def sessions(self) -> int:
+        """Coordinator sessions that expired under this worker: a task instance that
+        began before one and was then placed elsewhere is stale (topology_runtime.apply)."""
+        return getattr(self.state.coord, "sessions_lost", 0)
+
     def _session_restarted(self) -> None:
         """Our ZooKeeper session expired and a new one began (coordinator thread):
         the ephemeral worker and candidate nodes are gone - make them again. The
         watches re-fire by themselves and the worker resynchronises from them."""
-        self.sessions += 1      # what runs here was placed elsewhere meanwhile (topology_runtime.apply)
         if self.closing:
             return
         log.warning("worker %s: new ZooKeeper session; registering again", self.id)

@@ -231,6 +231,8 @@ class SyncBolt(SyncRecovery, Bolt):
         error = None if saving.cancelled() else saving.exception()
         if isinstance(error, FencedError):
             self._fenced = error
+        elif error is not None:     # an awaiting round would raise it; one that no longer waits would not
+            log.error("sync task of slice %d: saving ahead failed: %s: %s", self.slice, type(error).__name__, error)
 
     def _check_fenced(self) -> None:
         if self._fenced is not None:

@@ -60,3 +60,39 @@ def test_a_task_moved_live_still_publishes_as_it_stops():
     # (its successor may fail to start), as before
     moving, staying = _moved(session_expired=False)
     assert not moving.ctx.retired and not staying.ctx.retired
+
+
+def test_an_instance_kept_here_across_an_expiry_and_moved_live_later_still_publishes():
+    """The session expired but the new session's assignment kept the task here (the
+    leader's grace): the instance is current, and a later balancing move is a live one."""
+    worker = types.SimpleNamespace(id="w1", load=types.SimpleNamespace(forget=lambda *a: None), sessions=0)
+    rt = TopologyRuntime(worker, "ping", bench.ping(10, 1).to_dict())
+    kept = FakeExecutor(_context([], 1))
+    rt.executors = {1: kept}
+    urls = {"w0": "http://w0", "w1": "http://w1", "w2": "http://w2"}
+    asyncio.run(rt.apply(Assignment(tasks={0: "w0", 1: "w1", 2: "w2"}, workers=urls), 1))
+    worker.sessions += 1
+    asyncio.run(rt.apply(Assignment(tasks={0: "w0", 1: "w1", 2: "w2"}, workers=urls), 2))
+    asyncio.run(rt.apply(Assignment(tasks={0: "w0", 1: "w2", 2: "w2"}, workers=urls), 3))
+    assert not kept.ctx.retired
+
+
+def test_an_expired_session_is_counted_before_the_new_one_reads_anything():
+    """Worker.sessions must have moved when the new session's watches deliver the
+    assignment that placed this worker's tasks elsewhere: counted on LOST, not in the
+    re-registration that follows CONNECTED on another thread."""
+    import threading
+
+    from kazoo.protocol.states import KazooState
+
+    from streamnet.runtime.control.zk import ZkCoordinator
+    coord = ZkCoordinator.__new__(ZkCoordinator)      # the listener's state alone, no server
+    coord._connected, coord._closing, coord._lost, coord.sessions_lost = threading.Event(), False, False, 0
+    coord._restart_callbacks = []
+    coord._listener(KazooState.LOST)
+    assert coord.sessions_lost == 1 and not coord._connected.is_set()
+    coord._listener(KazooState.CONNECTED)
+    assert coord.sessions_lost == 1 and coord._connected.is_set()
+    worker = types.SimpleNamespace(state=types.SimpleNamespace(coord=coord))
+    from streamnet.runtime.worker import Worker
+    assert Worker.sessions.fget(worker) == 1

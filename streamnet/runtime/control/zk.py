@@ -146,6 +146,7 @@ class ZkCoordinator(Coordinator):
             **(tls_options(tls) if tls else {}))
         self._restart_callbacks: list[Callable[[], None]] = []
         self._lost = False
+        self.sessions_lost = 0      # sessions that expired (Worker.sessions)
         self._closing = False
         self.state = "CONNECTING"
         self.zk.add_listener(self._listener)
@@ -166,6 +167,7 @@ class ZkCoordinator(Coordinator):
         if state == KazooState.LOST:
             log.warning("ZooKeeper session expired; ephemeral nodes are gone until re-registration")
             self._lost = True
+            self.sessions_lost += 1     # before the new session's watches read anything again
         elif state == KazooState.SUSPENDED:
             log.warning("ZooKeeper connection suspended; retrying")
             # say why, once it lasts: no ZooKeeper calls (nor waits) in the listener

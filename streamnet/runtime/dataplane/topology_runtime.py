@@ -100,6 +100,7 @@ class TopologyRuntime:
                 self.refresh_view()
             for t in sorted(mine):
                 ex = self.executors[t]
+                ex.session = getattr(self.worker, "sessions", 0)   # placed here in this session: current
                 if ex._task is None:
                     ex.start()
 
@@ -144,7 +145,6 @@ class TopologyRuntime:
         ctx._save_state_async = lambda v: fencing.save_state_async(self, ex, v)
         if isinstance(ex, SpoutExecutor):
             ctx._on_saved = ex.saved          # a spout waiting for a save goes on when it lands
-        ex.session = getattr(self.worker, "sessions", 0)     # the coordinator session it started in
         return ex
 
     def report_work(self, task: int, items: float, seconds: float) -> None:
