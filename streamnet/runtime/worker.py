@@ -158,7 +158,7 @@ class Worker:
     def sessions(self) -> int:
         """Coordinator sessions that expired under this worker: a task instance that
         began before one and was then placed elsewhere is stale (topology_runtime.apply)."""
-        return getattr(self.state.coord, "sessions_lost", 0)
+        return self.state.coord.sessions_lost
 
     def _session_restarted(self) -> None:
         """Our ZooKeeper session expired and a new one began (coordinator thread):

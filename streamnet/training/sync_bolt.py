@@ -166,10 +166,10 @@ class SyncBolt(SyncRecovery, Bolt):
         # as planned: _save_ahead). Nothing of the round leaves before both are done: what
         # a bolt emits waits in its executor until execute returns.
         worked = self.plans.worked(epoch, rnd, [t["unit"] for t in tuples])
-        self.counts.count_round(self.plans, step, epoch, rnd, sum(c.samples for c in contributions), worked)
+        samples = sum(c.samples for c in contributions)
+        self.counts.count_round(self.plans, step, epoch, rnd, samples, worked)
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and not flagged and \
-                ahead[0] == (step, epoch, rnd, sum(c.samples for c in contributions), worked):
+        if ahead is not None and not flagged and ahead[0] == (step, epoch, rnd, samples, worked):
             saving = ahead[1]       # saved as this round's count while the units computed it
         else:
             if ahead is not None and not ahead[1].done():   # one save at a time

@@ -28,6 +28,7 @@ def test_a_retired_context_drops_what_it_publishes():
 
 class FakeExecutor:
     _task = None
+    session = 0
 
     def __init__(self, ctx):
         self.ctx = ctx

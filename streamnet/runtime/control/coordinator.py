@@ -79,6 +79,10 @@ def retry_while_lost(fn: Callable[[], object], timeout: float, *, what: str = ""
 class Coordinator(ABC):
     """One client session. Closing it removes its ephemeral nodes."""
 
+    #: sessions that expired under this client (counted when lost, before a new one reads
+    #: anything); in-process sessions never expire
+    sessions_lost = 0
+
     @abstractmethod
     def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False,
                sequence: bool = False, makepath: bool = True) -> str: ...

@@ -146,7 +146,6 @@ class ZkCoordinator(Coordinator):
             **(tls_options(tls) if tls else {}))
         self._restart_callbacks: list[Callable[[], None]] = []
         self._lost = False
-        self.sessions_lost = 0      # sessions that expired (Worker.sessions)
         self._closing = False
         self.state = "CONNECTING"
         self.zk.add_listener(self._listener)

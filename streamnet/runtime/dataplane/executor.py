@@ -102,6 +102,7 @@ class Executor:
         self.stopping = False
         self.restored = None   # the last saved state, handed to restore() after open/prepare
         self.state_version = -1  # version of the state node this instance owns (fencing)
+        self.session = 0         # the worker's coordinator session an assignment last placed it in
         self.unsettled = None    # (value, version) of a save whose fate the coordinator has not told yet
         self.fenced = False
         self.crashed = False   # the worker died under it (LocalCluster.crash_worker): no close()

@@ -83,7 +83,7 @@ class TopologyRuntime:
                 # placed elsewhere while this worker's session expired: a stale instance,
                 # whose results must not replace its successor's (a task moved live, or
                 # gone with a smaller parallelism, still publishes as it stops)
-                if t in self.task_worker and getattr(ex, "session", 0) < getattr(self.worker, "sessions", 0):
+                if t in self.task_worker and ex.session < getattr(self.worker, "sessions", 0):
                     ex.ctx.retire()
                 self.worker.load.forget(self.name, t)
                 self.refresh_view()
