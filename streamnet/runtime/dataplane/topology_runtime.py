@@ -84,6 +84,8 @@ class TopologyRuntime:
                 # whose results must not replace its successor's (a task moved live, or
                 # gone with a smaller parallelism, still publishes as it stops)
                 if t in self.task_worker and ex.session < getattr(self.worker, "sessions", 0):
+                    log.warning("%s: task %d is a stale instance (placed elsewhere while this worker's "
+                                "coordinator session expired); it publishes nothing as it stops", self.name, t)
                     ex.ctx.retire()
                 self.worker.load.forget(self.name, t)
                 self.refresh_view()
