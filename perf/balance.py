@@ -188,7 +188,8 @@ def share_response(share_log: list, on, off) -> dict:
     if on is None or not share_log:
         return {"settled_shares": None, "rounds_to_first_change": None, "seconds_to_first_change": None,
                 "rounds_to_follow": None, "seconds_to_follow": None, "epoch_followed": None,
-                "rounds_to_return": None, "seconds_to_return": None}
+                "rounds_to_return": None, "seconds_to_return": None, "median_shares": None,
+                "rounds_to_median": None, "seconds_to_median": None}
     n = len(share_log[0]["shares"])
     before = in_force(on[0]) or [1.0] * n
     settled = in_force(off[0] if off else float("inf")) or before
@@ -204,7 +205,36 @@ def share_response(share_log: list, on, off) -> dict:
     out["epoch_followed"] = follow.get("epoch") if follow else None
     out["rounds_to_return"], out["seconds_to_return"] = _first_change(
         share_log, off, lambda sh: near(sh, before) or near(sh, [1.0] * n))
+    # the shares in force at the stop may be a change of a moment before it (the co-tenant's
+    # effect varies: 0.56 for 8 s, then 0.62 just before the stop); the median share over
+    # the co-tenant's time is where they mostly were
+    held = _held_median(share_log, on[0], off[0] if off else share_log[-1]["t"])
+    out["median_shares"] = held
+    mostly = (_first_entry(share_log, on, lambda sh: near(sh, held))
+              if held and held[LOADED] < (1 - NEAR) * before[LOADED] else None)
+    out["rounds_to_median"], out["seconds_to_median"] = _after(mostly, on)
     return out
+
+
+def _held_median(share_log: list, start: float, end: float) -> list | None:
+    """The shares held for the median of the time from `start` to `end` (by the loaded
+    unit's share), from the share log."""
+    spans = []
+    for i, e in enumerate(share_log):
+        lo = max(e["t"], start)
+        hi = min(share_log[i + 1]["t"] if i + 1 < len(share_log) else end, end)
+        if hi > lo:
+            spans.append((e["shares"], hi - lo))
+    first_t = share_log[0]["t"] if share_log else end
+    if first_t > start:
+        spans.append(([1.0] * len(share_log[0]["shares"]) if share_log else None, min(first_t, end) - start))
+    spans = sorted((s for s in spans if s[0]), key=lambda s: s[0][LOADED])
+    total, acc = sum(d for _, d in spans), 0.0
+    for shares, d in spans:
+        acc += d
+        if acc >= total / 2:
+            return shares
+    return None
 
 
 def cotenant(zk_hosts, train: int, epochs: int, order=("static", "load")) -> dict:
@@ -240,9 +270,13 @@ def pair_summary(co: dict) -> dict:
     load = co["load"]
     return {"epoch_time_load_over_static": co["ratios"]["epoch_time_load_over_static"],
             "accuracy_load_minus_static_pp": co["ratios"]["accuracy_load_minus_static_pp"],
-            **{k: load.get(k) for k in ("rounds_to_first_change", "rounds_to_follow", "rounds_to_return",
-                                        "settled_shares")},
-            "static_epoch_s": co["static"]["epoch_s"], "load_epoch_s": load["epoch_s"]}
+            **{k: load.get(k) for k in ("rounds_to_first_change", "rounds_to_follow", "rounds_to_median",
+                                        "rounds_to_return", "settled_shares", "median_shares")},
+            "static_epoch_s": co["static"]["epoch_s"], "load_epoch_s": load["epoch_s"],
+            # what the rounds-to figures were read from (small: one entry per change)
+            "cotenant_on": load["cotenant_on"], "cotenant_off": load["cotenant_off"],
+            "share_log": [{k: e[k] for k in ("step", "t", "shares")} for e in load["share_log"]],
+            "decisions": load["decisions"]}
 
 
 def spread_of_pairs(values) -> dict | None:
@@ -325,7 +359,7 @@ def main() -> int:
                 [r for p in pairs for r in p["epoch_time_load_over_static"]]),
             **{k: spread_of_pairs([p[k] for p in pairs])
                for k in ("accuracy_load_minus_static_pp", "rounds_to_first_change", "rounds_to_follow",
-                         "rounds_to_return")}}
+                         "rounds_to_median", "rounds_to_return")}}
     finally:
         if zk is not None:
             zk.stop()

@@ -27,6 +27,7 @@ change still reaches the leader within a round or two.
 """
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -39,7 +40,9 @@ STEP = 0.3              # ... whose median is this far from the window's: the sp
 WARMUP = 2              # a task's first reports are left out (compiling, caches, other tasks starting)
 CHANGE = 0.10           # a figure that moved by more than this fraction is news
 MIN_PUBLISH_S = 1.0     # on average at most one write per this many seconds ...
-BURST = 3               # ... after a burst of this many (a change, and the figures settling)
+BURST = 4               # ... after a burst of this many (a change, and the figures settling)
+RESERVE = 2             # writes of the budget that only urgent news may spend (news()): a step, then
+                        # the first speed under the share the leader gave for it
 HEARTBEAT_S = 30.0      # an unchanged record is still written this often
 FOREIGN_STEP = 0.25     # cores busy with other processes: a change by more than this is news
 
@@ -57,6 +60,7 @@ class SpeedWindow:
         self.skip = skip
         self.needs = min(needs, window)
         self.share = share        # the work share these reports were measured under
+        self.spread_floor = 0.0   # after a step: the relative spread of the reports before it
 
     def add(self, items: float, seconds: float) -> None:
         if not (items > 0 and seconds >= 0):
@@ -67,8 +71,16 @@ class SpeedWindow:
         self.reports.append(float(seconds) / float(items))
         if len(self.reports) > RECENT:
             recent = list(self.reports)[-RECENT:]
-            if _moved(statistics.median(recent), statistics.median(self.reports), STEP):
-                self.reports = deque(recent, maxlen=self.reports.maxlen)
+            new, old = statistics.median(recent), statistics.median(self.reports)
+            if _moved(new, old, STEP):
+                kept = _since_step(recent, new, old)
+                before = list(self.reports)[:len(self.reports) - len(kept)]
+                if len(before) >= MIN_REPORTS:
+                    self.spread_floor = max(self.spread_floor, _spread(before, statistics.median(before)))
+                self.reports = deque(kept, maxlen=self.reports.maxlen)
+                self.needs = min(self.needs, RECENT // 2 + 1)
+            elif len(self.reports) >= WINDOW // 2:
+                self.spread_floor = 0.0
 
     def seconds_per_item(self) -> float | None:
         if len(self.reports) < self.needs:
@@ -78,12 +90,31 @@ class SpeedWindow:
     def error(self) -> float | None:
         """The median's relative standard error: 1.25 x the reports' spread (1.4826 x
         their median absolute deviation, a standard deviation that bursts do not
-        inflate) / its value / sqrt(reports)."""
+        inflate) / its value / sqrt(reports). After a step, until the window holds
+        WINDOW // 2 reports again, the spread is at least the one before the step: the
+        spread of a few reports is itself noise, and may be small by chance."""
         med = self.seconds_per_item()
         if not med:
             return None
-        mad = statistics.median(abs(r - med) for r in self.reports)
-        return 1.25 * 1.4826 * mad / med / len(self.reports) ** 0.5
+        spread = max(_spread(self.reports, med), self.spread_floor)
+        return 1.25 * 1.4826 * spread / len(self.reports) ** 0.5
+
+
+def _spread(reports, med: float) -> float:
+    """The reports' median absolute deviation from `med`, relative to it."""
+    return statistics.median(abs(r - med) for r in reports) / med
+
+
+def _since_step(recent: list[float], new: float, old: float) -> list[float]:
+    """The reports of `recent` since a step from level `old` to `new`: the last ones
+    nearer (by ratio) to the new level than to the old - so that the speed and its
+    error after a step are those of the new level alone, not of a mix of both."""
+    kept = []
+    for r in reversed(recent):
+        if abs(math.log(r / new)) > abs(math.log(r / old)):
+            break
+        kept.append(r)
+    return kept[::-1]
 
 
 def _cpu_times(cpus: set[int], path: str = "/proc/stat") -> tuple[float, float, float] | None:
@@ -203,13 +234,20 @@ class LoadMeter:
 
     def due(self, rec: dict, now: float) -> bool:
         """Whether `rec` is worth writing now (and, if so, remember it as written): it
-        moved (or the heartbeat is due) and the write budget allows one more."""
+        moved (or the heartbeat is due) and the write budget allows one more. Ordinary
+        news (a speed settling, an error shrinking) leaves RESERVE writes in the budget
+        for urgent news (a step in a speed, a first speed under a new share), which
+        otherwise - on a noisy host ordinary news spends the budget as fast as it
+        refills - would wait up to MIN_PUBLISH_S, tens of rounds, to reach the leader."""
         if self.refilled_at is not None:
             self.tokens = min(float(BURST), self.tokens + (now - self.refilled_at) / MIN_PUBLISH_S)
         self.refilled_at = now
         if self.tokens < 1.0:
             return False
-        if self.published is not None and now - self.published_at < HEARTBEAT_S and not moved(self.published, rec):
+        level = URGENT if self.published is None else news(self.published, rec)
+        if level == NONE and now - self.published_at < HEARTBEAT_S:
+            return False
+        if level < URGENT and self.tokens < 1.0 + RESERVE:
             return False
         self.tokens -= 1.0
         self.published, self.published_at = rec, now
@@ -220,27 +258,36 @@ def _moved(a: float, b: float, frac: float) -> bool:
     return abs(a - b) > frac * max(abs(a), abs(b))
 
 
+NONE, ORDINARY, URGENT = 0, 1, 2     # how much a new record is news (news())
+
+
 def moved(old: dict, new: dict, frac: float = CHANGE) -> bool:
-    """Whether a figure the policy acts on moved: a speed by more than `frac`, the share
-    it was measured under, or its error by half (down), the cores other processes keep
-    busy by more than FOREIGN_STEP (idle noise is not news). A speed that is gone (a task measured afresh under a new
-    share, not yet warm) is not news: the next one is."""
+    """Whether a figure the policy acts on moved (news() says how urgently)."""
+    return news(old, new, frac) > NONE
+
+
+def news(old: dict, new: dict, frac: float = CHANGE) -> int:
+    """How much `new` is news against `old`: URGENT where the threads or cores changed,
+    a speed moved by more than STEP (a co-tenant came or went) or is the first under
+    a new share (the leader waits for it to go on balancing); ORDINARY where a speed
+    moved by more than `frac` or its error halved (the leader may now act on less),
+    or the cores other processes keep busy moved by more than FOREIGN_STEP (idle
+    noise is not news); else NONE. A speed that is gone (a task measured afresh under
+    a new share, not yet warm) is not news: the next one is."""
     if old.get("threads") != new.get("threads") or old.get("cores") != new.get("cores"):
-        return True
-    if abs(old.get("foreign_busy", 0.0) - new.get("foreign_busy", 0.0)) > FOREIGN_STEP:
-        return True
+        return URGENT
+    level = ORDINARY if abs(old.get("foreign_busy", 0.0) - new.get("foreign_busy", 0.0)) > FOREIGN_STEP else NONE
     a, b = old.get("seconds_per_item", {}), new.get("seconds_per_item", {})
     sa, sb = old.get("work_share", {}), new.get("work_share", {})
     ea, eb = old.get("speed_error", {}), new.get("speed_error", {})
     for topology, speeds in b.items():
         for t, s in speeds.items():
-            if t not in a.get(topology, {}) or _moved(a[topology][t], s, frac):
-                return True
-            if sa.get(topology, {}).get(t) != sb.get(topology, {}).get(t):
-                return True
-            if _sharper(ea.get(topology, {}).get(t), eb.get(topology, {}).get(t)):
-                return True
-    return False
+            if (t not in a.get(topology, {}) or _moved(a[topology][t], s, STEP)
+                    or sa.get(topology, {}).get(t) != sb.get(topology, {}).get(t)):
+                return URGENT
+            if _moved(a[topology][t], s, frac) or _sharper(ea.get(topology, {}).get(t), eb.get(topology, {}).get(t)):
+                level = ORDINARY
+    return level
 
 
 def _sharper(old: float | None, new: float | None) -> bool:

@@ -125,6 +125,17 @@ def test_the_shares_followed_when_they_moved_work_off_the_loaded_unit():
     assert (r["rounds_to_return"], r["seconds_to_return"]) == (55, 0.85)
 
 
+def test_the_shares_mostly_held_under_the_co_tenant_are_a_second_reference():
+    # followed at step 85, held 8 s; a small change just before the stop: the shares in force
+    # at the stop were not where they mostly were
+    log = [{"step": 85, "t": 4.0, "shares": [1.443, 0.557]}, {"step": 296, "t": 12.1, "shares": [1.38, 0.62]}]
+    r = _share_response(log, (3.7, 59, 79), (12.3, 297, 300))
+    assert r["settled_shares"] == [1.38, 0.62] and r["rounds_to_follow"] == 217     # 0.557 is 10.2 % off 0.62
+    assert r["median_shares"] == [1.443, 0.557] and r["rounds_to_median"] == 6
+    r = _share_response(FULL_LOG, (2.05, 75, 79), (6.17, 319, 327))
+    assert r["median_shares"] == [1.205, 0.795] and r["rounds_to_median"] is None   # mostly as before it
+
+
 def test_shares_that_never_moved_off_the_loaded_unit_did_not_follow():
     before_only = FULL_LOG[:1]
     r = _share_response(before_only, (2.05, 75, 79), (6.17, 319, 327))

@@ -8,7 +8,8 @@ from streamnet.runtime import TopologyBuilder
 from streamnet.runtime.assignment import Assignment, AssignmentError
 from streamnet.runtime.control import balance
 from streamnet.runtime.control.balance import Memory, decide
-from streamnet.runtime.load import MIN_REPORTS, RECENT, WARMUP, WINDOW, LoadMeter, SpeedWindow, moved
+from streamnet.runtime.load import (MIN_REPORTS, ORDINARY, RECENT, URGENT, WARMUP, WINDOW, LoadMeter, SpeedWindow,
+                                    moved, news)
 
 NAME = "t"
 
@@ -201,7 +202,13 @@ def test_speed_window_and_what_is_worth_publishing():
     assert w.seconds_per_item() < 0.012                              # (the window's median, near the old speed)
     w.add(50, 1.5)
     assert w.seconds_per_item() == pytest.approx(0.03)            # ... shows in full after RECENT // 2 + 1
-    assert len(w.reports) == RECENT                                  # the older reports went with it
+    assert list(w.reports) == [0.03] * (RECENT // 2 + 1)             # the reports before the step went
+    # ... and until the window fills again, the new speed's error is at least that of the
+    # spread before the step (four equal reports have none: chance, not certainty)
+    assert w.error() == pytest.approx(1.25 * 1.4826 * 0.1 / (RECENT // 2 + 1) ** 0.5, rel=1e-6)
+    for _ in range(WINDOW // 2 - RECENT // 2 - 1):
+        w.add(50, 1.5)
+    assert w.error() == 0.0
     base = {"cores": 2, "threads": 2, "foreign_busy": 0.0, "seconds_per_item": {"t": {"1": 0.01}}}
     assert not moved(base, {**base, "foreign_busy": 0.2})           # less than a quarter core: noise
     assert moved(base, {**base, "foreign_busy": 0.8})
@@ -211,6 +218,49 @@ def test_speed_window_and_what_is_worth_publishing():
     sharp = {**base, "speed_error": {"t": {"1": 0.1}}}
     assert not moved(sharp, {**sharp, "speed_error": {"t": {"1": 0.06}}})
     assert moved(sharp, {**sharp, "speed_error": {"t": {"1": 0.04}}})     # the leader may act on less now
+    # how urgently: a step in a speed, a first speed, or one under a new share cannot wait
+    assert news(sharp, {**sharp, "speed_error": {"t": {"1": 0.04}}}) == ORDINARY
+    assert news(base, {**base, "seconds_per_item": {"t": {"1": 0.013}}}) == ORDINARY
+    assert news(base, {**base, "seconds_per_item": {"t": {"1": 0.02}}}) == URGENT
+    assert news(base, {**base, "seconds_per_item": {"t": {"1": 0.01, "2": 0.01}}}) == URGENT
+    assert news(base, {**base, "work_share": {"t": {"1": 0.7}}}) == URGENT
+
+
+def test_a_step_is_cut_where_it_happened():
+    """The reports kept after a step are those of the new level, so its speed and error
+    are not a mix of both: with noise, the first reports after the step may look old."""
+    w = SpeedWindow(window=25, skip=0, needs=5)
+    for i in range(20):
+        w.add(100, 1.0 if i % 2 else 1.1)
+    for spi in (2.0, 1.2, 2.1, 1.9, 2.0):      # the step, its second report noisy toward the old level
+        w.add(100, spi)
+    assert list(w.reports) == pytest.approx([0.021, 0.019, 0.02])   # cut after the report that looked old
+    assert w.seconds_per_item() is None                          # a speed again with RECENT // 2 + 1 reports
+    w.add(100, 2.0)
+    assert w.seconds_per_item() == pytest.approx(0.02)
+
+
+def test_a_step_reaches_the_leader_with_the_budget_spent_on_noise():
+    """Ordinary news (a settling speed) leaves RESERVE writes of the budget to urgent
+    news: on a noisy host it would otherwise spend the budget as fast as it refills, and
+    a co-tenant's step waited up to a second, tens of rounds, to be written."""
+    from streamnet.runtime.load import MIN_PUBLISH_S, RESERVE
+    m = LoadMeter()
+    for _ in range(WARMUP + MIN_REPORTS):
+        m.report_work(NAME, 1, 100, 1.0)
+    t = 100.0
+    assert m.due(m.record(0.5, 1, False), t)
+    ordinary = 0
+    for i in range(1, 40):                     # the speed wanders by 12 % each 0.1 s
+        t += 0.1
+        for _ in range(WINDOW):
+            m.report_work(NAME, 1, 100, 1.0 * 1.12 ** (i % 2))
+        ordinary += m.due(m.record(0.5, 1, False), t)
+    assert ordinary >= 3 and m.tokens < 1.0 + RESERVE     # the budget spent down to the reserve ...
+    for _ in range(RECENT // 2 + 1):
+        m.report_work(NAME, 1, 100, 3.0)        # ... and a co-tenant takes two thirds of the core
+    assert m.due(m.record(0.5, 1, False), t + 0.01)      # written at once
+    assert not m.due(m.record(0.5, 1, False), t + 0.02) and MIN_PUBLISH_S > 0.02
 
 
 def test_the_meter_writes_only_news_and_within_its_budget():
@@ -329,3 +379,42 @@ def test_a_worker_measures_a_task_afresh_under_a_new_share():
     assert record() == ({}, {})             # ... and a speed needs MIN_REPORTS rounds under the new share
     rt.report_work(1, 130, 2.6)
     assert record() == ({"1": pytest.approx(0.02)}, {"1": 1.3})
+
+
+def _affine_workers(shares: dict[int, float], error: float, fixed=0.4, speed={1: 1000.0, 2: 500.0}):
+    """Load records of units whose time per round is (share + fixed) / speed: slower per
+    item at a smaller share."""
+    w = workers_with({"w1": {1: speed[1] * shares[1] / (shares[1] + fixed)},
+                      "w2": {2: speed[2] * shares[2] / (shares[2] + fixed)}})
+    for info, t in ((w["w1"], 1), (w["w2"], 2)):
+        info["load"]["work_share"] = {NAME: {str(t): shares[t]}}
+        info["load"]["speed_error"] = {NAME: {str(t): error}}
+    return w
+
+
+def test_a_change_that_goes_on_soon_after_the_last_is_aimed_with_a_fixed_cost_per_round():
+    """A co-tenant halves unit 2's speed; its time per round has a fixed part, so at the
+    smaller share the first change gives it, it is slower per item. The next change,
+    within CONTINUE_S, takes it to where both finish together (fitted from the two
+    shares' speeds), with a move the noise alone would have held back for more rounds;
+    later, the same move waits for the error to shrink."""
+    memory, first = Memory(), {1: 1.0, 2: 1.0}
+    d = decide(NAME, topology(), placed(shares=first), _affine_workers(first, 0.1), memory, 10.0)
+    assert d.shares == {1: pytest.approx(4 / 3, abs=1e-3), 2: pytest.approx(2 / 3, abs=1e-3)}   # proportional
+    second = d.shares
+    # exactly: (n1 + 0.4) / 1000 = (n2 + 0.4) / 500 with n1 + n2 = 2: n2 = 0.533; proportional: 0.578
+    d = decide(NAME, topology(), placed(shares=second), _affine_workers(second, 0.15), memory, 10.5)
+    assert d.shares == {1: pytest.approx(1.467, abs=2e-3), 2: pytest.approx(0.533, abs=2e-3)}
+    d = decide(NAME, topology(), placed(shares=second), _affine_workers(second, 0.15), Memory(
+        changed_at={"compute": 10.0}, direction={1: 1, 2: -1}), 10.0 + balance.CONTINUE_S + 1)
+    assert d.shares is None          # a 20 % move against 2 x 15 % error: more rounds first
+
+
+def test_a_fitted_change_that_would_turn_the_shares_back_is_not_taken():
+    memory, first = Memory(), {1: 1.0, 2: 1.0}
+    second = decide(NAME, topology(), placed(shares=first), _affine_workers(first, 0.01), memory, 10.0).shares
+    # the speeds at the new shares say the first change went too far (no fixed cost, and
+    # unit 2 got faster): the fit would turn back at once; the proportional rule decides,
+    # and a turn within MIN_INTERVAL_S is not made
+    w = _affine_workers(second, 0.01, fixed=0.0, speed={1: 1000.0, 2: 900.0})
+    assert decide(NAME, topology(), placed(shares=second), w, memory, 10.3).shares is None

@@ -55,6 +55,10 @@ SLOW = 0.5             # a task this far below its component's median speed is a
 MOVE_AFTER = 5         # ... after this many passes in a row
 MOVE_HOLD_S = 60.0     # and a moved task stays put this long
 HISTORY = 20           # decisions kept for status
+CONTINUE_S = 2.0       # within this long after a change, one that goes on the same way ...
+NOISE_CONTINUE = 1.0   # ... needs a move of only this many times the speeds' error, and is aimed
+FIT_SPAN = 0.2         # with a fixed cost per round fitted where 1/share moved by this much or more
+MAX_FIXED = 0.5        # (at most this part of a task's time at its share)
 
 
 @dataclass
@@ -67,6 +71,8 @@ class Memory:
     slow_passes: dict[int, int] = field(default_factory=dict)      # task -> passes in a row slow
     moved_at: dict[int, float] = field(default_factory=dict)       # task -> time it was moved
     history: list[dict] = field(default_factory=list)              # the last HISTORY decisions
+    # component -> (time, {task: (share, seconds per item)}): what its last change was decided on
+    basis: dict[str, tuple] = field(default_factory=dict)
 
 
 @dataclass
@@ -153,6 +159,35 @@ def _normalise(weights: dict[int, float]) -> dict[int, float]:
     return {t: round(w / mean, 3) for t, w in floor.items()}
 
 
+def _affine_target(basis: tuple | None, sp: dict[int, float], current: dict[int, float],
+                   now: float) -> dict[int, float] | None:
+    """Shares that make the tasks finish together if each task's time per round is a
+    fixed cost plus a cost per item - fitted from its speeds at its current share and at
+    the share before the last change - or None where there is no such pair of
+    measurements (no change within CONTINUE_S, or a task's share moved too little to fit).
+
+    A unit's speed per item depends on its share: with work of its own each round (its
+    worker's event loop taking the interpreter from its compute thread, batch assembly),
+    a unit given less is slower per item, one given more faster. Shares proportional to
+    the speeds measured at the old shares then fall short (a co-tenant taking half a
+    core: 0.71 where they settle at 0.63), and the rest of the way took seconds, since a
+    move that small waits until enough rounds measured it."""
+    if not basis or now - basis[0] > CONTINUE_S or set(basis[1]) != set(sp):
+        return None
+    fixed, per_item = {}, {}
+    for t, speed in sp.items():
+        n0, spi0 = basis[1][t]
+        n1, spi1 = current[t], 1.0 / speed
+        span = 1.0 / n1 - 1.0 / n0
+        if abs(span) < FIT_SPAN:
+            return None
+        c = min(max((spi1 - spi0) / span, 0.0), MAX_FIXED * spi1 * n1)   # time per round: b x share + c
+        fixed[t], per_item[t] = c, spi1 - c / n1
+    rate = sum(1.0 / b for b in per_item.values())
+    finish = (len(sp) + sum(fixed[t] / per_item[t] for t in sp)) / rate
+    return _normalise({t: max((finish - fixed[t]) / per_item[t], 0.0) for t in sp})
+
+
 def decide(name: str, topology: Topology, assignment: Assignment, workers: dict, memory: Memory,
            now: float) -> Decision:
     d = Decision()
@@ -163,17 +198,25 @@ def decide(name: str, topology: Topology, assignment: Assignment, workers: dict,
     for cid, sp in speeds.items():
         mean = sum(sp.values()) / len(sp)
         rel = {t: s / mean for t, s in sp.items()}
-        target = _normalise(rel)
         current = {t: shares.get(t, 1.0) for t in sp}
         seen = _remember(memory, cid, current, rel, now)
+        fitted = _affine_target(memory.basis.get(cid), sp, current, now)
+        target = fitted if fitted and not _turns(memory, current, fitted) else _normalise(rel)
         moves = {t: (target[t] > current[t]) - (target[t] < current[t]) for t in sp}
-        turns = any(m and memory.direction.get(t, m) != m for t, m in moves.items())
-        if _gap(target, current) > max(CHANGE, NOISE * _noise(name, sp, assignment, workers)) and (not turns or (
+        turns = _turns(memory, current, target)
+        # a change that goes on as the last one went, soon after it: the speeds settling
+        # at the shares it made (a co-tenant's effect growing, a unit slower per item at
+        # its smaller share), not noise - noise would have to turn the shares back
+        goes_on = not turns and now - memory.changed_at.get(cid, -math.inf) < CONTINUE_S
+        noise = (NOISE_CONTINUE if goes_on else NOISE) * _noise(name, sp, assignment, workers)
+        if _gap(target, current) > max(CHANGE, noise) and (not turns or (
                 now - memory.changed_at.get(cid, -math.inf) >= MIN_INTERVAL_S
                 and not _turns_back_here(seen, current, target))):
             shares.update(target)
             memory.changed_at[cid] = now
             memory.direction.update({t: m for t, m in moves.items() if m})
+            # a fitted change is not fitted on again: a second fit extrapolates the noise of the first
+            memory.basis[cid] = None if target is fitted else (now, {t: (current[t], 1.0 / sp[t]) for t in sp})
             med = statistics.median(sp.values())
             d.notes.append(f"{cid} shares " + ", ".join(
                 f"task {t} ({assignment.tasks.get(t)}) {current[t]:.2f} -> {target[t]:.2f}: "
@@ -186,6 +229,13 @@ def decide(name: str, topology: Topology, assignment: Assignment, workers: dict,
         memory.history.append({"time": now, "topology": name, "decision": note})
     del memory.history[:-HISTORY]
     return d
+
+
+def _turns(memory: Memory, current: dict[int, float], target: dict[int, float]) -> bool:
+    """Whether moving from `current` to `target` turns a task's share back (up after
+    its last move down, or down after up)."""
+    return any(m and memory.direction.get(t, m) != m
+               for t, m in ((t, (target[t] > current[t]) - (target[t] < current[t])) for t in target))
 
 
 def _threads(assignment: Assignment, workers: dict, memory: Memory, now: float, notes: list) -> dict[str, int]:
