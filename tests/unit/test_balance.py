@@ -99,8 +99,11 @@ def test_a_step_change_is_followed_and_then_undone_but_not_sooner_than_the_inter
         is None
     # the co-tenant leaves: equal speeds, but within the minimum interval nothing changes
     same = workers_with({"w1": {1: 1000.0}, "w2": {2: 1000.0}})
-    assert decide(NAME, topology(), a, same, memory, 10.0 + balance.MIN_INTERVAL_S / 2).shares is None
+    held = decide(NAME, topology(), a, same, memory, 10.0 + balance.MIN_INTERVAL_S / 2)
+    assert held.shares is None
+    assert held.recheck_at == pytest.approx(10.0 + balance.MIN_INTERVAL_S)    # the leader decides again then
     d = decide(NAME, topology(), a, same, memory, 10.0 + balance.MIN_INTERVAL_S)
+    assert d.recheck_at is None
     assert d.shares == {1: 1.0, 2: 1.0}
     assert len(memory.history) == 2 and all("compute shares" in h["decision"] for h in memory.history)
 

@@ -81,6 +81,9 @@ class Decision:
     threads: dict[str, int] | None = None     # workers whose threads change
     moves: dict[int, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # a change held only by MIN_INTERVAL_S may be taken at this time (the `now` clock): the
+    # leader decides again then, not at its next pass or the next record published
+    recheck_at: float | None = None
 
     @property
     def changed(self) -> bool:
@@ -209,9 +212,12 @@ def decide(name: str, topology: Topology, assignment: Assignment, workers: dict,
         # its smaller share), not noise - noise would have to turn the shares back
         goes_on = not turns and now - memory.changed_at.get(cid, -math.inf) < CONTINUE_S
         noise = (NOISE_CONTINUE if goes_on else NOISE) * _noise(name, sp, assignment, workers)
+        wait = memory.changed_at.get(cid, -math.inf) + MIN_INTERVAL_S - now
+        if _gap(target, current) > max(CHANGE, noise) and turns and wait > 0 \
+                and not _turns_back_here(seen, current, target):
+            d.recheck_at = min(d.recheck_at or math.inf, now + wait)
         if _gap(target, current) > max(CHANGE, noise) and (not turns or (
-                now - memory.changed_at.get(cid, -math.inf) >= MIN_INTERVAL_S
-                and not _turns_back_here(seen, current, target))):
+                wait <= 0 and not _turns_back_here(seen, current, target))):
             shares.update(target)
             memory.changed_at[cid] = now
             memory.direction.update({t: m for t, m in moves.items() if m})

@@ -61,6 +61,7 @@ class SchedulerService:
         self._parsed: dict[str, tuple[str, Topology]] = {}   # topology -> (its spec as JSON, parsed)
         self._grace_until = -float("inf")   # time.monotonic(): after our session expired (see the docstring)
         self._graced: set[str] = set()      # topologies whose waiting was logged in this grace
+        self._recheck_at = float("inf")     # time.monotonic(): a pass the load balancer asked for
 
     def start(self) -> None:
         # every candidate watches the reports: the leader to place no task on a dead peer,
@@ -136,7 +137,8 @@ class SchedulerService:
     def _loop(self) -> None:
         last = -float("inf")
         while not self._stop.is_set():
-            self._wake.wait(self.period)
+            self._wake.wait(max(0.0, min(self.period, self._recheck_at - time.monotonic())))
+            self._recheck_at = float("inf")
             self._stop.wait(max(0.0, last + MIN_GAP_S - time.monotonic()))
             self._wake.clear()
             last = time.monotonic()
@@ -276,7 +278,10 @@ class SchedulerService:
         if base is None or base.draining:
             return None
         memory = self.balance_memory.setdefault(name, Memory())
-        d = decide(name, topology, base, workers, memory, time.time())
+        now = time.time()
+        d = decide(name, topology, base, workers, memory, now)
+        if d.recheck_at is not None:     # a change held by its minimum interval: decide again then
+            self._recheck_at = min(self._recheck_at, time.monotonic() + d.recheck_at - now)
         if not d.changed:
             return None
         for note in d.notes:
