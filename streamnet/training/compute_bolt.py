@@ -86,7 +86,11 @@ class ComputeBolt(Bolt):
     async def _work(self, tup):
         step = tup["step"]
         if step > self.params_step:
-            if not self.stash and time.monotonic() - self._asked_at > self.RESYNC_S:
+            if step == self.params_step + 1 and self._sent_at is not None and not self.stash:
+                # sent ahead (data_spout._send_ahead): the parameters of its step are on their
+                # way; tick() asks for them only if they have not come within RESYNC_S
+                self._asked_at = time.monotonic()
+            elif not self.stash and time.monotonic() - self._asked_at > self.RESYNC_S:
                 log.warning("unit %d holds parameters of step %d, work is for step %d: asking for them",
                             self.ctx.task_index, self.params_step, step)
                 self._ask_for_params()

@@ -80,6 +80,7 @@ class DataSpout(Spout):
         self.share_log: list[dict] = []             # the last SHARE_LOG changes of shares, published
         self.in_flight: dict[tuple, list] = {}      # (epoch, round, unit) -> work values
         self.flagged = False                        # is the round in flight a checkpoint round?
+        self.ahead = False                          # is the next round's work sent already (_send_ahead)?
         self.replay: list[tuple] = []
         self.replayed = 0
         self.replayed_samples = 0     # this task's, for /metrics (not saved)
@@ -127,8 +128,11 @@ class DataSpout(Spout):
             key = self.replay.pop()
             self._emit(key, self.in_flight[key])
             return
-        if self.in_flight or self.epoch >= self.cfg.epochs or self.stopped:
+        if self.in_flight:
+            self._send_ahead()
             return  # the barrier: the whole round must complete first
+        if self.epoch >= self.cfg.epochs or self.stopped:
+            return
         if self._landed < (self.step if self._must_land else self.step - 1 if self.balanced else -1):
             return  # the position this round depends on is not saved yet (see the module's docstring)
         self._must_land = False
@@ -146,27 +150,59 @@ class DataSpout(Spout):
                                       lr_scale=scale, batches=batches, checkpoint=self.flagged)
             self._emit(key, self.in_flight[key])
 
+    def _send_ahead(self) -> None:
+        """Send round r + 1's work while round r is in flight, so that it waits at the
+        units (which hold it until the parameters of its step come) instead of leaving
+        here only once every tree of round r is acked: a unit holding round r's result
+        then starts at once (a 2-worker round spent 0.9-1.7 ms between). Only where
+        round r + 1 is cut now as it would be then - static shares, not an epoch's last
+        round nor a checkpoint round, no drain or stop, nothing to replay, no save the
+        round must wait for - so the barrier's meaning is unchanged: round r + 2 still
+        waits for every tree of round r + 1."""
+        if (self.ahead or self.balanced or self.replay or self.draining or self.stopped or self._must_land
+                or self.flagged or self.round + 2 >= self.rounds
+                or any(k[:2] != (self.epoch, self.round) for k in self.in_flight)):
+            return
+        nxt = self.round + 1
+        scale = lr_scale(self.cfg.algorithm, (self.step + 1) / self.total)
+        for unit, rounds in enumerate(self.plan):
+            if nxt < len(rounds):
+                key = (self.epoch, nxt, unit)
+                self.in_flight[key] = row(WORK, unit=unit, epoch=self.epoch, round=nxt, step=self.step + 1,
+                                          lr_scale=scale, batches=[b.astype(np.int32) for b in rounds[nxt]],
+                                          checkpoint=False)
+                self._emit(key, self.in_flight[key])
+        self.ahead = True
+
     def ack(self, key):
         self.in_flight.pop(tuple(key), None)
-        if not self.in_flight:
-            self.round += 1
-            self.step += 1
-            self.ctx.figure("training_rounds_total", self.step, counter=True,
-                            help="Synchronisation rounds the data spout has seen complete (steps of the run)")
-            if self.round >= self.rounds:
-                self.epoch, self.round = self.epoch + 1, 0
-                if self.epoch < self.cfg.epochs:
-                    self.plan, self.rounds = self._epoch(self.epoch)
-            if self.draining and self.flagged and self.epoch < self.cfg.epochs:
-                self.stopped = True
-                log.warning("drained: stopped before epoch %d, round %d (step %d)",
-                            self.epoch + 1, self.round + 1, self.step)
-            changed = self._take_shares()
-            # under load balancing every round, else at most every SAVE_S; the next round waits
-            # for it at an epoch's start, after a checkpoint round, at a stop and with new shares
-            must = self.round == 0 or self.flagged or self.stopped or changed
-            if self.balanced or must or clock() - self._saved_at >= SAVE_S:
-                self._save(must)
+        while not any(k[:2] == (self.epoch, self.round) for k in self.in_flight):
+            if not self._round_done():
+                break
+
+    def _round_done(self) -> bool:
+        """Every tree of the current round is acked: move on; whether the round now
+        current was sent ahead (its trees may all be acked already)."""
+        ahead, self.ahead = self.ahead, False
+        self.round += 1
+        self.step += 1
+        self.ctx.figure("training_rounds_total", self.step, counter=True,
+                        help="Synchronisation rounds the data spout has seen complete (steps of the run)")
+        if self.round >= self.rounds:
+            self.epoch, self.round = self.epoch + 1, 0
+            if self.epoch < self.cfg.epochs:
+                self.plan, self.rounds = self._epoch(self.epoch)
+        if self.draining and self.flagged and self.epoch < self.cfg.epochs:
+            self.stopped = True
+            log.warning("drained: stopped before epoch %d, round %d (step %d)",
+                        self.epoch + 1, self.round + 1, self.step)
+        changed = self._take_shares()
+        # under load balancing every round, else at most every SAVE_S; the next round waits
+        # for it at an epoch's start, after a checkpoint round, at a stop and with new shares
+        must = self.round == 0 or self.flagged or self.stopped or changed
+        if self.balanced or must or clock() - self._saved_at >= SAVE_S:
+            self._save(must)
+        return ahead and not self.in_flight and self.epoch < self.cfg.epochs
 
     def _save(self, must: bool) -> None:
         """Save the position now reached, in the background, after any save in flight."""

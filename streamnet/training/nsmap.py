@@ -54,7 +54,7 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
     # timeout covers an epoch's end, whose trees include the evaluation (AlexNet-64 on 10,000
     # test images takes over a minute on one core); a lost worker is handled sooner, when the
     # assignment changes.
-    return b.build(allow_cycles=True, max_spout_pending=cfg.units, message_timeout_s=message_timeout_s,
+    return b.build(allow_cycles=True, max_spout_pending=2 * cfg.units, message_timeout_s=message_timeout_s,
                    queue_size=64, balance=cfg.balance)
 
 
