@@ -1,8 +1,10 @@
 """The data spout: each unit's work, round by round, epoch by epoch.
 
 A round's trees completing is the synchronisation barrier (see sync_bolt.py): the
-spout emits the next round only when every tree of this one is acked, and replays
-the work of a unit whose tree failed or timed out.
+spout emits round r + 2 only when every tree of round r + 1 is acked, and replays
+the work of a unit whose tree failed or timed out. Round r + 1 itself may go out
+while round r is in flight, where it is cut the same either way (_send_ahead): the
+units hold it until the parameters of its step come.
 
 The spout's saved position is where a spout started anew (its worker died) begins
 again; exactly-once is the sync bolt's business (it counts each step once and

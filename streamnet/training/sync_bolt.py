@@ -14,9 +14,11 @@ unit k with work in it:
     compute[j] sets the slice, acks.
 
 So unit k's tree completes only when every replica holds every slice of the new
-parameters (and, at an epoch's end, the evaluation is done); the spout's
-max_spout_pending equals the number of units, which makes the tree completion the
-synchronisation barrier.
+parameters (and, at an epoch's end, the evaluation is done); the data spout starts
+round r + 2 only once every tree of round r + 1 is complete, which makes the tree
+completion the synchronisation barrier (round r + 1 may go out ahead, held by the
+units until its parameters come: data_spout._send_ahead; max_spout_pending is twice
+the number of units).
 A lost tuple fails the tree and the spout replays the unit's work; the sync bolt
 counts each (epoch, round, unit) once (SyncState, SampleLedger) and answers a replay
 of a round it already combined by sending the current parameters again

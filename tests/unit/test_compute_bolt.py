@@ -86,6 +86,26 @@ def test_work_ahead_of_the_parameters_is_held_and_the_request_repeated_until_the
     assert len(out.emitted) == 4                                # nothing held: no request
 
 
+def test_work_sent_ahead_for_the_next_step_waits_for_its_parameters_without_asking():
+    """The data spout sends round r + 1 while round r is in flight: a unit that has just
+    sent its result for step r holds work for step r + 1 quietly - the parameters are on
+    their way - and asks for them only if they do not come within RESYNC_S."""
+    bolt, out = _bolt()
+    params = bolt.unit.model.params.copy()
+    asyncio.run(bolt.execute(_params(2, params)))
+    asyncio.run(bolt.execute(_work(2)))                         # step 2 computed and sent
+    assert [s for s, _ in out.emitted] == ["default"]
+    asyncio.run(bolt.execute(_work(3)))                         # step 3, ahead of its parameters
+    assert [s for s, _ in out.emitted] == ["default"]           # held, no request
+    bolt.tick()
+    assert len(out.emitted) == 1
+    bolt.RESYNC_S = 0.0                                         # they are overdue: ask
+    bolt.tick()
+    assert out.emitted[-1] == ("resync", row(RESYNC, task=7))
+    asyncio.run(bolt.execute(_params(3, params)))
+    assert [dict(zip(CONTRIBUTION, v))["step"] for s, v in out.emitted if s == "default"] == [2, 3]
+
+
 def test_work_already_applied_is_answered_by_field_name():
     """A replay of a combined step: the answer's values follow the stream's declared fields."""
     bolt, out = _bolt()

@@ -232,3 +232,59 @@ def test_a_failed_save_behind_a_later_position_is_not_tried_again_and_a_cancelle
     saves.started[-1][1].cancel()                    # the worker closing
     spout.next_tuple()
     assert spout._saving is None and spout._queued is None and len(saves.started) == 3
+
+
+def _key_of(work) -> tuple:
+    return (work["epoch"], work["round"], work["unit"])
+
+
+def test_the_next_round_goes_out_ahead_with_what_the_barrier_would_send():
+    """With static shares, round r + 1's work leaves while round r is in flight (the units
+    hold it until its step's parameters come); round r + 2 still waits for every tree of
+    r + 1, an epoch's last round is never sent ahead, and the whole run sends what a
+    spout that waits for each round sends, each piece of work once."""
+    barrier, out = _spout([])
+    expected = []
+    while not barrier.is_done():
+        expected += [(_key_of(w), w["step"], w["lr_scale"], w["checkpoint"], [b.tolist() for b in w["batches"]])
+                     for w in _round(barrier, out)]
+
+    spout, out = _spout([])
+    sent, rounds = [], barrier.rounds
+    spout.next_tuple()
+    spout.next_tuple()                          # round 0 in flight: round 1 goes out ahead
+    assert sorted({_key_of(w)[1] for _, w in out.emitted}) == [0, 1]
+    sent += out.emitted
+    out.emitted.clear()
+    spout.next_tuple()
+    assert out.emitted == []                    # round 2 waits for round 1 (and round 0)
+    while not spout.is_done():
+        spout.next_tuple()
+        spout.next_tuple()
+        new, out.emitted[:] = list(out.emitted), []
+        sent += new
+        oldest = min(k[:2] for k in spout.in_flight)
+        ahead = [k for k in spout.in_flight if k[:2] != oldest]
+        if ahead:
+            assert ahead[0][1] == oldest[1] + 1 and oldest[1] + 2 < rounds   # never an epoch's last round
+            for k in ahead:
+                spout.ack(k)                     # the round ahead acked first: nothing moves on
+            assert (spout.epoch, spout.round) == oldest
+        for k in [k for k in spout.in_flight if k[:2] == oldest]:
+            spout.ack(k)
+    got = [(_key_of(w), w["step"], w["lr_scale"], w["checkpoint"], [b.tolist() for b in w["batches"]])
+           for _, w in sent]
+    assert sorted(got) == sorted(expected) and len(got) == len(expected)
+
+
+def test_nothing_goes_out_ahead_under_load_balancing_or_with_a_replay_pending():
+    spout, out, saves, box = _balanced()
+    spout.next_tuple()
+    spout.next_tuple()
+    assert {w["round"] for _, w in out.emitted} == {0}
+    spout, out = _spout([])
+    spout.next_tuple()
+    spout.fail(out.emitted[0][0])
+    out.emitted.clear()
+    spout.next_tuple()                          # the replay, not the next round
+    assert [w["round"] for _, w in out.emitted] == [0]
