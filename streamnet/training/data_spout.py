@@ -138,18 +138,22 @@ class DataSpout(Spout):
         if self._landed < (self.step if self._must_land else self.step - 1 if self.balanced else -1):
             return  # the position this round depends on is not saved yet (see the module's docstring)
         self._must_land = False
-        scale = lr_scale(self.cfg.algorithm, self.step / self.total)
         self.flagged = self.draining or (self.checkpoints and self.round + 1 >= self.rounds)
         if self.balanced:       # every unit has every round, cut by the shares
             work = enumerate(self.schedule.round(self.epoch, self.round, self.shares))
         else:
             work = ((unit, rounds[self.round] if self.round < len(rounds) else [])
                     for unit, rounds in enumerate(self.plan) if self.round < len(rounds) or self.flagged)
+        self._send_round(self.round, self.step, work, self.flagged)
+
+    def _send_round(self, rnd: int, step: int, work, flagged: bool) -> None:
+        """Emit round `rnd` (step `step`) of the current epoch: each unit's batches in
+        `work` ((unit, batches) pairs), held in flight until its tree is acked."""
+        scale = lr_scale(self.cfg.algorithm, step / self.total)
         for unit, mine in work:
-            batches = [b.astype(np.int32) for b in mine]
-            key = (self.epoch, self.round, unit)
-            self.in_flight[key] = row(WORK, unit=unit, epoch=self.epoch, round=self.round, step=self.step,
-                                      lr_scale=scale, batches=batches, checkpoint=self.flagged)
+            key = (self.epoch, rnd, unit)
+            self.in_flight[key] = row(WORK, unit=unit, epoch=self.epoch, round=rnd, step=step, lr_scale=scale,
+                                      batches=[b.astype(np.int32) for b in mine], checkpoint=flagged)
             self._emit(key, self.in_flight[key])
 
     def _send_ahead(self) -> None:
@@ -166,14 +170,8 @@ class DataSpout(Spout):
                 or any(k[:2] != (self.epoch, self.round) for k in self.in_flight)):
             return
         nxt = self.round + 1
-        scale = lr_scale(self.cfg.algorithm, (self.step + 1) / self.total)
-        for unit, rounds in enumerate(self.plan):
-            if nxt < len(rounds):
-                key = (self.epoch, nxt, unit)
-                self.in_flight[key] = row(WORK, unit=unit, epoch=self.epoch, round=nxt, step=self.step + 1,
-                                          lr_scale=scale, batches=[b.astype(np.int32) for b in rounds[nxt]],
-                                          checkpoint=False)
-                self._emit(key, self.in_flight[key])
+        self._send_round(nxt, self.step + 1, ((unit, rounds[nxt]) for unit, rounds in enumerate(self.plan)
+                                              if nxt < len(rounds)), flagged=False)
         self.ahead = True
 
     def ack(self, key):
