@@ -218,17 +218,16 @@ def share_response(share_log: list, on, off) -> dict:
 
 def _held_median(share_log: list, start: float, end: float) -> list | None:
     """The shares held for the median of the time from `start` to `end` (by the loaded
-    unit's share), from the share log."""
+    unit's share), from a share log with at least one entry."""
     spans = []
     for i, e in enumerate(share_log):
         lo = max(e["t"], start)
         hi = min(share_log[i + 1]["t"] if i + 1 < len(share_log) else end, end)
         if hi > lo:
             spans.append((e["shares"], hi - lo))
-    first_t = share_log[0]["t"] if share_log else end
-    if first_t > start:
-        spans.append(([1.0] * len(share_log[0]["shares"]) if share_log else None, min(first_t, end) - start))
-    spans = sorted((s for s in spans if s[0]), key=lambda s: s[0][LOADED])
+    if share_log[0]["t"] > start:            # equal shares until the first change
+        spans.append(([1.0] * len(share_log[0]["shares"]), min(share_log[0]["t"], end) - start))
+    spans.sort(key=lambda s: s[0][LOADED])
     total, acc = sum(d for _, d in spans), 0.0
     for shares, d in spans:
         acc += d

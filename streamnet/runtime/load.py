@@ -19,7 +19,7 @@
 - the compute pool's busy fraction.
 
 `LoadMeter.sample()` turns these into one plain record (`record()` again with the
-last host figures, when a task reported work); `moved()` says whether a new record
+last host figures, when a task reported work); `news()` says whether (and how urgently) a new record
 differs enough from the last one published to be worth a coordinator write, and
 `due()` bounds the rate of writes (a burst of BURST, then one per MIN_PUBLISH_S), so
 that hundreds of workers do not flood ZooKeeper with unchanged numbers while a real
@@ -259,11 +259,6 @@ def _moved(a: float, b: float, frac: float) -> bool:
 
 
 NONE, ORDINARY, URGENT = 0, 1, 2     # how much a new record is news (news())
-
-
-def moved(old: dict, new: dict, frac: float = CHANGE) -> bool:
-    """Whether a figure the policy acts on moved (news() says how urgently)."""
-    return news(old, new, frac) > NONE
 
 
 def news(old: dict, new: dict, frac: float = CHANGE) -> int:

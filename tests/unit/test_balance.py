@@ -8,8 +8,8 @@ from streamnet.runtime import TopologyBuilder
 from streamnet.runtime.assignment import Assignment, AssignmentError
 from streamnet.runtime.control import balance
 from streamnet.runtime.control.balance import Memory, decide
-from streamnet.runtime.load import (MIN_REPORTS, ORDINARY, RECENT, URGENT, WARMUP, WINDOW, LoadMeter, SpeedWindow,
-                                    moved, news)
+from streamnet.runtime.load import (MIN_REPORTS, NONE, ORDINARY, RECENT, URGENT, WARMUP, WINDOW, LoadMeter,
+                                    SpeedWindow, news)
 
 NAME = "t"
 
@@ -213,14 +213,14 @@ def test_speed_window_and_what_is_worth_publishing():
         w.add(50, 1.5)
     assert w.error() == 0.0
     base = {"cores": 2, "threads": 2, "foreign_busy": 0.0, "seconds_per_item": {"t": {"1": 0.01}}}
-    assert not moved(base, {**base, "foreign_busy": 0.2})           # less than a quarter core: noise
-    assert moved(base, {**base, "foreign_busy": 0.8})
-    assert not moved(base, {**base, "seconds_per_item": {"t": {"1": 0.0105}}})
-    assert moved(base, {**base, "seconds_per_item": {"t": {"1": 0.013}}})
-    assert moved(base, {**base, "threads": 1})
+    assert news(base, {**base, "foreign_busy": 0.2}) == NONE           # less than a quarter core: noise
+    assert news(base, {**base, "foreign_busy": 0.8}) != NONE
+    assert news(base, {**base, "seconds_per_item": {"t": {"1": 0.0105}}}) == NONE
+    assert news(base, {**base, "seconds_per_item": {"t": {"1": 0.013}}}) != NONE
+    assert news(base, {**base, "threads": 1}) != NONE
     sharp = {**base, "speed_error": {"t": {"1": 0.1}}}
-    assert not moved(sharp, {**sharp, "speed_error": {"t": {"1": 0.06}}})
-    assert moved(sharp, {**sharp, "speed_error": {"t": {"1": 0.04}}})     # the leader may act on less now
+    assert news(sharp, {**sharp, "speed_error": {"t": {"1": 0.06}}}) == NONE
+    assert news(sharp, {**sharp, "speed_error": {"t": {"1": 0.04}}}) != NONE     # the leader may act on less now
     # how urgently: a step in a speed, a first speed, or one under a new share cannot wait
     assert news(sharp, {**sharp, "speed_error": {"t": {"1": 0.04}}}) == ORDINARY
     assert news(base, {**base, "seconds_per_item": {"t": {"1": 0.013}}}) == ORDINARY

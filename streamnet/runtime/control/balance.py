@@ -204,20 +204,19 @@ def decide(name: str, topology: Topology, assignment: Assignment, workers: dict,
         current = {t: shares.get(t, 1.0) for t in sp}
         seen = _remember(memory, cid, current, rel, now)
         fitted = _affine_target(memory.basis.get(cid), sp, current, now)
-        target = fitted if fitted and not _turns(memory, current, fitted) else _normalise(rel)
-        moves = {t: (target[t] > current[t]) - (target[t] < current[t]) for t in sp}
-        turns = _turns(memory, current, target)
+        target = fitted if fitted and not _turns(memory, _moves_of(current, fitted)) else _normalise(rel)
+        moves = _moves_of(current, target)
+        turns = _turns(memory, moves)
+        since = now - memory.changed_at.get(cid, -math.inf)
         # a change that goes on as the last one went, soon after it: the speeds settling
         # at the shares it made (a co-tenant's effect growing, a unit slower per item at
         # its smaller share), not noise - noise would have to turn the shares back
-        goes_on = not turns and now - memory.changed_at.get(cid, -math.inf) < CONTINUE_S
-        noise = (NOISE_CONTINUE if goes_on else NOISE) * _noise(name, sp, assignment, workers)
-        wait = memory.changed_at.get(cid, -math.inf) + MIN_INTERVAL_S - now
-        if _gap(target, current) > max(CHANGE, noise) and turns and wait > 0 \
-                and not _turns_back_here(seen, current, target):
-            d.recheck_at = min(d.recheck_at or math.inf, now + wait)
-        if _gap(target, current) > max(CHANGE, noise) and (not turns or (
-                wait <= 0 and not _turns_back_here(seen, current, target))):
+        noise = (NOISE_CONTINUE if not turns and since < CONTINUE_S else NOISE) * _noise(name, sp, assignment, workers)
+        wanted = _gap(target, current) > max(CHANGE, noise) and not (
+            turns and _turns_back_here(seen, current, target))
+        if wanted and turns and since < MIN_INTERVAL_S:       # held by the interval alone: decide again then
+            d.recheck_at = min(d.recheck_at or math.inf, now + MIN_INTERVAL_S - since)
+        elif wanted:
             shares.update(target)
             memory.changed_at[cid] = now
             memory.direction.update({t: m for t, m in moves.items() if m})
@@ -237,11 +236,15 @@ def decide(name: str, topology: Topology, assignment: Assignment, workers: dict,
     return d
 
 
-def _turns(memory: Memory, current: dict[int, float], target: dict[int, float]) -> bool:
-    """Whether moving from `current` to `target` turns a task's share back (up after
-    its last move down, or down after up)."""
-    return any(m and memory.direction.get(t, m) != m
-               for t, m in ((t, (target[t] > current[t]) - (target[t] < current[t])) for t in target))
+def _moves_of(current: dict[int, float], target: dict[int, float]) -> dict[int, int]:
+    """Each task's move from `current` to `target` shares: +1 up, -1 down, 0 none."""
+    return {t: (target[t] > current[t]) - (target[t] < current[t]) for t in target}
+
+
+def _turns(memory: Memory, moves: dict[int, int]) -> bool:
+    """Whether `moves` turn a task's share back (up after its last move down, or down
+    after up)."""
+    return any(m and memory.direction.get(t, m) != m for t, m in moves.items())
 
 
 def _threads(assignment: Assignment, workers: dict, memory: Memory, now: float, notes: list) -> dict[str, int]:
