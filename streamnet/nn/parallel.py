@@ -119,6 +119,31 @@ def _spin_until(flag, value, checks):
     return flag[0] >= value
 
 
+@njit(nogil=True)
+def _publish_then_spin(published, k, value, flag, wanted, checks):
+    """published[k] = value, then _spin_until(flag, wanted, checks). The write happens
+    with the GIL released: a thread polling `published` (without the GIL) that sees it
+    takes the GIL uncontended, where one set from Python would wake the poller while
+    the setter still held the GIL for the rest of its bookkeeping, so that the poller
+    slept on the GIL until woken (a cross-core wake-up, 50-150 us on such hosts)."""
+    published[k] = value
+    for _ in range(checks):
+        if flag[0] >= wanted:
+            return True
+        _sched_yield()
+    return flag[0] >= wanted
+
+
+@njit(nogil=True)
+def _spin_until_at(flags, k, value, checks):
+    """_spin_until on flags[k]."""
+    for _ in range(checks):
+        if flags[k] >= value:
+            return True
+        _sched_yield()
+    return flags[k] >= value
+
+
 class _Signal:
     """A one-shot event that its waiter first polls for up to SPIN_CHECKS without the
     GIL and only then sleeps on: on a host whose cross-core wake-up is slow, a wait of
@@ -188,6 +213,7 @@ class ParallelStep:
         self._plans: dict[int, tuple] = {}
         # threads 1..T-1 stay between steps (_partner): a step bumps _go and sets _job
         self._go = np.zeros(1, dtype=np.int64)
+        self._left = np.zeros(self.threads, dtype=np.int64)  # [k]: the last step thread k left
         self._job = None
         self._alive = [False] * self.threads
         self._closing = False
@@ -230,7 +256,7 @@ class ParallelStep:
         # slices and no other thread is inside it (it never leaves one running on
         # shared buffers)
         state = {"chunk": 0, "left": len(chunks), "slice": 0, "failed": False,
-                 "active": 0, "caller_done": False, "losses": {}, "errors": []}
+                 "active": set(), "caller_done": False, "losses": {}, "errors": []}
         all_done, quiet = _Signal(), _Signal()
         lock = self._lock
 
@@ -264,8 +290,8 @@ class ParallelStep:
                     if state["left"] == 0:
                         all_done.set()
                 c = take("chunk", len(chunks))
-            if k >= len(slices):
-                return  # a small model's sum is the calling thread's (see _slices)
+            if self.small or k >= len(slices):
+                return  # a small model's sum is the calling thread's, once the others left
             all_done.wait()  # the chunks other threads are still running
             j = take("slice", len(slices))
             while j >= 0:
@@ -279,41 +305,51 @@ class ParallelStep:
 
         def partner(k):
             with lock:
-                state["active"] += 1
+                state["active"].add(k)
             try:
                 run(k)
             finally:
                 with lock:
-                    state["active"] -= 1
-                    if state["active"] == 0 and state["caller_done"]:
+                    state["active"].discard(k)
+                    if not state["active"] and state["caller_done"]:
                         quiet.set()
+            # back in _partner, the thread publishes _left[k] = this step without the GIL
 
-        self._start_partners(partner, used)
+        step = self._start_partners(partner, used)
         try:
             run(0)
         except BaseException as e:      # not from a chunk (run catches those): still wait below
             fail(e)
         with lock:
             state["caller_done"] = True
-            others = state["active"]
-        if others:
-            quiet.wait()
+            others = sorted(state["active"])
+        for k in others:
+            # poll for the flag partner k publishes once it has left (see
+            # _publish_then_spin); if it takes too long, sleep until the last one leaves
+            if not _spin_until_at(self._left, k, step, SPIN_CHECKS):
+                quiet.wait()
+                break
         if state["errors"]:
             raise state["errors"][0]
+        if self.small:
+            K.weighted_sum_rows(model.grads, rows, weights, 0, model.num_params)
         losses = state["losses"]
         model.set_random_state(self._replicas[0].random_state())
         return float(sum(weights[c] * losses[c] for c in range(len(chunks)))), model.grads
 
-    def _start_partners(self, job, count: int) -> None:
+    def _start_partners(self, job, count: int) -> int:
         """Hand this step's job to threads 1..count-1: those still waiting from the last
-        step take it at once, a task is submitted for each of the others."""
+        step take it at once, a task is submitted for each of the others. Returns the
+        step's number."""
         with self._lock:
             self._job = job
             self._go[0] += 1
+            step = int(self._go[0])
             for k in range(1, count):
                 if not self._alive[k]:
                     self._alive[k] = True
-                    self._pool.submit(self._partner, k, int(self._go[0]) - 1)
+                    self._pool.submit(self._partner, k, step - 1)
+        return step
 
     def _partner(self, k: int, seen: int) -> None:
         """Thread k of the steps: run each new step's job, waiting between steps (a
@@ -321,7 +357,8 @@ class ParallelStep:
         a task again)."""
         try:
             while True:
-                waited = _spin_until(self._go, seen + 1, SPIN_CHECKS)
+                # says, without the GIL, that the step `seen` is left (see _step)
+                waited = _publish_then_spin(self._left, k, seen, self._go, seen + 1, SPIN_CHECKS)
                 with self._lock:
                     # decided under the lock that _start_partners takes: a step that
                     # finds this thread alive is sure to be run by it
