@@ -101,6 +101,12 @@ MIN_CHUNK = 32
 #: fc-v1045): between the steps of a round, and at a step's join, the other thread is
 #: back well within it, and a wake-up from sleep costs 100-300 us on such a host
 SPIN_CHECKS = 2000
+#: sched_yield calls (~0.5 us each) a thread waits between seeing a step start and
+#: asking for the GIL, which the calling thread holds until its first kernel: LeNet-5
+#: b64, the second thread's start 55 -> 45 us mean and a step 1575 -> 1541 us mean
+#: (a timeline of 1,800 steps each, alternating; 0 and 20 against 1.71x and 1.74x
+#: one thread, within the noise)
+GRACE_CHECKS = 20
 
 _sched_yield = ctypes.CDLL(None).sched_yield
 _sched_yield.argtypes = []
@@ -120,15 +126,22 @@ def _spin_until(flag, value, checks):
 
 
 @njit(nogil=True)
-def _publish_then_spin(published, k, value, flag, wanted, checks):
-    """published[k] = value, then _spin_until(flag, wanted, checks). The write happens
-    with the GIL released: a thread polling `published` (without the GIL) that sees it
-    takes the GIL uncontended, where one set from Python would wake the poller while
-    the setter still held the GIL for the rest of its bookkeeping, so that the poller
-    slept on the GIL until woken (a cross-core wake-up, 50-150 us on such hosts)."""
+def _publish_then_spin(published, k, value, flag, wanted, checks, grace):
+    """published[k] = value, then _spin_until(flag, wanted, checks), and once the flag
+    is seen `grace` more sched_yield calls before returning.
+
+    The write happens with the GIL released: a thread polling `published` (without the
+    GIL) that sees it takes the GIL uncontended, where one set from Python would wake
+    the poller while the setter still held the GIL for the rest of its bookkeeping, so
+    that the poller slept on the GIL until woken (a cross-core wake-up, 50-150 us on
+    such hosts). The grace is for the same reason: whoever set `flag` holds the GIL
+    for a few more microseconds (until its first kernel), and a thread that asks for
+    it meanwhile sleeps until woken."""
     published[k] = value
     for _ in range(checks):
         if flag[0] >= wanted:
+            for _ in range(grace):
+                _sched_yield()
             return True
         _sched_yield()
     return flag[0] >= wanted
@@ -272,6 +285,8 @@ class ParallelStep:
                 state["errors"].append(e)
             all_done.set()  # release the others
 
+        started = []   # the step's number, once the calling thread started the others
+
         def run(k):
             c = take("chunk", len(chunks))
             while c >= 0:
@@ -279,6 +294,9 @@ class ParallelStep:
                 rep = self._replicas[c]
                 rep.set_random_state(steps)
                 rep.set_sample_offset(lo)
+                if not started:
+                    # as late as possible, so the GIL is free soon after they see it
+                    started.append(self._start_partners(partner, used))
                 try:
                     loss = rep._loss_and_grad(x[lo:hi], labels[lo:hi])[0]
                 except BaseException as e:
@@ -315,11 +333,11 @@ class ParallelStep:
                         quiet.set()
             # back in _partner, the thread publishes _left[k] = this step without the GIL
 
-        step = self._start_partners(partner, used)
         try:
             run(0)
         except BaseException as e:      # not from a chunk (run catches those): still wait below
             fail(e)
+        step = started[0] if started else self._start_partners(partner, used)
         with lock:
             state["caller_done"] = True
             others = sorted(state["active"])
@@ -358,7 +376,8 @@ class ParallelStep:
         try:
             while True:
                 # says, without the GIL, that the step `seen` is left (see _step)
-                waited = _publish_then_spin(self._left, k, seen, self._go, seen + 1, SPIN_CHECKS)
+                waited = _publish_then_spin(self._left, k, seen, self._go, seen + 1, SPIN_CHECKS,
+                                            GRACE_CHECKS)
                 with self._lock:
                     # decided under the lock that _start_partners takes: a step that
                     # finds this thread alive is sure to be run by it
