@@ -168,7 +168,7 @@ def measure(c, quick: bool) -> dict:
     print(f"  round trip, 62k float32 (248 KB) each way: p50 {r['p50_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms  "
           f"(CPU {r['cpu_ms_per_round_trip']:.3f} ms per round trip, both ends)")
     out["bulk"] = {}
-    for label, size, count in (("247KB", 247_000 // 4, 1000 if quick else 6000),
+    for label, size, count in (("247KB", 247_000 // 4, 1000 if quick else 20000),
                                ("10MB", 10 * 2 ** 20 // 4, 40 if quick else 200)):
         c0 = cpu_s(c)
         s = stats_of(c.run(bench.bulk(size, count)))
