@@ -237,3 +237,37 @@ def test_a_stream_of_small_frames_keeps_only_the_stage_it_writes_resident():
         readers.append(r)
     grown = _resident_bytes() - before
     assert grown < n * frame_io.STAGE_BYTES // 4, f"{grown / n / 1024:.0f} KB resident per reader"
+
+
+def test_a_plain_stream_wakes_once_for_the_rest_of_a_large_frame():
+    """SO_RCVLOWAT follows what a large frame still lacks (capped at LOWAT_MAX) and is
+    back to 1 once it is whole; small frames leave it alone. On a real socket."""
+    import socket
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    conn, _ = server.accept()
+    try:
+        lowat = lambda: conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)  # noqa: E731
+        reader = FrameReader(FakeTransport(), Previous(), codec.DEFAULT_LIMITS, FrameAuth(KEY), 30.0,
+                             lowat_sock=conn)
+        small, large = _wire([1, np.ones(100, np.float32)], 0), _wire([np.ones(200_000, np.float32)], 1)
+        buf = reader.get_buffer(-1)
+        buf[:len(small)] = small
+        reader.buffer_updated(len(small))
+        assert len(reader.ready) == 1 and lowat() == 1
+        reader.get_buffer(-1)[:codec.PREFIX.size] = large[:codec.PREFIX.size]
+        reader.buffer_updated(codec.PREFIX.size)
+        left = len(large) - codec.PREFIX.size
+        assert lowat() == min(left, frame_io.LOWAT_MAX)
+        rest = reader.get_buffer(-1)
+        rest[:600_000] = large[codec.PREFIX.size:codec.PREFIX.size + 600_000]
+        reader.buffer_updated(600_000)
+        assert lowat() == len(large) - codec.PREFIX.size - 600_000 < frame_io.LOWAT_MAX
+        rest = reader.get_buffer(-1)
+        rest[:] = large[codec.PREFIX.size + 600_000:]
+        reader.buffer_updated(len(rest))
+        assert len(reader.ready) == 2 and reader.error is None
+        assert lowat() == 1
+    finally:
+        for s in (client, conn, server):
+            s.close()

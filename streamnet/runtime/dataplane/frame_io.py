@@ -24,7 +24,12 @@ straight there (after a large frame the reader asks for the next prefix alone, s
 a stream of large frames is never staged). Decoded arrays are read-only views of
 that buffer. The reader checks each frame's sequence number and tag before the
 frame is handed on. Frames wait for the consumer up to MAX_READY_BYTES; past that,
-reading pauses and TCP pushes back on the sender.
+reading pauses and TCP pushes back on the sender. On a plain stream the socket's
+SO_RCVLOWAT follows the rest of a large frame (up to LOWAT_MAX), so the reader wakes
+once for it rather than for every 64 KB loopback delivers: two worker processes,
+alternating with it off, 4 runs each, bulk 247 KB 2.06-2.38 -> 2.41-2.89 GB/s, a 248
+KB round trip p50 0.525-0.600 -> 0.462-0.571 ms. (A peer that sends a frame's rest
+slower than LOWAT_MAX per READ_TIMEOUT_S is cut off as stalled.)
 
 Sending (`send_buffers`): one sendmsg gathers a frame's header, its arrays' own
 buffers and its trailer. Both ends give the socket SOCKET_BUFFER of kernel buffer, so
@@ -50,6 +55,7 @@ STAGE_BYTES = 256 << 10                # the staging buffer of small frames
 DIRECT_BYTES = 64 << 10                # frames larger than this are read into their own buffer
 MAX_READY_BYTES = 4 << 20              # received frames waiting for the consumer; reading pauses past it
 IOV_MAX = 1024
+LOWAT_MAX = 256 << 10                  # the most of a large frame's rest a read waits for
 SOCKET_BUFFER = 4 << 20                # SO_SNDBUF / SO_RCVBUF of a stream (the kernel caps it at *mem_max)
 
 
@@ -121,8 +127,12 @@ class FrameReader(asyncio.BufferedProtocol):
     It replaces the HTTP server's protocol on the transport once the stream is
     upgraded, and passes the connection's end on to it."""
 
-    def __init__(self, transport, previous, limits: codec.Limits, auth: FrameAuth, read_timeout_s: float):
+    def __init__(self, transport, previous, limits: codec.Limits, auth: FrameAuth, read_timeout_s: float,
+                 lowat_sock=None):
         self.transport, self.previous, self.limits, self.auth = transport, previous, limits, auth
+        # a plain stream's socket: its SO_RCVLOWAT follows the rest of a large frame
+        self.lowat_sock = lowat_sock
+        self.lowat = 1
         self.read_timeout_s = read_timeout_s
         self.seq = 0                        # the next frame's sequence number
         # np.empty, not bytearray (which zeroes it): only the pages the kernel writes to
@@ -165,6 +175,8 @@ class FrameReader(asyncio.BufferedProtocol):
             self.direct = (buf, filled + nbytes)
             if filled + nbytes == len(buf):
                 self._direct_done()
+            else:
+                self._wake_at(len(buf) - filled - nbytes)
             return
         self.end += nbytes
         self._parse()
@@ -209,6 +221,7 @@ class FrameReader(asyncio.BufferedProtocol):
                 if take == total:
                     self._direct_done()
                 else:
+                    self._wake_at(total - take)
                     break                   # the stage is empty now: the rest goes straight there
                 continue
             if avail < total:
@@ -228,7 +241,21 @@ class FrameReader(asyncio.BufferedProtocol):
         """A large frame is in its buffer: accept or refuse it."""
         buf, _ = self.direct
         self.direct = None
+        self._wake_at(1)
         self._accept(buf.toreadonly(), self.auth.tag(self.seq, [buf[:len(buf) - TRAILER.size]]))
+
+    def _wake_at(self, nbytes: int) -> None:
+        """Have the socket report readable only once `nbytes` are there (at most
+        LOWAT_MAX): the rest of a large frame arrives in one wake-up and one read, not
+        one per 64 KB that loopback delivers at a time."""
+        n = max(1, min(nbytes, LOWAT_MAX))
+        if self.lowat_sock is None or n == self.lowat:
+            return
+        try:
+            self.lowat_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
+            self.lowat = n
+        except OSError:
+            self.lowat_sock = None      # a platform without it: a wake-up per segment, as before
 
     def _accept(self, frame, tag: bytes) -> None:
         """A whole frame whose tag, computed here, is `tag`: ready if its trailer agrees."""

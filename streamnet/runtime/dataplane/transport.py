@@ -150,7 +150,8 @@ class StreamServer:
         if sock is not None:
             size_buffers(sock, socket.SO_RCVBUF)
         key = self.auth.session_key(nonce, sender, self.auth.worker_id)
-        reader = FrameReader(transport, transport.get_protocol(), self.limits, FrameAuth(key), READ_TIMEOUT_S)
+        reader = FrameReader(transport, transport.get_protocol(), self.limits, FrameAuth(key), READ_TIMEOUT_S,
+                             lowat_sock=sock if self.tls is None else None)
         transport.set_protocol(reader)
         transport.write(f"HTTP/1.1 101 Switching Protocols\r\nUpgrade: {self.protocol}\r\n"
                         "Connection: Upgrade\r\n\r\n".encode())
