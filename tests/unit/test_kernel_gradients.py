@@ -221,7 +221,30 @@ def test_weighted_average():
     np.testing.assert_allclose(out, (w[:, None] * vecs).sum(0) / w.sum(), rtol=1e-6)
 
 
+def test_weighted_average_sums_each_entry_in_float64_in_unit_order_across_blocks():
+    """Blocked, yet each entry is (w0*v0 + w1*v1 + ...) / sum(w) in float64, in that
+    order: equal, bit for bit, to that formula on a vector several blocks long."""
+    from streamnet.kernels.optim import SUM_BLOCK
+    n = 3 * SUM_BLOCK + 17
+    vecs = rng.standard_normal((3, n)).astype(np.float32)
+    w = np.array([256.0, 200.0, 7.0])
+    out = np.empty(n, np.float32)
+    K.weighted_average(out, vecs, w)
+    acc = np.zeros(n, np.float64)
+    for j in range(3):
+        acc += w[j] * vecs[j].astype(np.float64)
+    np.testing.assert_array_equal(out, (acc / w.sum()).astype(np.float32))
+
+
 def test_all_finite():
     assert K.all_finite(np.ones(5, np.float32))
     assert not K.all_finite(np.array([1.0, np.nan], np.float32))
     assert not K.all_finite(np.array([np.inf], np.float32))
+    assert K.all_finite(np.empty(0, np.float32))
+    from streamnet.kernels.optim import SUM_BLOCK
+    for where in (0, SUM_BLOCK - 1, SUM_BLOCK, 5 * SUM_BLOCK + 3):     # in any block, at its edges
+        for bad in (np.nan, np.inf, -np.inf):
+            x = np.ones(5 * SUM_BLOCK + 4, np.float32)
+            x[where] = bad
+            assert not K.all_finite(x), (where, bad)
+    assert K.all_finite(np.full(5 * SUM_BLOCK + 4, np.finfo(np.float32).max, np.float32))
