@@ -186,6 +186,8 @@ class SyncBolt(SyncRecovery, Bolt):
             saving = asyncio.ensure_future(self._save(self.counts.saved()))
         try:
             if sum(c.vector.nbytes for c in contributions) <= INLINE_COMBINE_BYTES:
+                if not saving.done():
+                    await asyncio.sleep(0)      # the save's ZooKeeper call leaves before the combine
                 params = self.agg.combine(contributions, tuples[0]["lr_scale"], step)
             else:
                 params = await self.ctx.compute(self.agg.combine, contributions, tuples[0]["lr_scale"], step)
