@@ -44,13 +44,6 @@ from .sync_state import SyncState
 
 log = logging.getLogger(__name__)
 AHEAD_YIELDS = 16       # passes of the event loop before a save ahead starts (see SyncBolt._save_later)
-#: a round whose contributions hold at most this many bytes is combined on the event loop:
-#: the hand-off to the compute pool and back cost more than the combine (2-worker LeNet-5
-#: MixBP H=8, marks in the sync task, 354 rounds each: from the last contribution to the
-#: combined parameters 0.399 -> 0.229 ms median, 0.450 -> 0.253 mean; on one worker,
-#: perf/engine.py's time outside compute did not tell them apart: 1.55-1.71 against
-#: 1.65-2.14 ms a round, 4 pairs each, alternating)
-INLINE_COMBINE_BYTES = 1 << 20
 
 
 class SyncBolt(SyncRecovery, Bolt):
@@ -185,12 +178,7 @@ class SyncBolt(SyncRecovery, Bolt):
                 await asyncio.wait([ahead[1]])
             saving = asyncio.ensure_future(self._save(self.counts.saved()))
         try:
-            if sum(c.vector.nbytes for c in contributions) <= INLINE_COMBINE_BYTES:
-                if not saving.done():
-                    await asyncio.sleep(0)      # the save's ZooKeeper call leaves before the combine
-                params = self.agg.combine(contributions, tuples[0]["lr_scale"], step)
-            else:
-                params = await self.ctx.compute(self.agg.combine, contributions, tuples[0]["lr_scale"], step)
+            params = await self.ctx.compute(self.agg.combine, contributions, tuples[0]["lr_scale"], step)
         except BaseException:
             await asyncio.wait([saving])      # one save at a time; the round is combined again on replay
             self.counts.undo_last_round()

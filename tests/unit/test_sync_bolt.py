@@ -42,11 +42,11 @@ async def _compute(fn, *args):
     return fn(*args)
 
 
-def _bolt(save, compute=_compute):
+def _bolt(save):
     events = []
     bolt = SyncBolt(run=run_config_to_dict(CFG))
     ctx = Context(topology="t", component="sync", task=2, task_index=0, parallelism=1, worker="w0", config={},
-                  component_config=bolt.config, component_tasks=TASKS.__getitem__, compute=compute,
+                  component_config=bolt.config, component_tasks=TASKS.__getitem__, compute=_compute,
                   publish=lambda k, v: None, save_state=lambda state: save(events, state))
     out = Recorder(events)
     bolt.prepare(ctx, BoltCollector(out))
@@ -92,22 +92,3 @@ def test_a_combine_that_fails_leaves_the_round_uncounted():
         asyncio.run(bolt.execute(_contribution(bolt)))
     assert [e[0] for e in out.events] == ["save"] and out.acked == []
     assert (bolt.counts.next_step, bolt.counts.rounds, bolt.counts.samples) == (0, 0, 0)
-
-
-@pytest.mark.parametrize("big", [False, True])
-def test_a_small_round_is_combined_on_the_event_loop_and_a_big_one_on_the_compute_pool(big, monkeypatch):
-    from streamnet.training import sync_bolt
-    pooled = []
-
-    async def compute(fn, *args):
-        pooled.append(fn)
-        return fn(*args)
-    bolt, out = _bolt(lambda events, state: events.append(("save", state["next_step"])), compute)
-    tup = _contribution(bolt)
-    if big:
-        monkeypatch.setattr(sync_bolt, "INLINE_COMBINE_BYTES", tup["vector"].nbytes - 1)
-    before = bolt.agg.params.copy()
-    asyncio.run(bolt.execute(tup))
-    assert pooled == ([bolt.agg.combine] if big else [])
-    (_, _, values), = [e for e in out.events if e[0] == "emit"]
-    np.testing.assert_allclose(dict(zip(PARAMS, values))["params"], before - 0.01)   # the same either way
