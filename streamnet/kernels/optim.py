@@ -22,7 +22,7 @@ def sgd_step(params, grads, velocity, lr, momentum, weight_decay, nesterov):
         params[i] -= lr * g
 
 
-SUM_BLOCK = 2048  # float64 partial sums per pass of weighted_sum_rows (16 KiB: stays in L1)
+SUM_BLOCK = 2048  # entries per block of the blocked loops below (16 KiB of float64 sums: stays in L1)
 
 
 @jit

@@ -114,21 +114,21 @@ _sched_yield.restype = ctypes.c_int
 
 
 @njit(nogil=True)   # not cached: numba cannot cache a function that calls through ctypes
-def _spin_until(flag, value, checks):
-    """Wait, with the GIL released, until flag[0] >= value: True, or False after
-    `checks` sched_yield calls. The call is opaque to the compiler, so flag[0] is read
+def _spin_until(flags, k, value, checks):
+    """Wait, with the GIL released, until flags[k] >= value: True, or False after
+    `checks` sched_yield calls. The call is opaque to the compiler, so flags[k] is read
     again each time; a thread that needs the core meanwhile gets it."""
     for _ in range(checks):
-        if flag[0] >= value:
+        if flags[k] >= value:
             return True
         _sched_yield()
-    return flag[0] >= value
+    return flags[k] >= value
 
 
 @njit(nogil=True)
 def _publish_then_spin(published, k, value, flag, wanted, checks, grace):
-    """published[k] = value, then _spin_until(flag, wanted, checks), and once the flag
-    is seen `grace` more sched_yield calls before returning.
+    """published[k] = value, then _spin_until(flag, 0, wanted, checks), and once the
+    flag is seen `grace` more sched_yield calls before returning.
 
     The write happens with the GIL released: a thread polling `published` (without the
     GIL) that sees it takes the GIL uncontended, where one set from Python would wake
@@ -138,23 +138,11 @@ def _publish_then_spin(published, k, value, flag, wanted, checks, grace):
     for a few more microseconds (until its first kernel), and a thread that asks for
     it meanwhile sleeps until woken."""
     published[k] = value
-    for _ in range(checks):
-        if flag[0] >= wanted:
-            for _ in range(grace):
-                _sched_yield()
-            return True
+    if not _spin_until(flag, 0, wanted, checks):
+        return False
+    for _ in range(grace):
         _sched_yield()
-    return flag[0] >= wanted
-
-
-@njit(nogil=True)
-def _spin_until_at(flags, k, value, checks):
-    """_spin_until on flags[k]."""
-    for _ in range(checks):
-        if flags[k] >= value:
-            return True
-        _sched_yield()
-    return flags[k] >= value
+    return True
 
 
 class _Signal:
@@ -171,7 +159,7 @@ class _Signal:
         self._event.set()
 
     def wait(self) -> None:
-        if not _spin_until(self._flag, 1, SPIN_CHECKS):
+        if not _spin_until(self._flag, 0, 1, SPIN_CHECKS):
             self._event.wait()
 
 
@@ -220,8 +208,9 @@ class ParallelStep:
             if self._own_pool else executor
         self._busy = threading.Lock()
         self._lock = threading.Lock()  # guards the chunk counters of the step in progress
-        # slices of the gradient vector that threads take to sum the rows, fixed once:
-        # the whole vector for a small model, one slice per thread for a big one
+        # slices of the gradient vector to sum the rows over, fixed once: for a small
+        # model one, the whole vector, summed by the calling thread once the others have
+        # left; for a big one a slice per thread, taken by the threads
         self._slices = shard_bounds(model.num_params, 1 if self.small else self.threads)
         self._plans: dict[int, tuple] = {}
         # threads 1..T-1 stay between steps (_partner): a step bumps _go and sets _job
@@ -344,13 +333,13 @@ class ParallelStep:
         for k in others:
             # poll for the flag partner k publishes once it has left (see
             # _publish_then_spin); if it takes too long, sleep until the last one leaves
-            if not _spin_until_at(self._left, k, step, SPIN_CHECKS):
+            if not _spin_until(self._left, k, step, SPIN_CHECKS):
                 quiet.wait()
                 break
         if state["errors"]:
             raise state["errors"][0]
         if self.small:
-            K.weighted_sum_rows(model.grads, rows, weights, 0, model.num_params)
+            K.weighted_sum_rows(model.grads, rows, weights, *slices[0])   # the whole vector
         losses = state["losses"]
         model.set_random_state(self._replicas[0].random_state())
         return float(sum(weights[c] * losses[c] for c in range(len(chunks)))), model.grads
