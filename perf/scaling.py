@@ -47,7 +47,7 @@ def _config(mode: str, workers: int, a):
     from streamnet.training import AlgorithmConfig, DataConfig, ModelConfig, RunConfig
     return RunConfig(model=ModelConfig(name="lenet5"), data=DataConfig(train_limit=a.train_limit),
                      algorithm=AlgorithmConfig(**MODES[mode]), units=workers, threads=workers,
-                     epochs=a.max_epochs)
+                     epochs=a.max_epochs, balance=a.balance)
 
 
 def epoch_rate(history) -> float | None:
@@ -125,6 +125,9 @@ def main() -> int:
     p.add_argument("--budget-s", type=float, default=900.0, help="give up on a run after this long")
     p.add_argument("--out", default="scaling.json",
                    help="results file: a name under perf/results or a path (the PNG goes beside it)")
+    p.add_argument("--balance", choices=("static", "load"), default="static",
+                   help="the engine's --balance (load, the commands' default: shares follow the units' speeds, "
+                        "and the data spout saves its position every round)")
     p.add_argument("--engine", choices=("processes", "local"), default="processes",
                    help="workers as streamnet-worker processes on ZooKeeper (as users run them), or as threads")
     a = p.parse_args()

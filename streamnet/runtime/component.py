@@ -128,7 +128,7 @@ class Context:
                  compute: Callable[..., Awaitable], publish: Callable[[str, Any], None],
                  save_state: Callable[[Any], None], put_checkpoint: Callable[[dict], None] = None,
                  compute_share: Callable[[], int] = lambda: 1,
-                 report_work: Callable[[float, float], None] = lambda items, seconds: None,
+                 report_work: Callable[[float, float, float | None], None] = lambda items, seconds, share: None,
                  work_shares: Callable[[str], list[float] | None] = lambda component: None,
                  save_state_async: Callable[[Any], Awaitable[None]] | None = None):
         self.topology, self.component, self.task = topology, component, task
@@ -169,12 +169,14 @@ class Context:
         each step: a rebalance of threads, or a task moving in or out, changes it."""
         return self._compute_share()
 
-    def report_work(self, items: float, seconds: float) -> None:
+    def report_work(self, items: float, seconds: float, share: float | None = None) -> None:
         """This task processed `items` work items in `seconds` of compute (a training
         unit: samples, and the seconds its round took). The worker keeps a moving
         window of these and publishes the speed; with the topology setting
-        `balance="load"` the leader sets each task's work share from it."""
-        self._report_work(items, seconds)
+        `balance="load"` the leader sets each task's work share from it. `share`: the
+        work share the items were cut with, where the task knows it (work cut before a
+        change of shares may be done after it); None: the assignment's current one."""
+        self._report_work(items, seconds, share)
 
     def work_shares(self, component: str) -> list[float] | None:
         """The load balancer's current shares of `component`'s work, by task index

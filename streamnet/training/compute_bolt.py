@@ -109,7 +109,7 @@ class ComputeBolt(Bolt):
             c, seconds, started = await self.ctx.compute(self._round, tup["batches"], tup["lr_scale"])
             timing = {"compute_s": seconds, "queue_s": max(0.0, started - received), "worker": self.ctx.worker}
             self.compute_s += seconds
-            self.ctx.report_work(c.samples, seconds)      # this unit's speed, for load balancing
+            self.ctx.report_work(c.samples, seconds, share=tup["share"])   # this unit's speed, for load balancing
             self.samples += c.samples
             self._report()
             state = self.unit.state() if tup["checkpoint"] else None   # for a checkpoint that resumes exactly

@@ -3,8 +3,8 @@
 A round's trees completing is the synchronisation barrier (see sync_bolt.py): the
 spout emits round r + 2 only when every tree of round r + 1 is acked, and replays
 the work of a unit whose tree failed or timed out. Round r + 1 itself may go out
-while round r is in flight, where it is cut the same either way (_send_ahead): the
-units hold it until the parameters of its step come.
+while round r is in flight (_send_ahead): the units hold it until the parameters of
+its step come.
 
 The spout's saved position is where a spout started anew (its worker died) begins
 again; exactly-once is the sync bolt's business (it counts each step once and
@@ -20,16 +20,19 @@ different cuts. No round waits for that save (a ZooKeeper write, 1.7-1.9 ms a ro
 on fc-v1045), except where the shares change:
 
 - the save of round r's boundary starts as round r goes out, and round r + 1 goes out
-  only once it has landed (it has had a whole round to);
+  (ahead or not) only once it has landed (it has had a whole round to);
 - a change of shares goes out only once the position saved with it has landed;
+- a round sent ahead is cut with the shares of the round in flight, and only while
+  the balancer has no others: the boundary it then starts at keeps them, and a change
+  waits for the next boundary (one round later than without sending ahead);
 - a spout's first boundary keeps the shares it started with.
 
 So a spout that starts from the last position that landed, round q, knows that the
 one before it sent at most round q + 1, cut with the shares of round q (a change at
-q + 1 would have landed first): it sends q and q + 1 with those, and only then takes
-the balancer's. The saves that must land before the next round (an epoch's end, a
-checkpoint round, a stop) are waited for in both modes, and the spout is not done
-until its last save has landed.
+q + 1 would have landed first, and a round q + 1 sent ahead kept q's): it sends q
+and q + 1 with those, and only then takes the balancer's. The saves that must land
+before the next round (an epoch's end, a checkpoint round, a stop) are waited for in
+both modes, and the spout is not done until its last save has landed.
 """
 from __future__ import annotations
 
@@ -153,7 +156,8 @@ class DataSpout(Spout):
         for unit, mine in work:
             key = (self.epoch, rnd, unit)
             self.in_flight[key] = row(WORK, unit=unit, epoch=self.epoch, round=rnd, step=step, lr_scale=scale,
-                                      batches=[b.astype(np.int32) for b in mine], checkpoint=flagged)
+                                      batches=[b.astype(np.int32) for b in mine], checkpoint=flagged,
+                                      share=self.shares[unit])
             self._emit(key, self.in_flight[key])
 
     def _send_ahead(self) -> None:
@@ -161,17 +165,24 @@ class DataSpout(Spout):
         units (which hold it until the parameters of its step come) instead of leaving
         here only once every tree of round r is acked: a unit holding round r's result
         then starts at once (a 2-worker round spent 0.9-1.7 ms between). Only where
-        round r + 1 is cut now as it would be then - static shares, not an epoch's last
-        round nor a checkpoint round, no drain or stop, nothing to replay, no save the
-        round must wait for - so the barrier's meaning is unchanged: round r + 2 still
-        waits for every tree of round r + 1."""
-        if (self.ahead or self.balanced or self.replay or self.draining or self.stopped or self._must_land
+        round r + 1 is cut now as it would be then - not an epoch's last round nor a
+        checkpoint round, no drain or stop, nothing to replay, no save the round must
+        wait for; under load balancing the position of round r saved (the module's
+        docstring) and no new shares from the balancer, so that the boundary keeps
+        round r's - and the barrier's meaning is unchanged: round r + 2 still waits for
+        every tree of r + 1."""
+        if (self.ahead or self.replay or self.draining or self.stopped or self._must_land
                 or self.flagged or self.round + 2 >= self.rounds
                 or any(k[:2] != (self.epoch, self.round) for k in self.in_flight)):
             return
         nxt = self.round + 1
-        self._send_round(nxt, self.step + 1, ((unit, rounds[nxt]) for unit, rounds in enumerate(self.plan)
-                                              if nxt < len(rounds)), flagged=False)
+        if self.balanced:
+            if self._landed < self.step or self._new_shares() is not None:
+                return
+            work = enumerate(self.schedule.round(self.epoch, nxt, self.shares))
+        else:
+            work = ((unit, rounds[nxt]) for unit, rounds in enumerate(self.plan) if nxt < len(rounds))
+        self._send_round(nxt, self.step + 1, work, flagged=False)
         self.ahead = True
 
     def ack(self, key):
@@ -196,7 +207,7 @@ class DataSpout(Spout):
             self.stopped = True
             log.warning("drained: stopped before epoch %d, round %d (step %d)",
                         self.epoch + 1, self.round + 1, self.step)
-        changed = self._take_shares()
+        changed = self._take_shares(keep=ahead)
         # under load balancing every round, else at most every SAVE_S; the next round waits
         # for it at an epoch's start, after a checkpoint round, at a stop and with new shares
         must = self.round == 0 or self.flagged or self.stopped or changed
@@ -241,20 +252,26 @@ class DataSpout(Spout):
             self._saving = (step, state, self.ctx.save_state_started(state))
             self._saving[2].add_done_callback(lambda _: self._settle())
 
-    def _take_shares(self) -> bool:
+    def _new_shares(self) -> list[float] | None:
+        """The load balancer's shares where they differ from the spout's, else None."""
+        new = self.ctx.work_shares("compute") if self.balanced else None
+        return list(new) if new and len(new) == len(self.shares) and new != self.shares else None
+
+    def _take_shares(self, keep: bool) -> bool:
         """At a round boundary, the load balancer's current shares become the next
         round's (saved with the position at once, so a spout started anew cuts that
-        round the same way, and units never mix batches of two cuts)."""
-        if self._hold:          # see the module's docstring
+        round the same way, and units never mix batches of two cuts) - unless `keep`:
+        that round went out ahead, cut with the shares it had."""
+        if self._hold or keep:          # see the module's docstring
             self._hold = False
             return False
-        new = self.ctx.work_shares("compute") if self.balanced else None
-        if not new or len(new) != len(self.shares) or new == self.shares:
+        new = self._new_shares()
+        if new is None:
             return False
         before, after = self.schedule.batch_sizes(self.shares), self.schedule.batch_sizes(new)
         log.info("batch shares from round %d of epoch %d: %s", self.round + 1, self.epoch + 1, ", ".join(
             f"unit {k} batch {b} -> {a}" for k, (b, a) in enumerate(zip(before, after)) if a != b) or "unchanged")
-        self.shares = list(new)
+        self.shares = new
         for k, b in enumerate(after):
             self.ctx.figure("training_unit_batch", b, unit=str(k),
                             help="Samples per local step the data spout gives each unit (load balancing)")

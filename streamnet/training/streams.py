@@ -7,8 +7,9 @@ the others, and a missing or misspelt field is an error where the tuple is made.
 """
 from __future__ import annotations
 
-# data -> compute (direct): one unit's work for one round
-WORK = ("unit", "epoch", "round", "step", "lr_scale", "batches", "checkpoint")
+# data -> compute (direct): one unit's work for one round; `share`: the work share it was
+# cut with (load balancing; 1.0 otherwise), which the unit's speed is reported under
+WORK = ("unit", "epoch", "round", "step", "lr_scale", "batches", "checkpoint", "share")
 # With S sync tasks, sync task s owns slice s of the flat vector (slices.py): every
 # stream that carries a vector or a part of it names its slice.
 # compute -> sync s (direct): the unit's result for that round, slice s of its vector;

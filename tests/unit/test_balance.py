@@ -382,6 +382,9 @@ def test_a_worker_measures_a_task_afresh_under_a_new_share():
     assert record() == ({}, {})             # ... and a speed needs MIN_REPORTS rounds under the new share
     rt.report_work(1, 130, 2.6)
     assert record() == ({"1": pytest.approx(0.02)}, {"1": 1.3})
+    version(3, {1: 0.8, 2: 1.2})
+    rt.report_work(1, 130, 2.6, 1.3)        # work cut before this change (sent ahead) says so: it counts
+    assert record() == ({"1": pytest.approx(0.02)}, {"1": 1.3})     # under the share it was cut with
 
 
 def _affine_workers(shares: dict[int, float], error: float, fixed=0.4, speed={1: 1000.0, 2: 500.0}):

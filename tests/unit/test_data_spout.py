@@ -119,9 +119,9 @@ class Saves:
         return state
 
 
-def _balanced(state=None, shares=None):
+def _balanced(state=None, shares=None, cfg=replace(CFG, balance="load")):
     saves, box = Saves(), {"shares": shares}
-    spout, out = _spout([], state, replace(CFG, balance="load"), started=saves,
+    spout, out = _spout([], state, cfg, started=saves,
                         work_shares=lambda component: box["shares"])
     return spout, out, saves, box
 
@@ -238,18 +238,21 @@ def _key_of(work) -> tuple:
     return (work["epoch"], work["round"], work["unit"])
 
 
-def test_the_next_round_goes_out_ahead_with_what_the_barrier_would_send():
-    """With static shares, round r + 1's work leaves while round r is in flight (the units
-    hold it until its step's parameters come); round r + 2 still waits for every tree of
-    r + 1, an epoch's last round is never sent ahead, and the whole run sends what a
-    spout that waits for each round sends, each piece of work once."""
-    barrier, out = _spout([])
+@pytest.mark.parametrize("balance", ["static", "load"])
+def test_the_next_round_goes_out_ahead_with_what_the_barrier_would_send(balance):
+    """Round r + 1's work leaves while round r is in flight (the units hold it until its
+    step's parameters come); round r + 2 still waits for every tree of r + 1, an
+    epoch's last round is never sent ahead, and the whole run sends what a spout that
+    waits for each round sends, each piece of work once (under load balancing with
+    unchanged shares too: its saves land at once here)."""
+    cfg = replace(CFG, balance=balance)
+    barrier, out = _spout([], cfg=cfg)
     expected = []
     while not barrier.is_done():
         expected += [(_key_of(w), w["step"], w["lr_scale"], w["checkpoint"], [b.tolist() for b in w["batches"]])
                      for w in _round(barrier, out)]
 
-    spout, out = _spout([])
+    spout, out = _spout([], cfg=cfg)
     sent, rounds = [], barrier.rounds
     spout.next_tuple()
     spout.next_tuple()                          # round 0 in flight: round 1 goes out ahead
@@ -277,11 +280,70 @@ def test_the_next_round_goes_out_ahead_with_what_the_barrier_would_send():
     assert sorted(got) == sorted(expected) and len(got) == len(expected)
 
 
-def test_nothing_goes_out_ahead_under_load_balancing_or_with_a_replay_pending():
-    spout, out, saves, box = _balanced()
+def _rounds_of(spout, out) -> list:
+    """The (round, [samples per unit]) of each piece of work emitted since the last call."""
+    got = sorted({(w["round"], w["unit"], len(np.concatenate(w["batches"])), w["share"]) for _, w in out.emitted})
+    out.emitted.clear()
+    return got
+
+
+# load balancing with 8 rounds an epoch (H = 1): rounds sent ahead up to the sixth
+H1 = replace(CFG, balance="load", algorithm=AlgorithmConfig(name="mixbp", batch=4, sync_period=1))
+
+
+def test_under_load_balancing_a_round_goes_out_ahead_once_its_position_is_saved_and_new_shares_a_round_later():
+    spout, out, saves, box = _balanced(cfg=H1)
+    assert spout.rounds == 8
     spout.next_tuple()
+    spout.next_tuple()                  # round 0, and round 1 ahead: the position it follows is where we began
+    assert _rounds_of(spout, out) == [(0, 0, 4, 1.0), (0, 1, 4, 1.0), (1, 0, 4, 1.0), (1, 1, 4, 1.0)]
+    _ack_all(spout, [((0, 0, u), None) for u in range(2)])     # round 1, sent ahead, is now the one in flight
+    assert [s["step"] for s, _ in saves.started] == [1]
     spout.next_tuple()
-    assert {w["round"] for _, w in out.emitted} == {0}
+    assert _rounds_of(spout, out) == []                         # round 2 waits for round 1's position
+    saves.land()
+    spout.next_tuple()
+    assert _rounds_of(spout, out) == [(2, 0, 4, 1.0), (2, 1, 4, 1.0)]
+    box["shares"] = [1.5, 0.5]          # the balancer's new shares: round 2 went out with the old ones ...
+    _ack_all(spout, [((0, 1, u), None) for u in range(2)])
+    assert saves.started[-1][0] == {**saves.started[-1][0], "step": 2, "shares": [1.0, 1.0]}
+    saves.land()
+    spout.next_tuple()
+    assert _rounds_of(spout, out) == []                         # ... and round 3 is not sent ahead with them
+    _ack_all(spout, [((0, 2, u), None) for u in range(2)])     # the next boundary takes them ...
+    assert saves.started[-1][0]["shares"] == [1.5, 0.5]
+    spout.next_tuple()
+    assert _rounds_of(spout, out) == []                         # ... once they are saved
+    saves.land()
+    spout.next_tuple()
+    spout.next_tuple()                                          # and round 4 goes ahead, cut 6:2
+    assert _rounds_of(spout, out) == [(3, 0, 6, 1.5), (3, 1, 2, 0.5), (4, 0, 6, 1.5), (4, 1, 2, 0.5)]
+
+
+def test_a_spout_started_anew_cuts_a_round_the_last_one_sent_ahead_as_it_did():
+    first, out, saves, box = _balanced(cfg=H1)
+    first.next_tuple()
+    first.next_tuple()
+    _ack_all(first, [((0, 0, u), None) for u in range(2)])
+    landed = saves.land()                                       # round 1's position
+    out.emitted.clear()
+    first.next_tuple()                                          # round 2 ahead; then the worker dies
+    ahead = {w["unit"]: w for _, w in out.emitted}
+    assert landed["step"] == 1 and {w["round"] for w in ahead.values()} == {2}
+    again, out2, saves2, box2 = _balanced(state=landed, shares=[1.5, 0.5], cfg=H1)
+    again.next_tuple()
+    again.next_tuple()                                          # round 1 again, nothing ahead (new shares)
+    assert {w["round"] for _, w in out2.emitted} == {1}
+    _ack_all(again, list(out2.emitted))
+    out2.emitted.clear()
+    again.next_tuple()                                          # round 2: cut as the first spout cut it
+    assert len(out2.emitted) == 2
+    for _, w in out2.emitted:
+        assert w["step"] == 2 and w["share"] == 1.0
+        assert all(np.array_equal(x, y) for x, y in zip(w["batches"], ahead[w["unit"]]["batches"]))
+
+
+def test_nothing_goes_out_ahead_with_a_replay_pending():
     spout, out = _spout([])
     spout.next_tuple()
     spout.fail(out.emitted[0][0])

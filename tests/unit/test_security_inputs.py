@@ -162,7 +162,8 @@ def test_work_with_batches_outside_the_training_set_is_refused(caplog, batches, 
     from streamnet.training.streams import WORK
     bolt, out = _prepared(ComputeBolt, "compute", 1)
     before = bolt.unit.model.params.copy()
-    work = Tuple(row(WORK, unit=1, epoch=0, round=0, step=0, lr_scale=1.0, batches=batches, checkpoint=False),
+    work = Tuple(row(WORK, unit=1, epoch=0, round=0, step=0, lr_scale=1.0, batches=batches, checkpoint=False,
+                     share=1.0),
                  list(WORK), "default", "data", 0, {})
     with caplog.at_level(logging.WARNING):
         asyncio.run(bolt.execute(work))

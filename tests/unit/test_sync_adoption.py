@@ -84,7 +84,7 @@ def test_a_replica_is_the_parameters_of_its_step_not_the_units_own_steps_since()
     cfg = replace(CFG, algorithm=AlgorithmConfig(name="mixbp", batch=4, sync_period=2))
     bolt, out = _prepared(ComputeBolt, "compute", 0, cfg)
     seeded = bolt.unit.model.params.copy()
-    work = Tuple(row(WORK, unit=0, epoch=0, round=0, step=0, lr_scale=1.0, checkpoint=False,
+    work = Tuple(row(WORK, unit=0, epoch=0, round=0, step=0, lr_scale=1.0, checkpoint=False, share=1.0,
                      batches=[np.arange(4), np.arange(4, 8)]), list(WORK), "default", "data", 0, {})
     asyncio.run(bolt.execute(work))
     assert out.emitted and not np.array_equal(bolt.unit.model.params, seeded)      # it stepped

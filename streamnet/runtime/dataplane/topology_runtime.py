@@ -137,7 +137,7 @@ class TopologyRuntime:
                       save_state=None,
                       put_checkpoint=lambda p: self.worker.state.put_checkpoint(self.name, p),
                       compute_share=lambda: self.compute_share(c["id"]),
-                      report_work=lambda items, seconds: self.report_work(task, items, seconds),
+                      report_work=lambda items, seconds, share: self.report_work(task, items, seconds, share),
                       work_shares=self.work_shares)
         if c["kind"] == "spout":
             ex = SpoutExecutor(self, task, c, instance, ctx)
@@ -149,9 +149,10 @@ class TopologyRuntime:
             ctx._on_saved = ex.saved          # a spout waiting for a save goes on when it lands
         return ex
 
-    def report_work(self, task: int, items: float, seconds: float) -> None:
-        """A task's work report, to the worker's load meter with the share it was done under."""
-        self.worker.report_work(self.name, task, items, seconds, self.shares.get(task, 1.0))
+    def report_work(self, task: int, items: float, seconds: float, share: float | None = None) -> None:
+        """A task's work report, to the worker's load meter with the share it was done
+        under (the assignment's where the task does not say)."""
+        self.worker.report_work(self.name, task, items, seconds, self.shares.get(task, 1.0) if share is None else share)
 
     def work_shares(self, cid: str) -> list[float] | None:
         """The assignment's work shares of `cid`'s tasks, by task index (None: none set)."""
