@@ -12,7 +12,7 @@ core). It prints issue 12's ratios: N worker processes / that base, per mode.
 process on a real ZooKeeper, pinned to core i mod cores; --engine local runs them as
 threads of this process (LocalCluster: one interpreter lock, not how users run it).
 
-    python perf/scaling.py [--quick] [--engine processes|local] [--workers 1,2] [--modes ...]
+    python perf/scaling.py [--quick] [--engine processes|local] [--workers 1,2] [--modes ...] [--balance static|load]
 
 --quick trains on 12,000 samples for at most 3 epochs to 85 %: minutes, not an hour.
 Writes perf/results/scaling.json and perf/results/scaling.png (--out NAME.json or a
