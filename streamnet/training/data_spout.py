@@ -142,18 +142,22 @@ class DataSpout(Spout):
             return  # the position this round depends on is not saved yet (see the module's docstring)
         self._must_land = False
         self.flagged = self.draining or (self.checkpoints and self.round + 1 >= self.rounds)
-        if self.balanced:       # every unit has every round, cut by the shares
-            work = enumerate(self.schedule.round(self.epoch, self.round, self.shares))
-        else:
-            work = ((unit, rounds[self.round] if self.round < len(rounds) else [])
-                    for unit, rounds in enumerate(self.plan) if self.round < len(rounds) or self.flagged)
-        self._send_round(self.round, self.step, work, self.flagged)
+        self._send_round(self.round, self.step, self.flagged)
 
-    def _send_round(self, rnd: int, step: int, work, flagged: bool) -> None:
-        """Emit round `rnd` (step `step`) of the current epoch: each unit's batches in
-        `work` ((unit, batches) pairs), held in flight until its tree is acked."""
+    def _work(self, rnd: int, flagged: bool):
+        """(unit, batches) of round `rnd` of the current epoch: under load balancing every
+        unit's, cut by the spout's shares; else the units' with work in it, and every
+        unit's in a `flagged` round (an empty list for one that has none)."""
+        if self.balanced:
+            return enumerate(self.schedule.round(self.epoch, rnd, self.shares))
+        return ((unit, rounds[rnd] if rnd < len(rounds) else [])
+                for unit, rounds in enumerate(self.plan) if rnd < len(rounds) or flagged)
+
+    def _send_round(self, rnd: int, step: int, flagged: bool) -> None:
+        """Emit round `rnd` (step `step`) of the current epoch: each unit's batches
+        (_work), held in flight until its tree is acked."""
         scale = lr_scale(self.cfg.algorithm, step / self.total)
-        for unit, mine in work:
+        for unit, mine in self._work(rnd, flagged):
             key = (self.epoch, rnd, unit)
             self.in_flight[key] = row(WORK, unit=unit, epoch=self.epoch, round=rnd, step=step, lr_scale=scale,
                                       batches=[b.astype(np.int32) for b in mine], checkpoint=flagged,
@@ -175,14 +179,9 @@ class DataSpout(Spout):
                 or self.flagged or self.round + 2 >= self.rounds
                 or any(k[:2] != (self.epoch, self.round) for k in self.in_flight)):
             return
-        nxt = self.round + 1
-        if self.balanced:
-            if self._landed < self.step or self._new_shares() is not None:
-                return
-            work = enumerate(self.schedule.round(self.epoch, nxt, self.shares))
-        else:
-            work = ((unit, rounds[nxt]) for unit, rounds in enumerate(self.plan) if nxt < len(rounds))
-        self._send_round(nxt, self.step + 1, work, flagged=False)
+        if self.balanced and (self._landed < self.step or self._new_shares() is not None):
+            return
+        self._send_round(self.round + 1, self.step + 1, flagged=False)
         self.ahead = True
 
     def ack(self, key):

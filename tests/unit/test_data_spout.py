@@ -281,7 +281,7 @@ def test_the_next_round_goes_out_ahead_with_what_the_barrier_would_send(balance)
 
 
 def _rounds_of(spout, out) -> list:
-    """The (round, [samples per unit]) of each piece of work emitted since the last call."""
+    """(round, unit, samples, share) of each piece of work emitted since the last call."""
     got = sorted({(w["round"], w["unit"], len(np.concatenate(w["batches"])), w["share"]) for _, w in out.emitted})
     out.emitted.clear()
     return got
