@@ -34,7 +34,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from perf.common import machine, pin_blas_threads, png_path, spread, write_json  # noqa: E402
+from perf.common import machine, pin_blas_threads, png_path, spread, started_zookeeper, write_json  # noqa: E402
 from streamnet.runtime.control.placement import worker_url  # noqa: E402
 
 pin_blas_threads(1)
@@ -335,8 +335,7 @@ def main() -> int:
     train = a.train_limit or (9000 if a.quick else 30000)
     zk = None
     if not a.zk_hosts:
-        from streamnet.testing import ZooKeeper
-        zk = ZooKeeper().start()
+        zk = started_zookeeper()
         a.zk_hosts = zk.hosts
     try:
         result = {"machine": machine(), "train_limit": train, "epochs": a.epochs}

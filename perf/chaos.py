@@ -21,11 +21,11 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine, png_path, write_json  # noqa: E402
+from common import machine, png_path, started_zookeeper, write_json  # noqa: E402
 
 from streamnet.runtime import wait_for  # noqa: E402
 from streamnet.runtime.control import is_done  # noqa: E402
-from streamnet.testing import ZooKeeper, finish, placement, running_cluster  # noqa: E402
+from streamnet.testing import finish, placement, running_cluster  # noqa: E402
 from streamnet.training import DataConfig, lenet5_mixbp  # noqa: E402
 from streamnet.training.nsmap import build_topology  # noqa: E402
 from streamnet.training.summary_from_results import summarise  # noqa: E402
@@ -129,7 +129,7 @@ def main() -> int:
     # long enough (about 15 s of training here) that the throughput after a kill can be measured
     cfg = lenet5_mixbp(units=2, epochs=3, data=DataConfig(train_limit=limit, test_limit=2000))
     rng = random.Random(a.seed)
-    zk = ZooKeeper().start()
+    zk = started_zookeeper()
     out = {"machine": machine(), "trials": trials, "train_limit": limit, "epochs": cfg.epochs, "runs": []}
     try:
         base = trial(zk.hosts, cfg, rng, kill_at=None, name="chaos-base")

@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import statistics
+import threading
 import time
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -62,15 +63,145 @@ def png_path(name: str) -> str:
     return os.path.join(RESULTS, name)
 
 
-def train_on_worker_processes(cfg, workers: int, zk_hosts: str, stop_when=None):
+class ThreadCpu:
+    """Where a worker process's CPU goes, by thread, while its unit computes: samples
+    /proc/PID/task/*/schedstat (nanoseconds on a core) every `every` s in a thread of
+    its own. `account()` takes the intervals in which the busiest thread - the compute
+    thread, on a one-thread worker - ran at least `busy` of the time (the steady
+    training, start-up and the end left out) and says, per compute second, how many
+    seconds the event loop (the main thread) and the other threads (the coordinator's
+    client, executors) took: the engine's own CPU. On a worker whose core is its own,
+    that CPU is time the compute thread could have had: a steadier figure than a
+    samples/s ratio on a host whose speed drifts, since both move with the core's."""
+
+    def __init__(self, pid: int, every: float = 0.2, others: dict[str, int] | None = None):
+        """`others`: processes (name -> pid, e.g. the ZooKeeper server on the same cores)
+        whose CPU is read in the same intervals, as `<name>_per_compute`."""
+        self.pid, self.every, self.others = pid, every, dict(others or {})
+        self.samples: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _threads(pid: int) -> dict[int, int]:
+        """Nanoseconds on a core so far, per thread of process `pid` ({} once it is gone)."""
+        out = {}
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                        out[int(tid)] = int(f.read().split()[0])
+        except OSError:
+            pass
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.samples.append((self._threads(self.pid),
+                                 {name: sum(self._threads(pid).values()) for name, pid in self.others.items()}))
+
+    def stop(self) -> dict | None:
+        self._stop.set()
+        self._thread.join()
+        return self.account()
+
+    def account(self, busy: float = 0.5) -> dict | None:
+        per: dict[int, int] = {}
+        others = dict.fromkeys(self.others, 0)
+        window = 0
+        for (a, a_others), (b, b_others) in zip(self.samples, self.samples[1:]):
+            delta = {t: b[t] - a.get(t, b[t]) for t in b}
+            top = max(delta, key=delta.get, default=None)
+            if top is None or top == self.pid or delta[top] < busy * self.every * 1e9:
+                continue
+            window += 1
+            for t, d in delta.items():
+                per[t] = per.get(t, 0) + d
+            for name in others:
+                others[name] += b_others[name] - a_others[name]
+        if not per:
+            return None
+        compute_tid = max((t for t in per if t != self.pid), key=per.get)
+        compute = per[compute_tid] / 1e9
+        loop = per.get(self.pid, 0) / 1e9
+        other = sum(d for t, d in per.items() if t not in (self.pid, compute_tid)) / 1e9
+        out = {"window_s": round(window * self.every, 2), "compute_s": round(compute, 3), "loop_s": round(loop, 3),
+               "other_threads_s": round(other, 3), "loop_per_compute": round(loop / compute, 4),
+               "other_per_compute": round(other / compute, 4)}
+        for name, ns in others.items():
+            out[f"{name}_per_compute"] = round(ns / 1e9 / compute, 4)
+        return out
+
+
+#: requests a ZooKeeper started for a benchmark answers before the benchmark starts
+WARM_OPS = 30_000
+
+
+def warm_zookeeper(hosts: str, ops: int = WARM_OPS) -> float:
+    """Put `ops` requests (writes of a sync task's saved counters' size and reads, 500 in
+    flight) to the ZooKeeper at `hosts`; the seconds it took. A ZooKeeper the benchmark
+    has just started runs its request path in the JVM's interpreter: on host5 (2 vCPUs)
+    a cold server took 0.175-0.180 s of CPU per second a worker computed, on the cores
+    the workers compute on, against 0.116-0.124 after 30,000 requests (three alternations
+    of 2 worker processes, MixBP H=8). An ensemble users run has been up for long."""
+    from kazoo.client import KazooClient
+    client = KazooClient(hosts=hosts)
+    client.start(timeout=30)
+    try:
+        path = client.create("/perf-warm-up-", b"", sequence=True)
+        t0, data = time.perf_counter(), b"x" * 700
+        for _ in range(0, ops, 500):
+            calls = [client.set_async(path, data) for _ in range(250)] + [client.get_async(path) for _ in range(250)]
+            for call in calls:
+                call.get(timeout=30)
+        client.delete(path)
+        return time.perf_counter() - t0
+    finally:
+        client.stop()
+        client.close()
+
+
+def started_zookeeper():
+    """A one-server ZooKeeper for a benchmark (streamnet.testing.ZooKeeper: stop() it),
+    warmed up (warm_zookeeper)."""
+    from streamnet.testing import ZooKeeper
+    zk = ZooKeeper().start()
+    try:
+        seconds = warm_zookeeper(zk.hosts)
+    except BaseException:
+        zk.stop()
+        raise
+    print(f"ZooKeeper on {zk.hosts}, warmed up with {WARM_OPS:,} requests in {seconds:.1f} s", flush=True)
+    return zk
+
+
+def zookeeper_pid(zk) -> int | None:
+    """The server process of a one-server streamnet.testing.ZooKeeper (its pid file)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open(os.path.join(zk.dir, "s0", "pid")) as f:
+            return int(f.read())
+    return None
+
+
+def train_on_worker_processes(cfg, workers: int, zk_hosts: str, stop_when=None, thread_cpu: bool = False,
+                              zk_pid: int | None = None):
     """Train `cfg` on `workers` streamnet-worker processes (one compute thread each, worker i
-    pinned to core i mod cores) on the ZooKeeper at zk_hosts, as users run them; the summary."""
+    pinned to core i mod cores) on the ZooKeeper at zk_hosts, as users run them; the summary.
+    With thread_cpu, summary.extra["thread_cpu"] holds each worker's ThreadCpu account (the
+    first worker's with the ZooKeeper server's CPU, given its pid: `zookeeper_per_compute`)."""
     from streamnet.testing import running_cluster
     from streamnet.training.cluster_run import follow
     from streamnet.training.nsmap import build_topology
     from streamnet.training.summary_from_results import summarise
     topo = build_topology(cfg, name=f"perf-{time.time_ns() % 10**9}")
-    with running_cluster(zk_hosts, workers=workers, threads=1, session_timeout=10.0, pin_cores=True) as (_, state):
+    with running_cluster(zk_hosts, workers=workers, threads=1, session_timeout=10.0, pin_cores=True) as (c, state):
+        meters = {name: ThreadCpu(p.pid, others={"zookeeper": zk_pid} if zk_pid and i == 0 else None)
+                  for i, (name, p) in enumerate(sorted(c.procs.items()))} if thread_cpu else {}
         state.submit_topology(topo.name, topo.to_dict())
         results, wall = follow(state, topo, cfg, stop_when=stop_when, poll_s=0.2)
-    return summarise(cfg, results, workers=workers, wall_s=wall)
+        accounts = {name: m.stop() for name, m in meters.items()}
+    summary = summarise(cfg, results, workers=workers, wall_s=wall)
+    if thread_cpu:
+        summary.extra["thread_cpu"] = accounts
+    return summary

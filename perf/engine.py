@@ -25,8 +25,8 @@ import time
 from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (machine, median, on_one_core, pin_blas_threads, train_on_worker_processes,  # noqa: E402
-                    write_json)
+from common import (machine, median, on_one_core, pin_blas_threads, started_zookeeper,  # noqa: E402
+                    train_on_worker_processes, write_json)
 
 pin_blas_threads(1)
 
@@ -80,8 +80,7 @@ def main() -> int:
     cfg = config(a)
     zk = None
     if not a.zk_hosts:
-        from streamnet.testing import ZooKeeper
-        zk = ZooKeeper().start()
+        zk = started_zookeeper()
         a.zk_hosts = zk.hosts
     pairs = []
     try:
@@ -90,18 +89,22 @@ def main() -> int:
             load = os.getloadavg()[0]
             runs = {}
             for side in (("engine", "inproc") if i % 2 == 0 else ("inproc", "engine")):
-                runs[side] = in_process(cfg) if side == "inproc" else train_on_worker_processes(cfg, 1, a.zk_hosts)
+                runs[side] = in_process(cfg) if side == "inproc" else train_on_worker_processes(cfg, 1, a.zk_hosts,
+                                                                                                  thread_cpu=True)
             e, n = runs["engine"], runs["inproc"]
+            cpu = next(iter(e.extra["thread_cpu"].values()), None) or {}
             pairs.append({"engine": round(e.samples_per_s, 1), "inproc": round(n.samples_per_s, 1),
                           "ratio": round(e.samples_per_s / n.samples_per_s, 3),
                           "steady_engine": round(steady(e), 1), "steady_inproc": round(steady(n), 1),
                           "steady_ratio": round(steady(e) / steady(n), 3), "load": round(load, 2),
-                          "engine_time": e.extra.get("per_worker"), **per_round(e)})
+                          "engine_time": e.extra.get("per_worker"), "thread_cpu": cpu, **per_round(e)})
             print(f"pair {i + 1}: engine {e.samples_per_s:,.0f} samples/s, in-process {n.samples_per_s:,.0f}: "
                   f"{pairs[-1]['ratio']:.3f}x; after the first epoch {steady(e):,.0f} vs {steady(n):,.0f}: "
                   f"{pairs[-1]['steady_ratio']:.3f}x (load {load:.2f}); a round on the engine "
                   f"{pairs[-1]['round_ms']:.1f} ms, {pairs[-1]['outside_compute_ms']:.2f} ms of it not computing, "
-                  f"{pairs[-1]['save_wait_ms']:.2f} ms waiting for the coordinator's save", flush=True)
+                  f"{pairs[-1]['save_wait_ms']:.2f} ms waiting for the coordinator's save; per compute second the "
+                  f"event loop took {cpu.get('loop_per_compute', float('nan')):.4f} s of CPU and the other threads "
+                  f"{cpu.get('other_per_compute', float('nan')):.4f} s", flush=True)
     finally:
         if zk is not None:
             zk.stop()
@@ -112,12 +115,16 @@ def main() -> int:
            "steady_ratio_median": round(median(steadies), 3), "steady_ratio_range": [min(steadies), max(steadies)],
            **{f"{k}_median": round(median([r[k] for r in pairs]), 3)
               for k in ("round_ms", "outside_compute_ms", "save_wait_ms")},
+           **{f"{k}_median": round(median([r["thread_cpu"][k] for r in pairs if r["thread_cpu"]]), 4)
+              for k in ("loop_per_compute", "other_per_compute")},
            "load_end": round(os.getloadavg()[0], 2), "time": time.strftime("%Y-%m-%d %H:%M")}
     print(f"1 unit on the engine / the in-process trainer: {out['ratio_median']:.3f}x over the whole run (range "
           f"{min(ratios):.3f}-{max(ratios):.3f}), {out['steady_ratio_median']:.3f}x after the first epoch (range "
           f"{min(steadies):.3f}-{max(steadies):.3f}); {len(pairs)} pairs; target >= 0.9x")
     print(f"a round on the engine: {out['round_ms_median']:.1f} ms, {out['outside_compute_ms_median']:.2f} ms of it "
-          f"not computing, {out['save_wait_ms_median']:.2f} ms waiting for the coordinator's save (medians)")
+          f"not computing, {out['save_wait_ms_median']:.2f} ms waiting for the coordinator's save; the engine's "
+          f"own CPU per compute second: event loop {out['loop_per_compute_median']:.4f} s, other threads "
+          f"{out['other_per_compute_median']:.4f} s (medians)")
     print("wrote", write_json(a.out, out))
     return 0
 

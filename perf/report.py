@@ -28,7 +28,7 @@ from dataclasses import replace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import pin_blas_threads, train_on_worker_processes  # noqa: E402
+from common import pin_blas_threads, started_zookeeper, train_on_worker_processes  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 PUBLISHED_SPEEDUP = 3.68
@@ -615,8 +615,7 @@ def main(argv=None) -> int:
                           "load_start": round(os.getloadavg()[0], 2), "commit": _commit()}}
     zk = None
     if p["engine"] == "processes":
-        from streamnet.testing import ZooKeeper
-        zk = ZooKeeper().start()
+        zk = started_zookeeper()
     try:
         run = Runner(p, zk.hosts if zk else None)
         t0 = time.monotonic()

@@ -22,11 +22,11 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine, write_json  # noqa: E402
+from common import machine, started_zookeeper, write_json  # noqa: E402
 
 from streamnet.examples import wordcount  # noqa: E402
 from streamnet.runtime import wait_for  # noqa: E402
-from streamnet.testing import Cluster, ZooKeeper, placement  # noqa: E402
+from streamnet.testing import Cluster, placement  # noqa: E402
 
 
 def count_nodes(coord, path: str) -> int:
@@ -42,7 +42,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING)
     n = a.workers
     out: dict = {"machine": machine(), "workers": n, "session_timeout_s": a.session_timeout}
-    zk = ZooKeeper().start()
+    zk = started_zookeeper()
     c = state = None
     try:
         t0 = time.monotonic()

@@ -30,7 +30,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (machine, on_one_core, pin_blas_threads, png_path, train_on_worker_processes,  # noqa: E402
+from common import (machine, on_one_core, pin_blas_threads, png_path, started_zookeeper, train_on_worker_processes,
+                    zookeeper_pid,  # noqa: E402
                     write_json)
 
 MODES = {
@@ -74,13 +75,14 @@ def run_streamnet(mode: str, workers: int, a) -> dict:
         from streamnet.training.cluster_run import train_on_local_cluster
         s, _ = train_on_local_cluster(cfg, workers=workers, threads=1, stop_when=stop)
     else:
-        s = train_on_worker_processes(cfg, workers, a.zk_hosts, stop)
+        s = train_on_worker_processes(cfg, workers, a.zk_hosts, stop, thread_cpu=True, zk_pid=a.zk_pid)
     hit = [t for t, acc in s.extra["accuracy_at_s"] if acc >= a.target]
     return {"samples_per_s": s.samples_per_s, "epoch_samples_per_s": epoch_rate(s.history),
             "time_to_target_s": hit[0] if hit else None,
             "best_accuracy": max((h.test_accuracy for h in s.history), default=None),
             "epochs_run": len(s.history), "bytes_per_sample": s.extra["bytes_per_sample"],
-            "sync_rounds": s.sync_rounds, "wall_s": time.time() - t0, "per_worker": s.extra["per_worker"]}
+            "sync_rounds": s.sync_rounds, "wall_s": time.time() - t0, "per_worker": s.extra["per_worker"],
+            "thread_cpu": s.extra.get("thread_cpu")}
 
 
 def run_in_process(mode: str, a) -> dict:
@@ -143,9 +145,8 @@ def main() -> int:
            "train_limit": a.train_limit, "runs": {}}
     zk = None
     if a.engine == "processes":
-        from streamnet.testing import ZooKeeper
-        zk = ZooKeeper().start()
-        a.zk_hosts = zk.hosts
+        zk = started_zookeeper()
+        a.zk_hosts, a.zk_pid = zk.hosts, zookeeper_pid(zk)
     try:
         return _measure(a, workers, out)
     finally:
@@ -171,6 +172,13 @@ def _measure(a, workers, out) -> int:
             print(f" {r['samples_per_s']:8,.0f} samples/s  to {a.target:.0%}: "
                   f"{'%.1f s' % ttt if ttt else 'not reached'} (best {r['best_accuracy']:.2%})  "
                   f"{r['bytes_per_sample']:,.0f} B/sample")
+            for w, acc in sorted((r.get("thread_cpu") or {}).items()):
+                if acc:
+                    print(f"    {w}: its compute thread had {acc['compute_s'] / acc['window_s']:.0%} of a core while "
+                          f"training; per compute second the event loop took {acc['loop_per_compute']:.3f} s, its "
+                          f"other threads {acc['other_per_compute']:.3f} s" +
+                          (f", the ZooKeeper server {acc['zookeeper_per_compute']:.3f} s"
+                           if "zookeeper_per_compute" in acc else ""))
             write_json(a.out, out)
     ratios = {}
     for mode in a.modes.split(","):

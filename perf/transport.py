@@ -53,7 +53,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine, png_path, write_json  # noqa: E402
+from common import machine, png_path, started_zookeeper, write_json  # noqa: E402
 
 from streamnet.examples import bench  # noqa: E402
 from streamnet.runtime import wait_for  # noqa: E402
@@ -136,8 +136,7 @@ def engine(kind: str, tls: bool = False):
         with LocalCluster(workers=2, threads=1) as c:
             yield c
         return
-    from streamnet.testing import ZooKeeper
-    zk = ZooKeeper().start()
+    zk = started_zookeeper()
     procs = None
     try:
         procs = Processes(zk.hosts, tls)
