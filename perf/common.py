@@ -199,7 +199,7 @@ def train_on_worker_processes(cfg, workers: int, zk_hosts: str, stop_when=None, 
         meters = {name: ThreadCpu(p.pid, others={"zookeeper": zk_pid} if zk_pid and i == 0 else None)
                   for i, (name, p) in enumerate(sorted(c.procs.items()))} if thread_cpu else {}
         state.submit_topology(topo.name, topo.to_dict())
-        results, wall = follow(state, topo, cfg, stop_when=stop_when, poll_s=0.2)
+        results, wall = follow(state, topo, cfg, stop_when=stop_when)   # polls as the CLI does
         accounts = {name: m.stop() for name, m in meters.items()}
     summary = summarise(cfg, results, workers=workers, wall_s=wall)
     if thread_cpu:
