@@ -13,26 +13,31 @@ So the position is saved at most every SAVE_S during an epoch, and always when a
 epoch ends, after a checkpoint round and when the run stops, and a new spout re-sends
 at most SAVE_S of rounds, which the units answer "applied" at once.
 
-Under load balancing the position is saved at every round boundary, because a new
-spout that went back further would cut the rounds it re-sends with the shares of the
-moment, and the round that was in flight could then reach the sync bolt in two
-different cuts. No round waits for that save (a ZooKeeper write, 1.7-1.9 ms a round
-on fc-v1045), except where the shares change:
+Under load balancing the rounds a new spout re-sends must be cut as its predecessor
+cut them - with the shares of the moment, the round that was in flight could reach
+the sync bolt in two different cuts - so there the position is saved every
+SAVE_EVERY rounds (at the boundaries of the steps it divides) and whenever the shares
+change, and a new spout keeps the shares it restored for as many rounds as its
+predecessor may have sent past that position. No round waits for a save (a ZooKeeper
+write, and a ZooKeeper server's work: on a machine whose cores the workers share with
+it, a write every round was about half of its requests), except where the shares
+change:
 
-- the save of round r's boundary starts as round r goes out, and round r + 1 goes out
-  (ahead or not) only once it has landed (it has had a whole round to);
+- round s goes out (ahead or not) only once the position of step s - SAVE_EVERY or
+  later has landed (the last save has had SAVE_EVERY rounds to);
 - a change of shares goes out only once the position saved with it has landed;
 - a round sent ahead is cut with the shares of the round in flight, and only while
   the balancer has no others: the boundary it then starts at keeps them, and a change
   waits for the next boundary (one round later than without sending ahead);
-- a spout's first boundary keeps the shares it started with.
+- a spout keeps the shares it started with up to step q + SAVE_EVERY, q its first.
 
-So a spout that starts from the last position that landed, round q, knows that the
-one before it sent at most round q + 1, cut with the shares of round q (a change at
-q + 1 would have landed first, and a round q + 1 sent ahead kept q's): it sends q
-and q + 1 with those, and only then takes the balancer's. The saves that must land
-before the next round (an epoch's end, a checkpoint round, a stop) are waited for in
-both modes, and the spout is not done until its last save has landed.
+So a spout that starts from the last position that landed, step q, knows that the
+one before it sent at most round q + SAVE_EVERY, every round from q on cut with the
+shares of q (a change after q would have landed first, and a round sent ahead kept
+the shares of the one before it): it sends those rounds with them, and only then
+takes the balancer's. The saves that must land before the next round (an epoch's
+end, a checkpoint round, a stop) are waited for in both modes, and the spout is not
+done until its last save has landed.
 """
 from __future__ import annotations
 
@@ -52,6 +57,7 @@ log = logging.getLogger(__name__)
 
 SHARE_LOG = 50      # changes of the work shares kept in the published log
 SAVE_S = 0.5        # the position is saved at least this often (and at every epoch end)
+SAVE_EVERY = 8      # ... and under load balancing every this many rounds, and at every change of shares
 RETRY_S = 1.0       # a save that failed is tried again this long after (unless a later one is queued)
 clock = time.monotonic      # the spout's clock for SAVE_S and RETRY_S (a test sets its own)
 
@@ -96,7 +102,7 @@ class DataSpout(Spout):
         self._queued = None              # (step, state) to save once that one has landed
         self._landed = self.step         # the step of the last position known saved (where we began: ours)
         self._must_land = False          # the next round waits for the position saved at its boundary
-        self._hold = True                # the first boundary keeps the shares this instance began with
+        self._hold_until = self.step + SAVE_EVERY   # boundaries up to this step keep the shares we began with
         self._retry_at = 0.0             # the queued save starts no sooner (a failed one tried again)
         self._fenced: FencedError | None = None     # a save found another instance owns the task
 
@@ -106,6 +112,7 @@ class DataSpout(Spout):
         self.stopped = state.get("stopped", False)   # absent in states saved before drains existed
         self.shares = list(state.get("shares") or self.shares)
         self._landed = self.step
+        self._hold_until = self.step + SAVE_EVERY
         if self.epoch < self.cfg.epochs:
             self.plan, self.rounds = self._epoch(self.epoch)
 
@@ -138,7 +145,7 @@ class DataSpout(Spout):
             return  # the barrier: the whole round must complete first
         if self.epoch >= self.cfg.epochs or self.stopped:
             return
-        if self._landed < (self.step if self._must_land else self.step - 1 if self.balanced else -1):
+        if self._landed < (self.step if self._must_land else self.step - SAVE_EVERY if self.balanced else -1):
             return  # the position this round depends on is not saved yet (see the module's docstring)
         self._must_land = False
         self.flagged = self.draining or (self.checkpoints and self.round + 1 >= self.rounds)
@@ -179,7 +186,7 @@ class DataSpout(Spout):
                 or self.flagged or self.round + 2 >= self.rounds
                 or any(k[:2] != (self.epoch, self.round) for k in self.in_flight)):
             return
-        if self.balanced and (self._landed < self.step or self._new_shares() is not None):
+        if self.balanced and (self._landed < self.step + 1 - SAVE_EVERY or self._new_shares() is not None):
             return
         self._send_round(self.round + 1, self.step + 1, flagged=False)
         self.ahead = True
@@ -207,10 +214,10 @@ class DataSpout(Spout):
             log.warning("drained: stopped before epoch %d, round %d (step %d)",
                         self.epoch + 1, self.round + 1, self.step)
         changed = self._take_shares(keep=ahead)
-        # under load balancing every round, else at most every SAVE_S; the next round waits
-        # for it at an epoch's start, after a checkpoint round, at a stop and with new shares
+        # under load balancing every SAVE_EVERY rounds, else at most every SAVE_S; the next round
+        # waits for it at an epoch's start, after a checkpoint round, at a stop and with new shares
         must = self.round == 0 or self.flagged or self.stopped or changed
-        if self.balanced or must or clock() - self._saved_at >= SAVE_S:
+        if must or (self.step % SAVE_EVERY == 0 if self.balanced else clock() - self._saved_at >= SAVE_S):
             self._save(must)
         return ahead and not self.in_flight and self.epoch < self.cfg.epochs
 
@@ -261,8 +268,7 @@ class DataSpout(Spout):
         round's (saved with the position at once, so a spout started anew cuts that
         round the same way, and units never mix batches of two cuts) - unless `keep`:
         that round went out ahead, cut with the shares it had."""
-        if self._hold or keep:          # see the module's docstring
-            self._hold = False
+        if keep or self.step <= self._hold_until:     # see the module's docstring
             return False
         new = self._new_shares()
         if new is None:

@@ -1,8 +1,10 @@
 """The data spout as the engine builds it (DataSpout(**config), open(ctx, collector)):
 its position is saved at every epoch end and at most every SAVE_S within an epoch
-(after every round under load balancing), and a spout started from an older
-position sends those rounds again with their steps (the units answer them
-"applied"; the sync bolt counts each step once)."""
+(every SAVE_EVERY rounds and at every change of shares under load balancing), and a
+spout started from an older position sends those rounds again with their steps (the
+units answer them "applied"; the sync bolt counts each step once). Most of the load
+balancing tests here run with SAVE_EVERY = 1 (`every_round`), where each rule shows
+round by round; the SAVE_EVERY > 1 tests are at the end."""
 import concurrent.futures
 from dataclasses import replace
 
@@ -19,6 +21,12 @@ from streamnet.training.streams import WORK
 CFG = RunConfig(model=ModelConfig(name="lenet5"), data=DataConfig(dataset="synthetic", synthetic_train=64,
                                                                    synthetic_test=16),
                 algorithm=AlgorithmConfig(name="mixbp", batch=4, sync_period=2), units=2, epochs=2, seed=3)
+
+
+@pytest.fixture
+def every_round(monkeypatch):
+    """Under load balancing, the position saved at every round boundary."""
+    monkeypatch.setattr(data_spout, "SAVE_EVERY", 1)
 
 
 class Recorder:
@@ -92,6 +100,7 @@ def test_a_spout_started_from_an_older_position_sends_those_rounds_again(monkeyp
         assert all(np.array_equal(x, y) for x, y in zip(a["batches"], b["batches"]))
 
 
+@pytest.mark.usefixtures("every_round")
 def test_under_load_balancing_the_position_is_saved_after_every_round(monkeypatch):
     monkeypatch.setattr(data_spout, "SAVE_S", 3600.0)
     saves = []
@@ -137,6 +146,7 @@ def _ack_all(spout, sent) -> None:
         spout.ack(key)
 
 
+@pytest.mark.usefixtures("every_round")
 def test_under_load_balancing_a_round_goes_out_while_its_position_is_saved():
     spout, out, saves, box = _balanced()
     _ack_all(spout, _send(spout, out))               # round 0
@@ -151,6 +161,7 @@ def test_under_load_balancing_a_round_goes_out_while_its_position_is_saved():
     assert [w["step"] for _, w in _send(spout, out)] == [2, 2]
 
 
+@pytest.mark.usefixtures("every_round")
 def test_new_shares_go_out_only_once_saved_with_the_position():
     spout, out, saves, box = _balanced()
     for _ in range(2):                               # the first boundary keeps the shares it began with
@@ -166,6 +177,7 @@ def test_new_shares_go_out_only_once_saved_with_the_position():
     assert [len(np.concatenate(w["batches"])) for _, w in sent] == [12, 4]     # batch 4 x 2 units, cut 3:1
 
 
+@pytest.mark.usefixtures("every_round")
 def test_a_spout_started_anew_cuts_the_rounds_the_last_one_may_have_sent_as_it_did():
     first, out, saves, box = _balanced()
     assert first.rounds >= 4
@@ -186,6 +198,7 @@ def test_a_spout_started_anew_cuts_the_rounds_the_last_one_may_have_sent_as_it_d
     assert [len(np.concatenate(w["batches"])) for _, w in _send(again, out2)] == [12, 4]   # now the new ones
 
 
+@pytest.mark.usefixtures("every_round")
 def test_a_failed_save_is_tried_again_until_one_lands_and_a_fenced_one_stops_the_spout(monkeypatch):
     from streamnet.runtime import FencedError
     clock = [1000.0]
@@ -220,6 +233,7 @@ def test_a_failed_save_is_tried_again_until_one_lands_and_a_fenced_one_stops_the
     assert not spout.is_done()
 
 
+@pytest.mark.usefixtures("every_round")
 def test_a_failed_save_behind_a_later_position_is_not_tried_again_and_a_cancelled_one_ends_the_saving():
     spout, out, saves, box = _balanced()
     _ack_all(spout, _send(spout, out))               # round 0; the save of step 1 starts
@@ -291,6 +305,7 @@ def _rounds_of(spout, out) -> list:
 H1 = replace(CFG, balance="load", algorithm=AlgorithmConfig(name="mixbp", batch=4, sync_period=1))
 
 
+@pytest.mark.usefixtures("every_round")
 def test_under_load_balancing_a_round_goes_out_ahead_once_its_position_is_saved_and_new_shares_a_round_later():
     spout, out, saves, box = _balanced(cfg=H1)
     assert spout.rounds == 8
@@ -320,6 +335,7 @@ def test_under_load_balancing_a_round_goes_out_ahead_once_its_position_is_saved_
     assert _rounds_of(spout, out) == [(3, 0, 6, 1.5), (3, 1, 2, 0.5), (4, 0, 6, 1.5), (4, 1, 2, 0.5)]
 
 
+@pytest.mark.usefixtures("every_round")
 def test_a_spout_started_anew_cuts_a_round_the_last_one_sent_ahead_as_it_did():
     first, out, saves, box = _balanced(cfg=H1)
     first.next_tuple()
@@ -350,3 +366,54 @@ def test_nothing_goes_out_ahead_with_a_replay_pending():
     out.emitted.clear()
     spout.next_tuple()                          # the replay, not the next round
     assert [w["round"] for _, w in out.emitted] == [0]
+
+
+# --- SAVE_EVERY > 1: the position every few rounds ------------------------------------------
+
+
+def test_under_load_balancing_the_position_is_saved_every_save_every_rounds_and_at_epoch_ends(monkeypatch):
+    monkeypatch.setattr(data_spout, "SAVE_EVERY", 3)
+    saves = []
+    spout, out = _spout(saves, cfg=H1)                 # 8 rounds an epoch, saves landing at once
+    while not spout.is_done():
+        _round(spout, out)
+    assert [s["step"] for s in saves] == [n for n in range(1, 17) if n % 3 == 0 or n % 8 == 0]
+
+
+def test_round_s_goes_out_once_the_position_of_s_minus_save_every_has_landed(monkeypatch):
+    monkeypatch.setattr(data_spout, "SAVE_EVERY", 3)
+    spout, out, saves, box = _balanced(cfg=H1)
+    for r in range(4):                                  # rounds 0-3: the start (step 0) is ours
+        sent = _send(spout, out)
+        assert [w["round"] for _, w in sent] == [r, r]
+        _ack_all(spout, sent)
+    assert [s["step"] for s, _ in saves.started] == [3]
+    assert _send(spout, out) == []                      # round 4 waits for step 3's position
+    saves.land()
+    assert [w["step"] for _, w in _send(spout, out)] == [4, 4]
+
+
+def test_a_spout_started_anew_keeps_its_shares_for_the_rounds_the_last_one_may_have_sent(monkeypatch):
+    monkeypatch.setattr(data_spout, "SAVE_EVERY", 3)
+    first, out, saves, box = _balanced(cfg=H1)
+    sent = {}
+    for r in range(7):                                  # rounds 0-6; the save of step 3 lands after round 3
+        work = _send(first, out)
+        assert [w["round"] for _, w in work] == [r, r]
+        sent[r] = {w["unit"]: w for _, w in work}
+        _ack_all(first, work)
+        if r == 3:
+            landed = saves.land()
+    assert landed["step"] == 3 and _send(first, out) == []     # round 7 waits for step 6's save: the worker dies
+    again, out2, saves2, box2 = _balanced(state=landed, shares=[1.5, 0.5], cfg=H1)   # the balancer has new shares
+    for r in range(3, 7):                               # rounds 3-6 again, cut as the first spout cut them
+        work = _send(again, out2)
+        for _, w in work:
+            assert w["round"] == r and w["share"] == 1.0
+            assert all(np.array_equal(x, y) for x, y in zip(w["batches"], sent[r][w["unit"]]["batches"]))
+        _ack_all(again, work)
+    assert _send(again, out2) == []                     # then the new shares, once saved
+    assert saves2.land()["step"] == 6                   # (the position of step 6, in flight before them)
+    assert _send(again, out2) == []
+    assert saves2.land() == {**saves2.started[-1][0], "step": 7, "shares": [1.5, 0.5]}
+    assert sorted((w["round"], len(np.concatenate(w["batches"]))) for _, w in _send(again, out2)) == [(7, 2), (7, 6)]
