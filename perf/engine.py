@@ -70,7 +70,8 @@ def main() -> int:
     p.add_argument("--test-limit", type=int, default=500)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--balance", choices=("static", "load"), default="static",
-                   help="the engine side's --balance (load: shares follow the unit's speed; the data spout saves its position every 8 rounds)")
+                   help="the engine side's --balance (load: shares follow the unit's speed; the data spout "
+                        "saves its position every 8 rounds)")
     p.add_argument("--sync-period", type=int, default=8,
                    help="MixBP's H, local steps per round (1: a round per step, where the engine's per-round "
                         "cost weighs most)")
