@@ -130,14 +130,20 @@ def test_shares_follow_a_co_tenant_and_every_sample_counts_once(zk):
     assert s.test_accuracy >= 0.70
 
 
-def test_balanced_training_survives_sigkill_of_a_units_host(zk):
+@pytest.mark.parametrize("victim", ["compute", "data"])
+def test_balanced_training_survives_sigkill_of_a_units_host(zk, victim):
+    """SIGKILL of a unit's host, or of the data spout's (its successor restores a position
+    saved up to data_spout.SAVE_EVERY rounds back and sends those rounds again), under
+    load balancing: every sample still counted once. That the rounds sent again are cut
+    as before when the balancer's shares changed meanwhile is tests/unit/test_data_spout.py's:
+    here the shares need not change between the last save and the kill."""
     cfg = lenet5_mixbp(units=2, epochs=3, balance="load", data=DataConfig(train_limit=12000, test_limit=2000))
-    topo = build_topology(cfg, name="balance-kill")
+    topo = build_topology(cfg, name=f"balance-kill-{victim}")
     with running_cluster(zk, workers=3) as (c, state):
         state.submit_topology(topo.name, topo.to_dict())
         where = wait_for(lambda: placement(state, topo.name), 30, "the assignment")
         wait_for(lambda: _rounds(state, topo.name) >= 20, 120, "training to get going", interval=0.2)
-        host = where[topo.tasks("compute")[0]]
+        host = where[topo.tasks(victim)[0]]
         c.kill9(host)
         wait_for(lambda: host not in placement(state, topo.name).values(), 30, "the dead worker's tasks to move",
                  interval=0.05)
