@@ -78,7 +78,7 @@ class ThreadCpu:
         """`others`: processes (name -> pid, e.g. the ZooKeeper server on the same cores)
         whose CPU is read in the same intervals, as `<name>_per_compute`."""
         self.pid, self.every, self.others = pid, every, dict(others or {})
-        self.samples: list[dict] = []
+        self.samples: list[tuple[dict[int, int], dict[str, int]]] = []   # (per thread, per other process)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -198,9 +198,11 @@ def train_on_worker_processes(cfg, workers: int, zk_hosts: str, stop_when=None, 
     with running_cluster(zk_hosts, workers=workers, threads=1, session_timeout=10.0, pin_cores=True) as (c, state):
         meters = {name: ThreadCpu(p.pid, others={"zookeeper": zk_pid} if zk_pid and i == 0 else None)
                   for i, (name, p) in enumerate(sorted(c.procs.items()))} if thread_cpu else {}
-        state.submit_topology(topo.name, topo.to_dict())
-        results, wall = follow(state, topo, cfg, stop_when=stop_when)   # polls as the CLI does
-        accounts = {name: m.stop() for name, m in meters.items()}
+        try:
+            state.submit_topology(topo.name, topo.to_dict())
+            results, wall = follow(state, topo, cfg, stop_when=stop_when)   # polls as the CLI does
+        finally:
+            accounts = {name: m.stop() for name, m in meters.items()}
     summary = summarise(cfg, results, workers=workers, wall_s=wall)
     if thread_cpu:
         summary.extra["thread_cpu"] = accounts

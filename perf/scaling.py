@@ -30,9 +30,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (machine, on_one_core, pin_blas_threads, png_path, started_zookeeper, train_on_worker_processes,
-                    zookeeper_pid,  # noqa: E402
-                    write_json)
+from common import (machine, on_one_core, pin_blas_threads, png_path, started_zookeeper,  # noqa: E402
+                    train_on_worker_processes, write_json, zookeeper_pid)
 
 MODES = {
     "cumulative": dict(name="cumulative", batch=32, sync_period=1, lr=0.05),

@@ -145,11 +145,17 @@ class DataSpout(Spout):
             return  # the barrier: the whole round must complete first
         if self.epoch >= self.cfg.epochs or self.stopped:
             return
-        if self._landed < (self.step if self._must_land else self.step - SAVE_EVERY if self.balanced else -1):
+        if not (self._landed >= self.step if self._must_land else self._may_go_out(self.step)):
             return  # the position this round depends on is not saved yet (see the module's docstring)
         self._must_land = False
         self.flagged = self.draining or (self.checkpoints and self.round + 1 >= self.rounds)
         self._send_round(self.round, self.step, self.flagged)
+
+    def _may_go_out(self, step: int) -> bool:
+        """Whether the round of `step` may go out as far as saved positions go: under load
+        balancing once the position of step - SAVE_EVERY or later has landed (the module's
+        docstring), with static shares at once."""
+        return not self.balanced or self._landed >= step - SAVE_EVERY
 
     def _work(self, rnd: int, flagged: bool):
         """(unit, batches) of round `rnd` of the current epoch: under load balancing every
@@ -186,7 +192,7 @@ class DataSpout(Spout):
                 or self.flagged or self.round + 2 >= self.rounds
                 or any(k[:2] != (self.epoch, self.round) for k in self.in_flight)):
             return
-        if self.balanced and (self._landed < self.step + 1 - SAVE_EVERY or self._new_shares() is not None):
+        if not self._may_go_out(self.step + 1) or (self.balanced and self._new_shares() is not None):
             return
         self._send_round(self.round + 1, self.step + 1, flagged=False)
         self.ahead = True
