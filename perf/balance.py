@@ -275,7 +275,10 @@ def pair_summary(co: dict) -> dict:
             # what the rounds-to figures were read from (small: one entry per change)
             "cotenant_on": load["cotenant_on"], "cotenant_off": load["cotenant_off"],
             "share_log": [{k: e[k] for k in ("step", "t", "shares")} for e in load["share_log"]],
-            "decisions": load["decisions"]}
+            "decisions": load["decisions"],
+            # what the workers had published at each progress poll: the speeds the decisions saw
+            "series": [{k: r[k] for k in ("t", "rounds", "shares", "speeds", "foreign_busy")}
+                       for r in load["series"]]}
 
 
 def spread_of_pairs(values) -> dict | None:
