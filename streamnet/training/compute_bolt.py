@@ -71,6 +71,7 @@ class ComputeBolt(Bolt):
         self.samples = 0
         self._sent_at: float | None = None
         self._asked_at = -float("inf")
+        self._computed_step: int | None = None    # the step of the last work computed
 
     @property
     def params_step(self) -> int:
@@ -86,15 +87,16 @@ class ComputeBolt(Bolt):
     async def _work(self, tup):
         step = tup["step"]
         if step > self.params_step:
-            if step == self.params_step + 1 and self._sent_at is not None and not self.stash:
+            first = not self.stash
+            self.stash.append(tup)         # tick() asks again if they do not come
+            if first and step == self.params_step + 1 and self._sent_at is not None:
                 # sent ahead (data_spout._send_ahead): the parameters of its step are on their
                 # way; tick() asks for them only if they have not come within RESYNC_S
                 self._asked_at = time.monotonic()
-            elif not self.stash and time.monotonic() - self._asked_at > self.RESYNC_S:
+            elif first and time.monotonic() - self._asked_at > self.RESYNC_S:
                 log.warning("unit %d holds parameters of step %d, work is for step %d: asking for them",
                             self.ctx.task_index, self.params_step, step)
                 self._ask_for_params()
-            self.stash.append(tup)         # tick() asks again if they do not come
             return
         if step < self.params_step:
             for s in range(len(self.slices)):
@@ -106,6 +108,7 @@ class ComputeBolt(Bolt):
                 self.collector.fail(tup)
                 return
             received = time.perf_counter()
+            self._computed_step = step
             c, seconds, started = await self.ctx.compute(self._round, tup["batches"], tup["lr_scale"])
             timing = {"compute_s": seconds, "queue_s": max(0.0, started - received), "worker": self.ctx.worker}
             self.compute_s += seconds
@@ -148,7 +151,12 @@ class ComputeBolt(Bolt):
                         help="Samples this compute unit trained on")
 
     def _ask_for_params(self):
-        self.collector.emit(row(RESYNC, task=self.ctx.task), stream="resync")
+        """Ask every sync task for its slice. A unit that computed nothing at its
+        parameters' step names the earliest work it holds: if every replica started anew
+        with the sync task, that is where the data spout is (sync_recovery `_resync`)."""
+        held = min((w["step"] for w in self.stash), default=None)
+        self.collector.emit(row(RESYNC, task=self.ctx.task,
+                                step=held if self._computed_step != self.params_step else None), stream="resync")
         self._asked_at = time.monotonic()
 
     def tick(self):

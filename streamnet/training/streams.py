@@ -17,7 +17,9 @@ WORK = ("unit", "epoch", "round", "step", "lr_scale", "batches", "checkpoint", "
 # `timing`: {"compute_s", "queue_s", "worker"} of the round (straggler attribution), None in a replay's answer
 CONTRIBUTION = ("unit", "epoch", "round", "step", "lr_scale", "samples", "steps", "loss_sum", "slice", "vector",
                 "finite", "status", "checkpoint", "unit_state", "timing")
-RESYNC = ("task",)                                   # compute -> every sync task: send me your slice
+# compute -> every sync task: send me your slice; `step`: the earliest work the unit holds
+# if it computed nothing at its parameters' step, else None (sync_recovery `_resync`)
+RESYNC = ("task", "step")
 REPLICA = ("task", "slice", "step", "params")        # compute -> sync s (direct): my slice s, for a new sync task
 # `generation`: the sending sync task instance's fencing token (Context.generation); a
 # unit takes no parameters from an instance older than one that asked for its replica

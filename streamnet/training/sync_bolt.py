@@ -58,6 +58,13 @@ class SyncBolt(SyncRecovery, Bolt):
                "eval": list(EVAL), "checkpoint": list(CHECKPOINT)}
     tick_interval_s = 1.0
     PUBLISH_S = 0.5      # progress records at most this often
+    # The counters are saved when a round makes the step a multiple of SAVE_EVERY - and
+    # at once for a round the epoch plan does not predict, an epoch's last round, a
+    # checkpoint round and an instance's first round (_must_save) - so the rounds a
+    # successor does not find saved are the plan's, and it counts them from the plan
+    # (sync_recovery `_recount`). One ZooKeeper write a round was the engine's largest
+    # cost besides compute (README, issue 12)
+    SAVE_EVERY = 8
 
     def prepare(self, ctx, collector):
         super().prepare(ctx, collector)
@@ -88,6 +95,7 @@ class SyncBolt(SyncRecovery, Bolt):
         self._published = 0.0
         self._ahead: tuple | None = None     # (the round it counts, the save) of _save_ahead, in flight or done
         self._fenced: FencedError | None = None   # an ahead save found another instance owns the task
+        self._saves = 0     # counter saves this instance started (its first round saves: _must_save)
         self.prepare_recovery()
         if self.config.get("resume") and not ctx.restarting:
             # a task started again (its worker died) continues from the coordinator and the
@@ -99,7 +107,7 @@ class SyncBolt(SyncRecovery, Bolt):
         if tup.stream == "replica":
             await self._replica(tup)
         elif tup.stream == "resync":
-            self._resync(tup)
+            await self._resync(tup)
         else:
             await self._contribution(tup)
 
@@ -111,6 +119,10 @@ class SyncBolt(SyncRecovery, Bolt):
         self._maybe_new(tup)
         key = (tup["epoch"], tup["round"])
         unit = tup["unit"]
+        if self.adoption is None and tup["status"] != APPLIED and self._unsaved(tup["step"]):
+            # a unit holds parameters past this task's count: a replica that did not answer
+            # in time when this task adopted, after a predecessor's unsaved rounds
+            await self._count_lost(tup["step"], f"unit {unit!r} holds the parameters of step {tup['step']}")
         if self.adoption is None and (tup["status"] == APPLIED or tup["step"] < self.counts.next_step):
             self._answer_replay(tup)
             return
@@ -162,37 +174,62 @@ class SyncBolt(SyncRecovery, Bolt):
         if self.stragglers is not None:
             self.stragglers.judge(self.round_started, [a for a in map(self._arrival, tuples) if a is not None])
         step, (epoch, rnd) = tuples[0]["step"], key
-        # Count the round, and save the counters - the save is also the fencing check: a
-        # superseded task's fails - while the compute pool combines (the event loop stays
-        # free meanwhile), unless they were saved ahead as the round was computed (a round
-        # as planned: _save_ahead). Nothing of the round leaves before both are done: what
-        # a bolt emits waits in its executor until execute returns.
+        # Count the round, and - every SAVE_EVERY rounds, and for any round a successor
+        # could not count from the plan (_must_save) - save the counters (the save is also
+        # the fencing check: a superseded task's fails) while the compute pool combines
+        # (the event loop stays free meanwhile), unless they were saved ahead as the round
+        # was computed (a round as planned: _save_ahead). Nothing of the round leaves before
+        # both are done: what a bolt emits waits in its executor until execute returns.
         worked = self.plans.worked(epoch, rnd, [t["unit"] for t in tuples])
         samples = sum(c.samples for c in contributions)
         self.counts.count_round(self.plans, step, epoch, rnd, samples, worked)
         ahead, self._ahead = self._ahead, None
         if ahead is not None and not flagged and ahead[0] == (step, epoch, rnd, samples, worked):
             saving = ahead[1]       # saved as this round's count while the units computed it
-        else:
+        elif ahead is not None or self._must_save(step, epoch, rnd, samples, worked, flagged):
             if ahead is not None and not ahead[1].done():   # one save at a time
                 await asyncio.wait([ahead[1]])
-            saving = asyncio.ensure_future(self._save(self.counts.saved()))
+            saving = self._start_save()
+        else:
+            saving = None           # a round as planned between saves: a successor counts it from the plan
         try:
             params = await self.ctx.compute(self.agg.combine, contributions, tuples[0]["lr_scale"], step)
         except BaseException:
-            await asyncio.wait([saving])      # one save at a time; the round is combined again on replay
+            if saving is not None:
+                await asyncio.wait([saving])      # one save at a time; the round is combined again on replay
             self.counts.undo_last_round()
             raise
         combined = time.perf_counter()
-        await saving
-        self.save_wait_s += time.perf_counter() - combined
+        if saving is not None:
+            await saving
+            self.save_wait_s += time.perf_counter() - combined
         del self.pending[key]
+        self.behind_spout = False
         self._combined(key, step, tuples, contributions, params, flagged)
         self._save_ahead(epoch, rnd)
 
+    def _planned(self, epoch: int, rnd: int) -> tuple[int, list]:
+        """(samples, units that worked) of a round as the epoch plan has it (under load
+        balancing too: shares cut a round, not its total)."""
+        worked = self.plans.worked(epoch, rnd, sorted(self.plans.expected(epoch, rnd)))
+        plan = self.plans.plan(epoch)
+        return sum(len(b) for u in worked for b in plan[u][rnd]), worked
+
+    def _must_save(self, step: int, epoch: int, rnd: int, samples: int, worked: list, flagged: bool) -> bool:
+        """Whether a round's count is saved before its parameters leave.
+        Those of an epoch's end and a checkpoint round are: the evaluation and the
+        checkpoint slices carry no fencing token. An instance's first round is, so that
+        a successor always finds where its rounds stand in the epoch plan."""
+        return ((step + 1) % self.SAVE_EVERY == 0 or flagged or self._saves == 0 or self.plans.epoch_end(epoch, rnd)
+                or (samples, worked) != self._planned(epoch, rnd))
+
+    def _start_save(self) -> asyncio.Future:
+        self._saves += 1
+        return asyncio.ensure_future(self._save(self.counts.saved()))
+
     def _save_ahead(self, epoch: int, rnd: int) -> None:
-        """Start saving the counters as they will be once the next round is combined, as
-        that round's units start computing it: its samples and units follow from the
+        """Where the next round is one whose count is saved (_must_save), start saving the
+        counters as they will be once it is combined, as its units start computing it: its samples and units follow from the
         epoch plan (under load balancing too: shares cut a round, not its total), so
         when it comes as planned its save has landed and its parameters go out at once.
         A successor that restores these counters finds them a round ahead of the
@@ -205,10 +242,11 @@ class SyncBolt(SyncRecovery, Bolt):
         save of their own has confirmed that this instance still owns the task (else a
         superseded instance's evaluation reached the stale eval bolt on its own worker)."""
         e, r = (epoch, rnd + 1) if rnd + 1 < self.plans.rounds(epoch) else (epoch + 1, 0)
-        if e >= self.cfg.epochs or self.counts.next_step < 2 or self.plans.epoch_end(e, r):
+        if e >= self.cfg.epochs or self.counts.next_step < 2 or self.plans.epoch_end(e, r) \
+                or (self.counts.next_step + 1) % self.SAVE_EVERY:
             return      # an epoch's end (and a checkpoint round: _maybe_combine) waits for its own save
-        worked = self.plans.worked(e, r, sorted(self.plans.expected(e, r)))
-        samples = sum(len(b) for u in worked for b in self.plans.plan(e)[u][r])
+        samples, worked = self._planned(e, r)
+        self._saves += 1
         saving = asyncio.ensure_future(self._save_later(self.counts.snapshot(), self.counts.next_step, e, r,
                                                         samples, worked))
         saving.add_done_callback(self._ahead_saved)

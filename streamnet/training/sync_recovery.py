@@ -14,7 +14,12 @@ it has already combined.
   answered with the current parameters, and an epoch end's evaluation and
   checkpoint are sent again, since they may have been lost with a worker;
 - a compute unit that missed a broadcast asks (`resync`) and gets the parameters
-  sent to it alone.
+  sent to it alone;
+- the counters are saved every SAVE_EVERY rounds (sync_bolt.py), so a successor may
+  find them behind the rounds its predecessor combined: it counts those from the epoch
+  plan (`_recount`) - up to the newest replica's step, whose parameters hold their
+  updates; and where every replica started anew, up to the step of the work the units
+  hold (their resync requests say it), those rounds' updates lost (`lost_steps`).
 
 A mixin over the SyncBolt's state (sync_bolt.py holds the receiving and combining
 half): the two halves share the aggregator, the counters and the pending rounds.
@@ -54,6 +59,11 @@ def vector_problem(v, size: int, finite: bool = True) -> str | None:
     return None
 
 
+def _steps(first: int, n: int) -> str:
+    """"step 4 was" / "steps 4-6 were"."""
+    return f"step {first} was" if n == 1 else f"steps {first}-{first + n - 1} were"
+
+
 @dataclass
 class Adoption:
     """Replica replies collected while a new sync task rebuilds its parameters."""
@@ -73,6 +83,10 @@ class SyncRecovery:
         self.restored = False
         self.last_checkpoint = None   # (step, checkpoint tuple values), to send again if its round is replayed
         self.unit_states: dict[int, dict] = {}   # from the checkpoint resumed, for the units' first resync
+        # every replica started anew with this task and the counters may be behind the data
+        # spout (rounds combined after the last save): until its first combine, the units'
+        # resync requests say where the spout is (`_resync`)
+        self.behind_spout = False
 
     def resume(self, where: dict) -> None:
         """Continue a stopped run from the checkpoint `where` (nsmap.resume_point) points at."""
@@ -107,8 +121,14 @@ class SyncRecovery:
             self.restored = True
             self._request_replicas()
 
-    def _resync(self, tup) -> None:
-        """A compute unit asks for the current parameters (it is new, or missed them)."""
+    async def _resync(self, tup) -> None:
+        """A compute unit asks for the current parameters (it is new, or missed them).
+        Where every replica started anew with this task, its request names the step of
+        the earliest work it holds (and none for its parameters' step): the data spout
+        is there, and sends the rounds before it no more (compute_bolt `_ask_for_params`)."""
+        if self.adoption is None and self.behind_spout and self._unsaved(tup["step"]):
+            await self._count_lost(tup["step"], f"task {tup['task']!r} holds the data spout's work of step "
+                                                f"{tup['step']}, the replicas were started anew")
         if self.adoption is None:
             unit = self.compute_tasks.index(tup["task"])
             self.collector.emit(row(DIRECT_PARAMS, step=self.counts.next_step, slice=self.slice,
@@ -159,6 +179,51 @@ class SyncRecovery:
             return 0
         return n if [r.step for r in recent[-n:]] == list(range(step, step + n)) else 0
 
+    def _unsaved(self, step) -> int:
+        """How many rounds a predecessor may have combined past this task's count if a
+        unit holds parameters (or work) of `step`: 0 if it is not ahead, or further
+        ahead than the rounds between two saves (and a round sent ahead)."""
+        if not isinstance(step, int) or isinstance(step, bool):
+            return 0
+        n = step - self.counts.next_step
+        return n if 0 < n <= self.SAVE_EVERY + 1 else 0
+
+    def _recount(self, upto: int) -> int:
+        """Count the rounds from the next step up to step `upto` as the epoch plan has
+        them: rounds a predecessor combined and sent after its counters were last saved
+        (it saves at once any round not as planned: sync_bolt `_must_save`). Returns how
+        many; 0 where their place in the plan is unknown (the counters hold no round and
+        are past step 0)."""
+        n, last = self._unsaved(upto), self.counts.last_round
+        if last is not None and last.step != self.counts.next_step - 1 or last is None and self.counts.next_step:
+            return 0
+        e, r = (last.epoch - 1, last.round + 1) if last is not None else (0, 0)
+        rounds = []
+        for _ in range(n):
+            if r >= self.plans.rounds(e):
+                e, r = e + 1, 0
+            if e >= self.cfg.epochs:
+                return 0
+            rounds.append((e, r))
+            r += 1
+        for e, r in rounds:
+            samples, worked = self._planned(e, r)
+            self.counts.count_round(self.plans, self.counts.next_step, e, r, samples, worked)
+        return len(rounds)
+
+    async def _count_lost(self, upto: int, why: str) -> None:
+        """The rounds up to step `upto` were combined by a predecessor and are in no
+        parameters this task holds: count their samples (the spout will not send them
+        again) and their updates as lost; save the count."""
+        first = self.counts.next_step
+        n = self._recount(upto)
+        if n:
+            self.counts.lost_steps += n
+            log.error("sync task of slice %d: %s; %s combined after the counters were saved and their updates are "
+                      "lost: counted from the epoch plan, training goes on from step %d", self.slice, why,
+                      _steps(first, n), self.counts.next_step)
+            await self._start_save()
+
     def _lost_by(self, step: int) -> int:
         """The combined steps whose updates adopting the parameters of `step` loses."""
         return 0 if self._undone(step) else max(0, self.counts.next_step - step)
@@ -169,7 +234,13 @@ class SyncRecovery:
                     "restarts", self.slice, step, len(self.adoption.replies))
         self.agg = Aggregator(params, self.agg.plan)
         undone = self._undone(step)
-        if undone:
+        if step > self.counts.next_step:
+            first, n = self.counts.next_step, self._recount(step)
+            if n:
+                log.warning("sync task of slice %d: %s combined after the counters it restored were saved; "
+                            "counted from the epoch plan", self.slice, _steps(first, n))
+                await self._start_save()
+        elif undone:
             for _ in range(undone):
                 self.counts.undo_last_round()
             log.warning("step(s) %d-%d counted but never delivered; they will be combined again", step,
@@ -183,7 +254,8 @@ class SyncRecovery:
             log.error("sync task of slice %d: the updates of steps %d-%d were lost with every replica that held "
                       "them; training goes on from the parameters of step %d as step %d (those rounds' samples "
                       "stay counted)", self.slice, step, self.counts.next_step - 1, step, self.counts.next_step)
-            await self._save(self.counts.saved())   # a sync task started after this one knows them lost
+            self.behind_spout = True
+            await self._start_save()   # a sync task started after this one knows them lost
         self.counts.next_step = max(self.counts.next_step, step)
         step = self.counts.next_step
         self.adoption = None

@@ -68,13 +68,14 @@ def test_work_ahead_of_the_parameters_is_held_and_the_request_repeated_until_the
     bolt, out = _bolt()
     asyncio.run(bolt.execute(_work(5)))
     asyncio.run(bolt.execute(_work(5)))
-    assert out.emitted == [("resync", row(RESYNC, task=7))] and out.acked == []   # one request for both
+    # one request for both; a unit that computed nothing at its step names the work it holds
+    assert out.emitted == [("resync", row(RESYNC, task=7, step=5))] and out.acked == []
     bolt.RESYNC_S = 3600.0
     bolt.tick()
     assert len(out.emitted) == 1                                # not yet: the request is still fresh
     bolt.RESYNC_S = 0.0                                         # the answer is overdue
     bolt.tick()
-    assert out.emitted == [("resync", row(RESYNC, task=7))] * 2
+    assert out.emitted == [("resync", row(RESYNC, task=7, step=5))] * 2
     params = bolt.unit.model.params + 0.01                      # the current parameters (step 5) arrive
     asyncio.run(bolt.execute(_params(5, params)))
     assert bolt.params_step == 5
@@ -101,7 +102,7 @@ def test_work_sent_ahead_for_the_next_step_waits_for_its_parameters_without_aski
     assert len(out.emitted) == 1
     bolt.RESYNC_S = 0.0                                         # they are overdue: ask
     bolt.tick()
-    assert out.emitted[-1] == ("resync", row(RESYNC, task=7))
+    assert out.emitted[-1] == ("resync", row(RESYNC, task=7, step=None))     # it computed step 2
     asyncio.run(bolt.execute(_params(3, params)))
     assert [dict(zip(CONTRIBUTION, v))["step"] for s, v in out.emitted if s == "default"] == [2, 3]
 

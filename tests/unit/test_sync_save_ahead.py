@@ -19,6 +19,13 @@ from tests.unit.test_security_inputs import CFG, P, TASKS, Recorder, _compute
 from tests.unit.test_sync_adoption import _last_params, _replica
 
 
+@pytest.fixture(autouse=True)
+def every_round(monkeypatch):
+    """These tests follow the saves round by round: the counters saved every round
+    (test_sync_save_every.py has them every few rounds)."""
+    monkeypatch.setattr(SyncBolt, "SAVE_EVERY", 1)
+
+
 def _sync(save_state_async=None):
     saves = []
     bolt = SyncBolt(run=run_config_to_dict(CFG))

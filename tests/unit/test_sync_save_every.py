@@ -1,0 +1,156 @@
+"""The sync task saves its counters every SAVE_EVERY rounds, and at once any round a
+successor could not count from the epoch plan (sync_bolt `_must_save`); a successor
+that finds the counters behind the rounds its predecessor combined counts those from
+the plan (sync_recovery `_recount`): up to the newest replica's step, or - every
+replica started anew - up to the step of the work the units hold, their updates lost."""
+import asyncio
+import logging
+
+import numpy as np
+import pytest
+
+from streamnet.runtime.component import Tuple
+from streamnet.training.streams import DIRECT_PARAMS, PARAMS, RESYNC, row
+from streamnet.training.sync_bolt import SyncBolt
+from tests.unit.test_sync_adoption import _last_params, _replica
+from tests.unit.test_sync_save_ahead import HeldSaves, _counted, _passes, _round, _sync
+
+EVERY = 4       # the test config has 8 rounds an epoch: saves at steps 4 and 8 (the epoch's end)
+
+
+@pytest.fixture(autouse=True)
+def every_few_rounds(monkeypatch):
+    monkeypatch.setattr(SyncBolt, "SAVE_EVERY", EVERY)
+
+
+def _rounds(bolt, steps, **kw):
+    async def go():
+        for step in steps:
+            await _round(bolt, step, **kw)
+            await _passes()
+    asyncio.run(go())
+
+
+def _predecessor(upto: int):
+    """A sync task that combined rounds 0 .. upto - 1: (its saves, its counters now)."""
+    bolt, _, saves = _sync()
+    _rounds(bolt, range(upto))
+    return saves, bolt.counts.saved()
+
+
+def _resync(bolt, task: int, step) -> None:
+    tup = Tuple(row(RESYNC, task=task, step=step), list(RESYNC), "resync", "compute", task, {})
+    asyncio.run(bolt.execute(tup))
+
+
+def _direct(out) -> dict:
+    stream, values = out.emitted[-1]
+    assert stream == "direct_params"
+    return dict(zip(DIRECT_PARAMS, values))
+
+
+def test_the_counters_are_saved_every_few_rounds_the_first_and_the_epochs_end():
+    saves, now = _predecessor(8)
+    # round 0: the instance's first; round 3 (step 4): saved ahead; round 7: the epoch's end
+    assert [s["next_step"] for s in saves] == [1, 4, 8]
+    assert _counted(saves[-1]) == _counted(now)
+
+
+def test_a_round_between_saves_goes_out_without_waiting_for_the_coordinator():
+    saves = HeldSaves()
+    bolt, out, _ = _sync(saves)
+
+    async def go():
+        task = asyncio.ensure_future(_round(bolt, 0))
+        while not saves.landing:
+            await asyncio.sleep(0)
+        saves.landing[0].set_result(None)           # the first round waits for its save
+        await task
+        await _round(bolt, 1)                       # no save: out at once, though none would land now
+        assert _last_params(out)["step"] == 2 and len(saves.states) == 1
+    asyncio.run(go())
+
+
+def test_a_round_not_as_planned_between_saves_is_saved_at_once():
+    bolt, out, saves = _sync()
+    _rounds(bolt, [0])
+    _rounds(bolt, [1], samples=3)                   # a unit's batch short of the plan
+    assert [s["next_step"] for s in saves] == [1, 2] and saves[1]["samples"] == 8 + 6
+
+
+def test_a_successor_counts_the_rounds_after_the_last_save_up_to_the_newest_replica(caplog):
+    saves, now = _predecessor(7)                    # saved at step 4; combined and sent 4, 5 and 6
+    bolt, out, mine = _sync()
+    with caplog.at_level(logging.WARNING):
+        bolt.restore(saves[-1])
+        for task in (1, 2):
+            _replica(bolt, task, 7)
+    assert bolt.adoption is None and _last_params(out)["step"] == 7
+    assert _counted(bolt.counts.saved()) == _counted(now)           # as if it had counted them itself
+    assert bolt.counts.lost_steps == 0 and _counted(mine[-1]) == _counted(now)    # and saved
+    assert "steps 4-6 were combined after the counters it restored were saved" in caplog.text
+    _rounds(bolt, [7])                              # the epoch ends: every sample of it counted once
+    stats = bolt.stats()
+    assert stats.each_sample_counted_once and stats.epoch_samples == {1: 64}
+
+
+def test_every_replica_started_anew_the_units_work_says_where_the_spout_is(caplog):
+    saves, now = _predecessor(7)
+    bolt, out, mine = _sync()
+    bolt.restore(saves[-1])
+    for task in (1, 2):
+        _replica(bolt, task, 0)                     # the units moved with the sync task
+    assert bolt.counts.next_step == 4 and bolt.counts.lost_steps == 4
+    _resync(bolt, 1, None)                          # a unit that computed at its step: no news
+    assert _direct(out)["step"] == 4 and bolt.counts.next_step == 4
+    with caplog.at_level(logging.ERROR):
+        _resync(bolt, 1, 7)                         # holds the spout's work of step 7 and nothing before
+    assert _direct(out)["step"] == 7 and bolt.counts.lost_steps == 4 + 3
+    assert _counted(bolt.counts.saved()) == _counted(now) and _counted(mine[-1]) == _counted(now)
+    assert "steps 4-6 were combined after the counters were saved and their updates are lost" in caplog.text
+    _resync(bolt, 2, 7)                             # the other unit: counted already
+    assert bolt.counts.lost_steps == 7 and _direct(out)["step"] == 7
+    _rounds(bolt, [7])
+    stats = bolt.stats()
+    assert stats.each_sample_counted_once and stats.epoch_samples == {1: 64}
+
+
+def test_the_work_a_unit_holds_moves_no_count_where_a_replica_was_adopted():
+    # after a successor adopted a replica, work held ahead (round 7 sent while 6 is in
+    # flight) must not make round 6 count as lost
+    saves, _ = _predecessor(7)
+    bolt, out, _ = _sync()
+    bolt.restore(saves[-1])
+    for task in (1, 2):
+        _replica(bolt, task, 6)
+    assert bolt.counts.next_step == 6
+    _resync(bolt, 1, 7)
+    assert bolt.counts.next_step == 6 and bolt.counts.lost_steps == 0 and _direct(out)["step"] == 6
+
+
+def test_a_step_further_ahead_than_the_rounds_between_two_saves_counts_nothing():
+    saves, _ = _predecessor(7)
+    bolt, out, _ = _sync()
+    bolt.restore(saves[-1])
+    for task in (1, 2):
+        _replica(bolt, task, 0)
+    _resync(bolt, 1, 4 + EVERY + 2)                 # no predecessor gets that far without a save
+    _resync(bolt, 1, "7")                           # nor is a string a step
+    assert bolt.counts.next_step == 4 and bolt.counts.lost_steps == 4 and _direct(out)["step"] == 4
+
+
+def test_a_late_replica_ahead_of_the_adopted_one_has_its_rounds_counted_as_lost(monkeypatch, caplog):
+    saves, now = _predecessor(7)
+    bolt, out, _ = _sync()
+    bolt.restore(saves[-1])
+    _replica(bolt, 1, 5)
+    monkeypatch.setattr(bolt, "ADOPT_WAIT_S", 0.0)
+    asyncio.run(bolt.tick())                        # the other unit did not answer in time
+    assert bolt.adoption is None and bolt.counts.next_step == 5
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(_round(bolt, 7))                # yet it holds step 7's parameters (and unit 0 too, here)
+    assert bolt.counts.lost_steps == 2 and "unit 0 holds the parameters of step 7" in caplog.text
+    sent = [dict(zip(PARAMS, v)) for stream, v in out.emitted if stream == "params"]
+    assert bolt.counts.rounds == now["rounds"] + 1 and sent[-1]["step"] == 8
+    stats = bolt.stats()
+    assert stats.each_sample_counted_once and stats.epoch_samples == {1: 64}
