@@ -6,7 +6,6 @@ replica started anew - up to the step of the work the units hold, their updates 
 import asyncio
 import logging
 
-import numpy as np
 import pytest
 
 from streamnet.runtime.component import Tuple
