@@ -1,7 +1,8 @@
 """The sync bolt's counters, in one typed value, and the shapes they leave in:
 
-- `saved()` / `restore()`: what the task saves in the coordinator after every
-  combine, so that a sync task started anew (its worker died) continues the count;
+- `saved()` / `restore()`: what the task saves in the coordinator every few combines
+  (sync_bolt `_must_save`), so that a sync task started anew (its worker died)
+  continues the count (counting from the epoch plan what it did not find saved);
 - `checkpoint_counters()` / `resume()`: the counters inside a checkpoint, so that a
   resumed run continues the count (the layout on disk is checkpoint.py's format);
 - `stats()`: the run's account at the end (run_stats.SyncStats).
