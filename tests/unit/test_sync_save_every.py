@@ -37,6 +37,23 @@ def _predecessor(upto: int):
     return saves, bolt.counts.saved()
 
 
+def _successor(replicas: list[int]):
+    """A sync task started anew after a predecessor that combined rounds 0-6 and saved
+    at step 4, its replicas answering with the steps `replicas`: (the bolt, what it
+    sent, what it saved, the predecessor's counters)."""
+    saves, now = _predecessor(7)
+    bolt, out, mine = _sync()
+    bolt.restore(saves[-1])
+    for task, step in zip((1, 2), replicas):
+        _replica(bolt, task, step)
+    return bolt, out, mine, now
+
+
+def _epoch_counted_once(bolt) -> bool:
+    stats = bolt.stats()
+    return stats.each_sample_counted_once and stats.epoch_samples == {1: 64}
+
+
 def _resync(bolt, task: int, step) -> None:
     tup = Tuple(row(RESYNC, task=task, step=step), list(RESYNC), "resync", "compute", task, {})
     asyncio.run(bolt.execute(tup))
@@ -78,27 +95,18 @@ def test_a_round_not_as_planned_between_saves_is_saved_at_once():
 
 
 def test_a_successor_counts_the_rounds_after_the_last_save_up_to_the_newest_replica(caplog):
-    saves, now = _predecessor(7)                    # saved at step 4; combined and sent 4, 5 and 6
-    bolt, out, mine = _sync()
     with caplog.at_level(logging.WARNING):
-        bolt.restore(saves[-1])
-        for task in (1, 2):
-            _replica(bolt, task, 7)
+        bolt, out, mine, now = _successor([7, 7])   # the predecessor combined and sent 4, 5 and 6
     assert bolt.adoption is None and _last_params(out)["step"] == 7
     assert _counted(bolt.counts.saved()) == _counted(now)           # as if it had counted them itself
     assert bolt.counts.lost_steps == 0 and _counted(mine[-1]) == _counted(now)    # and saved
     assert "steps 4-6 were combined after the counters it restored were saved" in caplog.text
     _rounds(bolt, [7])                              # the epoch ends: every sample of it counted once
-    stats = bolt.stats()
-    assert stats.each_sample_counted_once and stats.epoch_samples == {1: 64}
+    assert _epoch_counted_once(bolt)
 
 
 def test_every_replica_started_anew_the_units_work_says_where_the_spout_is(caplog):
-    saves, now = _predecessor(7)
-    bolt, out, mine = _sync()
-    bolt.restore(saves[-1])
-    for task in (1, 2):
-        _replica(bolt, task, 0)                     # the units moved with the sync task
+    bolt, out, mine, now = _successor([0, 0])       # the units moved with the sync task
     assert bolt.counts.next_step == 4 and bolt.counts.lost_steps == 4
     _resync(bolt, 1, None)                          # a unit that computed at its step: no news
     assert _direct(out)["step"] == 4 and bolt.counts.next_step == 4
@@ -110,39 +118,27 @@ def test_every_replica_started_anew_the_units_work_says_where_the_spout_is(caplo
     _resync(bolt, 2, 7)                             # the other unit: counted already
     assert bolt.counts.lost_steps == 7 and _direct(out)["step"] == 7
     _rounds(bolt, [7])
-    stats = bolt.stats()
-    assert stats.each_sample_counted_once and stats.epoch_samples == {1: 64}
+    assert _epoch_counted_once(bolt)
 
 
 def test_the_work_a_unit_holds_moves_no_count_where_a_replica_was_adopted():
     # after a successor adopted a replica, work held ahead (round 7 sent while 6 is in
     # flight) must not make round 6 count as lost
-    saves, _ = _predecessor(7)
-    bolt, out, _ = _sync()
-    bolt.restore(saves[-1])
-    for task in (1, 2):
-        _replica(bolt, task, 6)
+    bolt, out, *_ = _successor([6, 6])
     assert bolt.counts.next_step == 6
     _resync(bolt, 1, 7)
     assert bolt.counts.next_step == 6 and bolt.counts.lost_steps == 0 and _direct(out)["step"] == 6
 
 
 def test_a_step_further_ahead_than_the_rounds_between_two_saves_counts_nothing():
-    saves, _ = _predecessor(7)
-    bolt, out, _ = _sync()
-    bolt.restore(saves[-1])
-    for task in (1, 2):
-        _replica(bolt, task, 0)
+    bolt, out, *_ = _successor([0, 0])
     _resync(bolt, 1, 4 + EVERY + 2)                 # no predecessor gets that far without a save
     _resync(bolt, 1, "7")                           # nor is a string a step
     assert bolt.counts.next_step == 4 and bolt.counts.lost_steps == 4 and _direct(out)["step"] == 4
 
 
 def test_a_late_replica_ahead_of_the_adopted_one_has_its_rounds_counted_as_lost(monkeypatch, caplog):
-    saves, now = _predecessor(7)
-    bolt, out, _ = _sync()
-    bolt.restore(saves[-1])
-    _replica(bolt, 1, 5)
+    bolt, out, _, now = _successor([5])
     monkeypatch.setattr(bolt, "ADOPT_WAIT_S", 0.0)
     asyncio.run(bolt.tick())                        # the other unit did not answer in time
     assert bolt.adoption is None and bolt.counts.next_step == 5
@@ -151,5 +147,4 @@ def test_a_late_replica_ahead_of_the_adopted_one_has_its_rounds_counted_as_lost(
     assert bolt.counts.lost_steps == 2 and "unit 0 holds the parameters of step 7" in caplog.text
     sent = [dict(zip(PARAMS, v)) for stream, v in out.emitted if stream == "params"]
     assert bolt.counts.rounds == now["rounds"] + 1 and sent[-1]["step"] == 8
-    stats = bolt.stats()
-    assert stats.each_sample_counted_once and stats.epoch_samples == {1: 64}
+    assert _epoch_counted_once(bolt)
