@@ -228,10 +228,11 @@ class SyncBolt(SyncRecovery, Bolt):
         return asyncio.ensure_future(self._save(self.counts.saved()))
 
     def _save_ahead(self, epoch: int, rnd: int) -> None:
-        """Where the next round is one whose count is saved (_must_save), start saving the
-        counters as they will be once it is combined, as its units start computing it: its samples and units follow from the
-        epoch plan (under load balancing too: shares cut a round, not its total), so
-        when it comes as planned its save has landed and its parameters go out at once.
+        """Where the next round is one whose count is saved (_must_save), start saving
+        the counters as they will be once it is combined, as its units start computing
+        it: its samples and units follow from the epoch plan (under load balancing too:
+        shares cut a round, not its total), so when it comes as planned its save has
+        landed and its parameters go out at once.
         A successor that restores these counters finds them a round ahead of the
         replicas and uncounts that round (sync_recovery `_undone`). The in-memory
         counters do not move: replays are judged by them. Not for step 1: a successor
@@ -244,7 +245,7 @@ class SyncBolt(SyncRecovery, Bolt):
         e, r = (epoch, rnd + 1) if rnd + 1 < self.plans.rounds(epoch) else (epoch + 1, 0)
         if e >= self.cfg.epochs or self.counts.next_step < 2 or self.plans.epoch_end(e, r) \
                 or (self.counts.next_step + 1) % self.SAVE_EVERY:
-            return      # an epoch's end (and a checkpoint round: _maybe_combine) waits for its own save
+            return      # between saves; an epoch's end (and a checkpoint round: _maybe_combine) saves itself
         samples, worked = self._planned(e, r)
         self._saves += 1
         saving = asyncio.ensure_future(self._save_later(self.counts.snapshot(), self.counts.next_step, e, r,

@@ -195,7 +195,7 @@ class SyncRecovery:
         many; 0 where their place in the plan is unknown (the counters hold no round and
         are past step 0)."""
         n, last = self._unsaved(upto), self.counts.last_round
-        if last is not None and last.step != self.counts.next_step - 1 or last is None and self.counts.next_step:
+        if (last.step != self.counts.next_step - 1) if last is not None else self.counts.next_step != 0:
             return 0
         e, r = (last.epoch - 1, last.round + 1) if last is not None else (0, 0)
         rounds = []
@@ -240,6 +240,10 @@ class SyncRecovery:
                 log.warning("sync task of slice %d: %s combined after the counters it restored were saved; "
                             "counted from the epoch plan", self.slice, _steps(first, n))
                 await self._start_save()
+            else:
+                log.error("sync task of slice %d: a replica holds step %d, the counters it restored end at step %d, "
+                          "and the rounds between cannot be counted from the epoch plan: they stay uncounted",
+                          self.slice, step, first)
         elif undone:
             for _ in range(undone):
                 self.counts.undo_last_round()

@@ -148,3 +148,14 @@ def test_a_late_replica_ahead_of_the_adopted_one_has_its_rounds_counted_as_lost(
     sent = [dict(zip(PARAMS, v)) for stream, v in out.emitted if stream == "params"]
     assert bolt.counts.rounds == now["rounds"] + 1 and sent[-1]["step"] == 8
     assert _epoch_counted_once(bolt)
+
+
+def test_rounds_whose_place_in_the_plan_is_unknown_are_not_counted_and_the_log_says_so(caplog):
+    bolt, out, _ = _sync()
+    bolt.counts.next_step = 5                       # no round counted to start from (a resumed run's counters)
+    bolt._request_replicas()
+    with caplog.at_level(logging.ERROR):
+        for task in (1, 2):
+            _replica(bolt, task, 7)
+    assert bolt.counts.next_step == 7 and bolt.counts.rounds == 0 and _last_params(out)["step"] == 7
+    assert "the rounds between cannot be counted from the epoch plan" in caplog.text
