@@ -67,6 +67,33 @@ def test_training_survives_sigkill(mode, zk_hosts, victim):
         assert s.extra["sync_recoveries"] >= 1
 
 
+def test_every_replica_lost_with_the_sync_task_training_goes_on_and_counts_each_sample_once(mode, zk_hosts):
+    """SIGKILL, at once, of every worker that hosts a compute unit or the sync task (the
+    data spout's survives): the new sync task restores counters saved up to 7 rounds
+    back (SyncBolt.SAVE_EVERY) and the new replicas hold only the seeded parameters,
+    while the spout will not send the rounds between again. The units' requests for
+    parameters name the work they hold, and the sync task counts the rounds before it
+    as lost (sync_recovery `_resync`): without that, they waited for ever."""
+    cfg = _config()
+    topo = build_topology(cfg, name="faults-every-replica")
+    with cluster_in_mode(mode, zk_hosts, workers=4) as (c, state):
+        _training_with_victim(state, topo, "sync")
+        where = placement(state, topo.name)
+        spout_host = where[topo.tasks("data")[0]]
+        victims = {where[t] for t in [*topo.tasks("compute"), *topo.tasks("sync")]}
+        assert spout_host not in victims, f"the placement put the data spout beside a unit or the sync task: {where}"
+        for host in sorted(victims):
+            c.kill9(host)
+        wait_for(lambda: not victims & set(placement(state, topo.name).values()), 30,
+                 "the dead workers' tasks to move", interval=0.05)
+        results = finish(state, topo.name, timeout=600)
+    s = summarise(cfg, results, workers=1)
+    print(f"killed {sorted(victims)}: lost steps {s.extra['lost_steps']}, accuracy {s.test_accuracy:.2%}")
+    assert s.extra["each_sample_counted_once"] is True
+    assert results["sync.0.stats"]["epoch_samples"] == {"1": 12000, "2": 12000, "3": 12000}
+    assert s.extra["lost_steps"] >= 1 and len(s.history) == 3
+
+
 def _progressed(state, name, rounds):
     def check():
         p = state.results(name).get("sync.0.progress")
