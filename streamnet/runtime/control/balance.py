@@ -129,6 +129,14 @@ def _gap(a: dict[int, float], b: dict[int, float]) -> float:
     return max(abs(a[t] - b[t]) / b[t] for t in b)
 
 
+def _moved(a: dict[int, float], b: dict[int, float]) -> float:
+    """How far a set of relative speeds moved: the largest ratio between a task's two
+    values, less one - the same for a rise as for a fall (`_gap`, relative to the
+    second, counts a slow unit's recovery from 0.66 to 0.92 as 0.28, its slowing from
+    0.92 to 0.66 as 0.39)."""
+    return max(max(a[t], b[t]) / max(min(a[t], b[t]), 1e-12) for t in b) - 1.0
+
+
 def _remember(memory: Memory, cid: str, shares: dict[int, float], rel: dict[int, float], now: float) -> list:
     """Note the relative speeds seen at `shares`; forget everything seen when they moved
     at the same shares (other load came or went: what was seen elsewhere is stale too).
@@ -139,7 +147,7 @@ def _remember(memory: Memory, cid: str, shares: dict[int, float], rel: dict[int,
     seen = [e for e in memory.seen.get(cid, []) if now - e[0] < SEEN_S and set(e[1]) == set(shares)]
     same = [e for e in seen if _gap(e[1], shares) < SAME]
     first = same[0][3] if same else dict(rel)
-    if _gap(first, rel) > WORLD_CHANGE:
+    if _moved(first, rel) > WORLD_CHANGE:
         seen, first = [], dict(rel)
     seen = [e for e in seen if e not in same] + [(now, dict(shares), dict(rel), first)]
     memory.seen[cid] = seen
