@@ -70,6 +70,9 @@ def _run(zk_hosts, cfg, workers: int, threads: int, pin: bool, on_progress=None)
                    # what the workers last published: each unit's speed (items/s) and others' load
                    "speeds": {t: round(1 / spi) for rec in loads.values()
                               for t, spi in rec.get("seconds_per_item", {}).get(topo.name, {}).items()},
+                   # each speed's relative error as published: the balancer's noise threshold
+                   "errors": {t: e for rec in loads.values()
+                              for t, e in rec.get("speed_error", {}).get(topo.name, {}).items()},
                    "foreign_busy": {w: rec.get("foreign_busy") for w, rec in loads.items()}}
             series.append(row)
             log[:] = st.balance_log(topo.name)          # kept: the topology's nodes go when it ends
@@ -277,7 +280,7 @@ def pair_summary(co: dict) -> dict:
             "share_log": [{k: e[k] for k in ("step", "t", "shares")} for e in load["share_log"]],
             "decisions": load["decisions"],
             # what the workers had published at each progress poll: the speeds the decisions saw
-            "series": [{k: r[k] for k in ("t", "rounds", "shares", "speeds", "foreign_busy")}
+            "series": [{k: r[k] for k in ("t", "rounds", "shares", "speeds", "errors", "foreign_busy")}
                        for r in load["series"]]}
 
 
