@@ -309,11 +309,9 @@ def test_a_speed_that_depends_on_the_share_does_not_turn_the_shares_each_interva
     assert all(b - a >= balance.SEEN_S - 1 for a, b in zip(changes[1:], changes[2:])), changes
 
 
-def test_shares_come_back_when_a_co_tenant_leaves_and_the_speeds_climb_in_steps():
-    # under a co-tenant unit 2 ran at half speed, and the policy saw it at two shares on
-    # the way (0.82, then 0.62). The co-tenant leaves: unit 2's published speed (a window's
-    # median) climbs back in steps of under WORLD_CHANGE each. What was seen at 0.82 under
-    # the co-tenant must not hold the shares at 0.62 for SEEN_S: they come back at once
+def _passes_a_second():
+    """step(speed of unit 1, speed of unit 2): one policy pass a second later than the
+    last, its decision applied; returns unit 2's share."""
     memory, a, t = Memory(), placed(), 0.0
 
     def step(fast, slow):
@@ -323,6 +321,15 @@ def test_shares_come_back_when_a_co_tenant_leaves_and_the_speeds_climb_in_steps(
         if d.shares is not None:
             a = Assignment(**{**a.__dict__, "shares": d.shares})
         return a.shares.get(2, 1.0)
+    return step
+
+
+def test_shares_come_back_when_a_co_tenant_leaves_and_the_speeds_climb_in_steps():
+    # under a co-tenant unit 2 ran at half speed, and the policy saw it at two shares on
+    # the way (0.82, then 0.62). The co-tenant leaves: unit 2's published speed (a window's
+    # median) climbs back in steps of under WORLD_CHANGE each. What was seen at 0.82 under
+    # the co-tenant must not hold the shares at 0.62 for SEEN_S: they come back at once
+    step = _passes_a_second()
     step(9000.0, 9000.0)
     assert step(9000.0, 6300.0) == pytest.approx(0.82, abs=0.01)       # the co-tenant comes
     assert step(9000.0, 4200.0) == pytest.approx(0.63, abs=0.02)
@@ -340,15 +347,7 @@ def test_shares_come_back_when_a_co_tenant_leaves_though_the_other_unit_sped_up_
     # (0.92 / 0.66 = 1.39), though as a difference relative to the new value it is 0.28,
     # under WORLD_CHANGE: then what was seen at equal shares under the co-tenant held the
     # shares where they were for the rest of the run
-    memory, a, t = Memory(), placed(), 0.0
-
-    def step(fast, slow):
-        nonlocal a, t
-        t += 1.0
-        d = decide(NAME, topology(), a, workers_with({"w1": {1: fast}, "w2": {2: slow}}), memory, t)
-        if d.shares is not None:
-            a = Assignment(**{**a.__dict__, "shares": d.shares})
-        return a.shares.get(2, 1.0)
+    step = _passes_a_second()
     step(23600.0, 23600.0)
     assert step(23600.0, 12100.0) == pytest.approx(0.68, abs=0.01)     # the co-tenant comes
     for fast, slow in ((21000.0, 10400.0), (23600.0, 11600.0), (23600.0, 11600.0)):
