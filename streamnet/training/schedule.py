@@ -184,3 +184,14 @@ class EpochPlans:
 
     def epoch_end(self, epoch: int, rnd: int) -> bool:
         return rnd + 1 >= self.rounds(epoch)
+
+    def next_round(self, epoch: int, rnd: int) -> tuple[int, int]:
+        """(epoch, round) of the round after round `rnd` of `epoch`."""
+        return (epoch + 1, 0) if self.epoch_end(epoch, rnd) else (epoch, rnd + 1)
+
+    def planned(self, epoch: int, rnd: int) -> tuple[int, list]:
+        """(samples, units that worked) of a round as the plan has it (under load
+        balancing too: shares cut a round, not its total)."""
+        plan = self.plan(epoch)
+        worked = self.worked(epoch, rnd, sorted(self.expected(epoch, rnd)))
+        return sum(len(b) for u in worked for b in plan[u][rnd]), worked

@@ -208,20 +208,13 @@ class SyncBolt(SyncRecovery, Bolt):
         self._combined(key, step, tuples, contributions, params, flagged)
         self._save_ahead(epoch, rnd)
 
-    def _planned(self, epoch: int, rnd: int) -> tuple[int, list]:
-        """(samples, units that worked) of a round as the epoch plan has it (under load
-        balancing too: shares cut a round, not its total)."""
-        worked = self.plans.worked(epoch, rnd, sorted(self.plans.expected(epoch, rnd)))
-        plan = self.plans.plan(epoch)
-        return sum(len(b) for u in worked for b in plan[u][rnd]), worked
-
     def _must_save(self, step: int, epoch: int, rnd: int, samples: int, worked: list, flagged: bool) -> bool:
         """Whether a round's count is saved before its parameters leave.
         Those of an epoch's end and a checkpoint round are: the evaluation and the
         checkpoint slices carry no fencing token. An instance's first round is, so that
         a successor always finds where its rounds stand in the epoch plan."""
         return ((step + 1) % self.SAVE_EVERY == 0 or flagged or self._saves == 0 or self.plans.epoch_end(epoch, rnd)
-                or (samples, worked) != self._planned(epoch, rnd))
+                or (samples, worked) != self.plans.planned(epoch, rnd))
 
     def _start_save(self) -> asyncio.Future:
         self._saves += 1
@@ -242,11 +235,11 @@ class SyncBolt(SyncRecovery, Bolt):
         checkpoint slices they send carry no fencing token, so they go out only once a
         save of their own has confirmed that this instance still owns the task (else a
         superseded instance's evaluation reached the stale eval bolt on its own worker)."""
-        e, r = (epoch, rnd + 1) if rnd + 1 < self.plans.rounds(epoch) else (epoch + 1, 0)
+        e, r = self.plans.next_round(epoch, rnd)
         if e >= self.cfg.epochs or self.counts.next_step < 2 or self.plans.epoch_end(e, r) \
                 or (self.counts.next_step + 1) % self.SAVE_EVERY:
             return      # between saves; an epoch's end (and a checkpoint round: _maybe_combine) saves itself
-        samples, worked = self._planned(e, r)
+        samples, worked = self.plans.planned(e, r)
         self._saves += 1
         saving = asyncio.ensure_future(self._save_later(self.counts.snapshot(), self.counts.next_step, e, r,
                                                         samples, worked))

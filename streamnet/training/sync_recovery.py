@@ -197,17 +197,15 @@ class SyncRecovery:
         n, last = self._unsaved(upto), self.counts.last_round
         if (last.step != self.counts.next_step - 1) if last is not None else self.counts.next_step != 0:
             return 0
-        e, r = (last.epoch - 1, last.round + 1) if last is not None else (0, 0)
+        e, r = self.plans.next_round(last.epoch - 1, last.round) if last is not None else (0, 0)
         rounds = []
         for _ in range(n):
-            if r >= self.plans.rounds(e):
-                e, r = e + 1, 0
             if e >= self.cfg.epochs:
                 return 0
             rounds.append((e, r))
-            r += 1
+            e, r = self.plans.next_round(e, r)
         for e, r in rounds:
-            samples, worked = self._planned(e, r)
+            samples, worked = self.plans.planned(e, r)
             self.counts.count_round(self.plans, self.counts.next_step, e, r, samples, worked)
         return len(rounds)
 
