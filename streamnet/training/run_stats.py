@@ -106,7 +106,7 @@ class SyncStats:
     slices: int                       # sync tasks: the run's S
     resumed_from_step: int | None
     quarantined: dict                 # split -> {"count", ...}
-    wall_s: float
+    train_s: float                    # from this task's start to its last combine (its own clock)
     started: float                    # wall clock (time.time()) when the run started
 
     def to_dict(self) -> dict:
@@ -165,7 +165,7 @@ class SyncStats:
             save_wait_s=max(p.save_wait_s for p in parts),
             epoch_train_loss=first.epoch_train_loss, epoch_clock=clock, num_params=first.num_params,
             slices=first.slices, resumed_from_step=first.resumed_from_step, quarantined=first.quarantined,
-            wall_s=max(p.wall_s for p in parts), started=min(p.started for p in parts))
+            train_s=max(p.train_s for p in parts), started=min(p.started for p in parts))
 
 
 def sync_stats_of(results: dict) -> list[SyncStats]:

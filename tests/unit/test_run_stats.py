@@ -16,7 +16,7 @@ def _stats(**over) -> SyncStats:
              save_wait_s=0.125, lost_steps=0, epoch_train_loss={1: 2.0, 2: 1.5},
              epoch_clock={1: EpochSpan(start=100.0, end=110.0, samples=200),
                           2: EpochSpan(start=110.0, end=None, samples=100)},
-             num_params=61706, slices=1, resumed_from_step=None, quarantined={"train": {"count": 2}}, wall_s=10.0,
+             num_params=61706, slices=1, resumed_from_step=None, quarantined={"train": {"count": 2}}, train_s=10.0,
              started=100.0)
     v.update(over)
     return SyncStats(**v)

@@ -159,3 +159,13 @@ def test_rounds_whose_place_in_the_plan_is_unknown_are_not_counted_and_the_log_s
             _replica(bolt, task, 7)
     assert bolt.counts.next_step == 7 and bolt.counts.rounds == 0 and _last_params(out)["step"] == 7
     assert "the rounds between cannot be counted from the epoch plan" in caplog.text
+
+
+def test_the_training_time_ends_at_the_last_combine_not_when_the_task_closes():
+    bolt, _, _ = _sync()
+    before = [bolt.stats().train_s for _ in range(2)]
+    assert before[1] > before[0]                # nothing combined yet: the clock runs
+    _rounds(bolt, range(3))
+    first, again = bolt.stats().train_s, bolt.stats().train_s
+    # the final evaluation and the topology's teardown come after: they are not training
+    assert first == again == bolt.last_combined - bolt.t0 > 0
