@@ -355,21 +355,6 @@ def test_shares_come_back_when_a_co_tenant_leaves_though_the_other_unit_sped_up_
     assert step(23600.0, 20200.0) == pytest.approx(0.92, abs=0.01)     # it leaves: back at once
 
 
-def test_one_odd_reading_at_a_set_of_shares_does_not_bar_the_way_back_there():
-    # perf/balance.py, a co-tenant pair: at the shares it settled at under the co-tenant
-    # (unit 2 at 0.68) one odd reading of unit 1 (a burst of its own worker's work) sent
-    # the shares to 0.83; back at the steady speeds the shares should return toward 0.7.
-    # What was seen at 0.68 held them at 0.83 for SEEN_S while the odd reading was the
-    # last seen there, though the first seen there kept the shares where they were
-    step = _passes_a_second()
-    step(22600.0, 22100.0)
-    assert step(22682.0, 11615.0) == pytest.approx(0.677, abs=0.01)     # the co-tenant comes
-    assert step(22588.0, 11141.0) == pytest.approx(0.677, abs=0.01)     # settled
-    assert step(14920.0, 10673.0) == pytest.approx(0.834, abs=0.01)     # the odd reading
-    shares = [step(22619.0, 12740.0) for _ in range(3)]                 # steady again
-    assert shares[-1] == pytest.approx(0.72, abs=0.02), shares
-
-
 def test_speeds_measured_under_an_old_share_are_not_acted_on():
     a = placed(shares={1: 1.3, 2: 0.7})
     w = workers_with({"w1": {1: 1000.0}, "w2": {2: 1000.0}})

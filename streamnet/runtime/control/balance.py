@@ -19,9 +19,8 @@ For a topology whose config says `balance: load`:
   window of 5 rounds), and a change that turns back (a task whose share last rose now
   falls, or the reverse) not sooner than MIN_INTERVAL_S after the last change, and not
   when the policy saw, within SEEN_S, what the speeds are at the shares it would turn
-  back to and they would send it here again - first seen there and last seen there,
-  both (a unit measured slower at its larger batch would otherwise turn the shares
-  back and forth each interval; one odd reading is not that). What it saw is
+  back to and they would send it here again (a unit measured slower at its larger
+  batch would otherwise turn the shares back and forth each interval). What it saw is
   forgotten when the speeds at the same shares move by more than WORLD_CHANGE: other
   load came or went. Noise does not make it flap; a change that goes on the same way
   (the speeds still settling) is made at once.
@@ -156,16 +155,13 @@ def _remember(memory: Memory, cid: str, shares: dict[int, float], rel: dict[int,
 
 
 def _turns_back_here(seen: list, current: dict[int, float], target: dict[int, float]) -> bool:
-    """Whether the speeds seen at (about) the `target` shares would send the shares back
-    toward `current` rather than keep them at target: those first seen there and those
-    last seen there, both. A speed that depends on the share says so all the time it is
-    seen there; one odd reading there (a burst of its worker's other work) is not that,
-    and must not bar the way back for SEEN_S."""
+    """Whether the speeds last seen at (about) the `target` shares would send the shares
+    back toward `current` rather than keep them at target."""
     there = [e for e in seen if _gap(e[1], target) <= CHANGE and _gap(e[1], current) > SAME]
     if not there:
         return False
-    last, first = there[-1][2], there[-1][3]
-    return all(_gap(again, current) < _gap(again, target) for again in (_normalise(last), _normalise(first)))
+    again = _normalise(there[-1][2])
+    return _gap(again, current) < _gap(again, target)
 
 
 def _normalise(weights: dict[int, float]) -> dict[int, float]:
