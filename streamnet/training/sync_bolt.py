@@ -65,10 +65,6 @@ class SyncBolt(SyncRecovery, Bolt):
     # (sync_recovery `_recount`). One ZooKeeper write a round was the engine's largest
     # cost besides compute (README, issue 12)
     SAVE_EVERY = 8
-    # A round whose contributions hold at most this many floats is combined on the event
-    # loop: the hop to a compute thread and back (two wake-ups, two futures) costs more
-    # than the combine itself (LeNet-5, 62k floats: 18 us for one unit, 73 us for two)
-    INLINE_COMBINE = 1 << 18
 
     def prepare(self, ctx, collector):
         super().prepare(ctx, collector)
@@ -181,9 +177,8 @@ class SyncBolt(SyncRecovery, Bolt):
         step, (epoch, rnd) = tuples[0]["step"], key
         # Count the round, and - every SAVE_EVERY rounds, and for any round a successor
         # could not count from the plan (_must_save) - save the counters (the save is also
-        # the fencing check: a superseded task's fails) while the round is combined (on
-        # the compute pool for a big model, the event loop free meanwhile; INLINE_COMBINE),
-        # unless they were saved ahead as the round
+        # the fencing check: a superseded task's fails) while the compute pool combines
+        # (the event loop stays free meanwhile), unless they were saved ahead as the round
         # was computed (a round as planned: _save_ahead). Nothing of the round leaves before
         # both are done: what a bolt emits waits in its executor until execute returns.
         worked = self.plans.worked(epoch, rnd, [t["unit"] for t in tuples])
@@ -199,10 +194,7 @@ class SyncBolt(SyncRecovery, Bolt):
         else:
             saving = None           # a round as planned between saves: a successor counts it from the plan
         try:
-            if sum(c.vector.size for c in contributions) <= self.INLINE_COMBINE:
-                params = self.agg.combine(contributions, tuples[0]["lr_scale"], step)
-            else:
-                params = await self.ctx.compute(self.agg.combine, contributions, tuples[0]["lr_scale"], step)
+            params = await self.ctx.compute(self.agg.combine, contributions, tuples[0]["lr_scale"], step)
         except BaseException:
             if saving is not None:
                 await asyncio.wait([saving])      # one save at a time; the round is combined again on replay

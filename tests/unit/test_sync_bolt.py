@@ -92,18 +92,3 @@ def test_a_combine_that_fails_leaves_the_round_uncounted():
         asyncio.run(bolt.execute(_contribution(bolt)))
     assert [e[0] for e in out.events] == ["save"] and out.acked == []
     assert (bolt.counts.next_step, bolt.counts.rounds, bolt.counts.samples) == (0, 0, 0)
-
-
-@pytest.mark.parametrize("limit, on_the_pool", [(1 << 18, 0), (1000, 1)])
-def test_a_small_round_is_combined_on_the_event_loop_a_big_one_on_the_compute_pool(monkeypatch, limit, on_the_pool):
-    monkeypatch.setattr(SyncBolt, "INLINE_COMBINE", limit)      # LeNet-5: 61,706 floats a contribution
-    bolt, out = _bolt(lambda events, state: None)
-    hops = []
-
-    async def compute(fn, *args):
-        hops.append(fn)
-        return fn(*args)
-    bolt.ctx._compute = compute
-    asyncio.run(bolt.execute(_contribution(bolt)))
-    sent = [values for kind, stream, values in out.events if stream == "params"]
-    assert len(hops) == on_the_pool and len(sent) == 1 and bolt.counts.next_step == 1
