@@ -92,7 +92,6 @@ class SyncBolt(SyncRecovery, Bolt):
         self.stragglers = Stragglers() if self.slice == 0 else None
         self.round_started: float | None = None     # when this task sent the last round's parameters
         self.t0 = time.perf_counter()
-        self.last_combined: float | None = None     # when this task last sent a round's parameters
         self._published = 0.0
         self._ahead: tuple | None = None     # (the round it counts, the save) of _save_ahead, in flight or done
         self._fenced: FencedError | None = None   # an ahead save found another instance owns the task
@@ -285,7 +284,7 @@ class SyncBolt(SyncRecovery, Bolt):
         self.collector.emit(row(PARAMS, step=next_step, slice=self.slice, params=out,
                                 generation=self.ctx.generation), stream="params",
                             anchors=tuples)
-        self.round_started = self.last_combined = time.perf_counter()
+        self.round_started = time.perf_counter()
         self.bytes_out += out.nbytes * len(self.compute_tasks)
         end = self.plans.epoch_end(epoch, rnd)
         if end:
@@ -399,8 +398,8 @@ class SyncBolt(SyncRecovery, Bolt):
             barrier_s=dict(self.barrier_s), save_wait_s=self.save_wait_s, epoch_train_loss=self.loss.per_epoch(),
             epoch_clock=dict(c.clock.spans),
             num_params=int(self.num_params), slices=self.slices, resumed_from_step=c.resumed_from,
-            quarantined=dataset_for(self.cfg).quarantined, train_s=(self.last_combined or time.perf_counter()) - self.t0,
-            started=c.started)
+            quarantined=dataset_for(self.cfg).quarantined,
+            train_s=(self.round_started or time.perf_counter()) - self.t0, started=c.started)
 
     def close(self):
         """Publish this slice's account and, for a model of at most 512 KB, its slice of the
