@@ -106,7 +106,7 @@ class SyncStats:
     slices: int                       # sync tasks: the run's S
     resumed_from_step: int | None
     quarantined: dict                 # split -> {"count", ...}
-    train_s: float                    # from this task's start to its last combine (its own clock)
+    train_s: float                    # from the run's start to this task's last combine
     started: float                    # wall clock (time.time()) when the run started
 
     def to_dict(self) -> dict:

@@ -91,7 +91,10 @@ class SyncBolt(SyncRecovery, Bolt):
         # which unit held each round, and why (stragglers.py): judged by slice 0's task alone
         self.stragglers = Stragglers() if self.slice == 0 else None
         self.round_started: float | None = None     # when this task sent the last round's parameters
-        self.t0 = time.perf_counter()
+        # wall clock (time.time()) of this task's last combine: the run's start,
+        # counts.started, is a wall clock saved with the counters, so a successor's account
+        # spans the run (as its samples do), not its own life
+        self.combined_at: float | None = None
         self._published = 0.0
         self._ahead: tuple | None = None     # (the round it counts, the save) of _save_ahead, in flight or done
         self._fenced: FencedError | None = None   # an ahead save found another instance owns the task
@@ -284,7 +287,7 @@ class SyncBolt(SyncRecovery, Bolt):
         self.collector.emit(row(PARAMS, step=next_step, slice=self.slice, params=out,
                                 generation=self.ctx.generation), stream="params",
                             anchors=tuples)
-        self.round_started = time.perf_counter()
+        self.round_started, self.combined_at = time.perf_counter(), time.time()
         self.bytes_out += out.nbytes * len(self.compute_tasks)
         end = self.plans.epoch_end(epoch, rnd)
         if end:
@@ -344,7 +347,7 @@ class SyncBolt(SyncRecovery, Bolt):
         fig("training_epoch", epoch + 1, help="Epoch (1-based) of the last combined round")
         fig("training_sync_rounds_total", c.rounds, counter=True, help="Rounds combined by the sync bolt")
         fig("training_samples_total", c.samples, counter=True, help="Samples combined into the parameters")
-        fig("training_samples_per_second", (c.samples - c.samples_before) / max(time.perf_counter() - self.t0, 1e-9),
+        fig("training_samples_per_second", (c.samples - c.samples_before) / self._run_seconds(),
             help="Samples combined per second since this run started")
         fig("training_sync_received_bytes_total", self.bytes_in, counter=True,
             help="Bytes of contributions this sync task received (for its slice)")
@@ -379,7 +382,7 @@ class SyncBolt(SyncRecovery, Bolt):
         self.ctx.publish("progress", progress_record(
             epoch=epoch, rnd=rnd, rounds=c.rounds, epoch_rounds=max((len(r) for r in plan), default=0),
             samples=c.samples, loss=self.loss.last, samples_this_run=c.samples - c.samples_before,
-            elapsed_s=time.perf_counter() - self.t0))
+            elapsed_s=self._run_seconds()))
 
     def stats(self) -> SyncStats:
         """The run's account; closes the epochs that are complete."""
@@ -398,8 +401,12 @@ class SyncBolt(SyncRecovery, Bolt):
             barrier_s=dict(self.barrier_s), save_wait_s=self.save_wait_s, epoch_train_loss=self.loss.per_epoch(),
             epoch_clock=dict(c.clock.spans),
             num_params=int(self.num_params), slices=self.slices, resumed_from_step=c.resumed_from,
-            quarantined=dataset_for(self.cfg).quarantined,
-            train_s=(self.round_started or time.perf_counter()) - self.t0, started=c.started)
+            quarantined=dataset_for(self.cfg).quarantined, train_s=self._run_seconds(self.combined_at),
+            started=c.started)
+
+    def _run_seconds(self, until: float | None = None) -> float:
+        """Seconds from the run's start (counts.started) to `until` (a time.time()) or now."""
+        return max((until or time.time()) - self.counts.started, 1e-9)
 
     def close(self):
         """Publish this slice's account and, for a model of at most 512 KB, its slice of the

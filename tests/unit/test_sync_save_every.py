@@ -168,4 +168,13 @@ def test_the_training_time_ends_at_the_last_combine_not_when_the_task_closes():
     _rounds(bolt, range(3))
     first, again = bolt.stats().train_s, bolt.stats().train_s
     # the final evaluation and the topology's teardown come after: they are not training
-    assert first == again == bolt.round_started - bolt.t0 > 0
+    assert first == again == bolt.combined_at - bolt.counts.started > 0
+
+
+def test_a_successors_training_time_spans_the_run_as_its_samples_do():
+    bolt, _, _, _ = _successor([4, 4])          # restored at step 4, where the replicas are
+    bolt.counts.started -= 100.0                # as if the run had started 100 s before
+    _rounds(bolt, range(4, 8))
+    stats = bolt.stats()
+    # the run's samples, counted by both instances, over the run's time - not the successor's life
+    assert stats.samples_this_run == 64 and stats.train_s > 100.0
