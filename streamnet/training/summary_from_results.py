@@ -32,8 +32,8 @@ def summary_of(cfg: RunConfig, run: RunStats, workers: int | None, wall_s: float
         s.test_accuracy, s.test_loss = run.history[-1].test_accuracy, run.history[-1].test_loss
     s.sync_rounds = stats.sync_rounds
     s.samples_processed = stats.samples_processed
-    # training: from the sync task's start to its last combine, as the in-process trainer
-    # counts its epochs; the final evaluation and the topology's teardown are in wall_s
+    # training: from the run's start to the sync task's last combine, as the in-process
+    # trainer counts its epochs; the final evaluation and the topology's teardown are in wall_s
     s.train_s = stats.train_s
     s.wall_s = wall_s if wall_s is not None else s.train_s
     s.samples_per_s = stats.samples_this_run / s.train_s if s.train_s else 0.0
