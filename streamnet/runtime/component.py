@@ -42,6 +42,14 @@ class Component:
 
 
 class Spout(Component):
+    #: whether next_tuple must be polled. True (Storm's way) for a spout that may find
+    #: something to emit that the engine does not see (a queue, a file, a clock): when it
+    #: emits nothing it is called again after 1 ms, backing off to 50 ms. A spout that can
+    #: only emit once one of its trees is acked or failed, or a state save of it landed
+    #: (ctx.save_state_started), sets False: it is woken for each of those at once and
+    #: otherwise called every 50 ms (for a drain, and anything else it polls)
+    polled: bool = True
+
     def open(self, ctx: "Context", collector: "SpoutCollector") -> None:
         self.ctx, self.collector = ctx, collector
 

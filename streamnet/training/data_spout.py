@@ -72,6 +72,9 @@ class DataSpout(Spout):
     SIGTERM to a worker) ends the run after its next checkpoint round.
     """
     outputs = list(WORK)
+    # it emits only once a tree is acked or failed or a save of its position landed, each
+    # of which wakes it (a drain is seen within the executor's longest idle wait)
+    polled = False
 
     def open(self, ctx, collector):
         super().open(ctx, collector)
