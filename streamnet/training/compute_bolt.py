@@ -26,13 +26,15 @@ def batches_problem(batches, train_size: int) -> str | None:
     for i, b in enumerate(batches):
         if not (isinstance(b, np.ndarray) and b.ndim == 1 and b.dtype.kind in "iu"):
             return f"batch {i} is not a 1-D integer array"
-    # the range of all of them at once: a min and a max per batch were 16 numpy calls a
-    # LeNet-5 round on the event loop (8 batches of 32: 19.8 -> 4.7 us)
-    every = np.concatenate(batches) if len(batches) > 1 else (batches[0] if batches else None)
-    if every is not None and every.size and (int(every.min()) < 0 or int(every.max()) >= train_size):
-        for i, b in enumerate(batches):
-            if b.size and (int(b.min()) < 0 or int(b.max()) >= train_size):
-                return f"batch {i} indexes outside the {train_size} training samples"
+
+    def outside(a) -> bool:
+        return bool(a.size) and (int(a.min()) < 0 or int(a.max()) >= train_size)
+    # the range of all of them at once (a min and a max per batch were 16 numpy calls a
+    # LeNet-5 round on the event loop: 8 batches of 32, 19.8 -> 4.7 us); the batch to name
+    # is looked for only when one is out of range
+    if batches and outside(np.concatenate(batches)):
+        i = next(i for i, b in enumerate(batches) if outside(b))
+        return f"batch {i} indexes outside the {train_size} training samples"
     return None
 
 
