@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -73,6 +74,10 @@ def _run(zk_hosts, cfg, workers: int, threads: int, pin: bool, on_progress=None)
                    # each speed's relative error as published: the balancer's noise threshold
                    "errors": {t: e for rec in loads.values()
                               for t, e in rec.get("speed_error", {}).get(topo.name, {}).items()},
+                   # the share each speed was measured under (the balancer uses only those
+                   # measured under the share in force)
+                   "measured_under": {t: w for rec in loads.values()
+                                      for t, w in rec.get("work_share", {}).get(topo.name, {}).items()},
                    "foreign_busy": {w: rec.get("foreign_busy") for w, rec in loads.items()}}
             series.append(row)
             log[:] = st.balance_log(topo.name)          # kept: the topology's nodes go when it ends
@@ -219,6 +224,64 @@ def share_response(share_log: list, on, off) -> dict:
     return out
 
 
+def speeds_response(share_log: list, series: list, on, off) -> dict:
+    """How soon the shares matched the speeds measured under them, the issue's own figure
+    ("shares within 10 % of the measured speeds"), from the share log and the progress
+    polls' published speeds (`series`: each unit's speed and the share it was measured
+    under).
+
+    Each change of shares in the co-tenant's time is judged by the speeds the workers
+    later published as measured under those shares while they held (the median of each
+    unit's speed relative to the mean over those records): the shares match when each
+    is within NEAR of its unit's relative speed - the units then finish a round within
+    about NEAR of each other. rounds_to_speeds: spout steps from the co-tenant's start to
+    the first change that moved work off the loaded unit (its share at least NEAR below
+    where it was) and matched; share_time_matched: the part of the co-tenant's time held
+    by shares that matched (shares without a record measured under them count as not, and
+    so do those in force when it started: until the first change the co-tenant's effect is
+    not answered)."""
+    out = {"rounds_to_speeds": None, "seconds_to_speeds": None, "share_time_matched": None,
+           "matched_changes": None}
+    if on is None or not share_log:
+        return out
+    end = off[0] if off else series[-1]["t"] if series else share_log[-1]["t"]
+    keys = sorted({k for r in series for k in r.get("speeds", {})}, key=int)
+    n = len(share_log[0]["shares"])
+    before = next((e["shares"] for e in reversed(share_log) if e["t"] <= on[0]), [1.0] * n)
+    spans = [({"t": on[0], "step": on[2], "shares": before}, None)]      # (entry, until)
+    for e in share_log:
+        if on[0] < e["t"] < end:
+            spans[-1] = (spans[-1][0], e["t"])
+            spans.append((e, None))
+    spans[-1] = (spans[-1][0], end)
+    matched_s, verdicts = 0.0, []
+    for e, until in spans:
+        seen, rels = set(), []
+        for r in series:
+            if not e["t"] <= r["t"] < until or len(r.get("speeds", {})) != n:
+                continue
+            under = r.get("measured_under", {})
+            if any(abs(under.get(k, -1.0) - sh) > 1e-6 for k, sh in zip(keys, e["shares"])):
+                continue                    # measured (partly) under other shares
+            rec = tuple(r["speeds"][k] for k in keys)
+            if rec in seen:                 # the same record, polled again
+                continue
+            seen.add(rec)
+            mean = sum(rec) / n
+            rels.append([v / mean for v in rec])
+        rel = [statistics.median(col) for col in zip(*rels)] if rels else None
+        ok = rel is not None and all(abs(sh - v) <= NEAR * v for sh, v in zip(e["shares"], rel))
+        verdicts.append({"step": e["step"], "shares": e["shares"], "relative_speeds":
+                         [round(v, 3) for v in rel] if rel else None, "records": len(rels), "matched": ok})
+        if ok and e["t"] > on[0]:         # the shares in force at the start are the reaction time
+            matched_s += until - e["t"]
+            if out["rounds_to_speeds"] is None and e["shares"][LOADED] <= (1 - NEAR) * before[LOADED]:
+                out["rounds_to_speeds"], out["seconds_to_speeds"] = _after(e, on)
+    out["share_time_matched"] = round(matched_s / (end - on[0]), 3) if end > on[0] else None
+    out["matched_changes"] = verdicts
+    return out
+
+
 def _held_median(share_log: list, start: float, end: float) -> list | None:
     """The shares held for the median of the time from `start` to `end` (by the loaded
     unit's share), from a share log with at least one entry."""
@@ -255,11 +318,14 @@ def cotenant(zk_hosts, train: int, epochs: int, order=("static", "load")) -> dic
                "per_worker": s.extra.get("per_worker"), "stragglers": s.extra.get("stragglers")}
         if balance == "load":
             run.update(share_response(share_log, hog.on, hog.off))
+            run.update(speeds_response(share_log, series, hog.on, hog.off))
         out[balance] = run
         print(f"  {balance}: epochs {run['epoch_s']} s, accuracy {s.test_accuracy:.2%}, co-tenant "
               f"{hog.on} -> {hog.off}" + (f", shares followed in {run['rounds_to_follow']} rounds, back in "
                                          f"{run['rounds_to_return']} (first change after "
-                                         f"{run['rounds_to_first_change']})" if balance == "load" else ""), flush=True)
+                                         f"{run['rounds_to_first_change']}, matched the speeds measured "
+                                         f"under them after {run['rounds_to_speeds']})"
+                                         if balance == "load" else ""), flush=True)
     st, ld = out["static"]["epoch_s"], out["load"]["epoch_s"]
     out["ratios"] = {"epoch_time_load_over_static": [round(ld[e] / st[e], 3) for e in busy_epochs(len(st))],
                      "accuracy_load_minus_static_pp": round(100 * (out["load"]["test_accuracy"] -
@@ -273,6 +339,7 @@ def pair_summary(co: dict) -> dict:
     return {"epoch_time_load_over_static": co["ratios"]["epoch_time_load_over_static"],
             "accuracy_load_minus_static_pp": co["ratios"]["accuracy_load_minus_static_pp"],
             **{k: load.get(k) for k in ("rounds_to_first_change", "rounds_to_follow", "rounds_to_median",
+                                        "rounds_to_speeds", "share_time_matched", "matched_changes",
                                         "rounds_to_return", "settled_shares", "median_shares")},
             "static_epoch_s": co["static"]["epoch_s"], "load_epoch_s": load["epoch_s"],
             # what the rounds-to figures were read from (small: one entry per change)
@@ -280,7 +347,8 @@ def pair_summary(co: dict) -> dict:
             "share_log": [{k: e[k] for k in ("step", "t", "shares")} for e in load["share_log"]],
             "decisions": load["decisions"],
             # what the workers had published at each progress poll: the speeds the decisions saw
-            "series": [{k: r[k] for k in ("t", "rounds", "shares", "speeds", "errors", "foreign_busy")}
+            "series": [{k: r[k] for k in ("t", "rounds", "shares", "speeds", "errors", "measured_under",
+                                          "foreign_busy")}
                        for r in load["series"]]}
 
 
@@ -363,7 +431,7 @@ def main() -> int:
                 [r for p in pairs for r in p["epoch_time_load_over_static"]]),
             **{k: spread_of_pairs([p[k] for p in pairs])
                for k in ("accuracy_load_minus_static_pp", "rounds_to_first_change", "rounds_to_follow",
-                         "rounds_to_median", "rounds_to_return")}}
+                         "rounds_to_median", "rounds_to_speeds", "share_time_matched", "rounds_to_return")}}
     finally:
         if zk is not None:
             zk.stop()
