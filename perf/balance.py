@@ -11,7 +11,9 @@ co-tenant slowing one node, with --balance static against --balance load.
     follow the co-tenant and to come back: the data spout's step when the co-tenant
     started or stopped (read from its worker's /metrics at that moment) against the
     step at which it began cutting rounds with the settled shares (its published
-    share log: each change's step and time).
+    share log: each change's step and time); and the issue's own figure, the rounds
+    until the shares matched the speeds the workers then measured under them (within
+    10 %), with the part of the co-tenant's time they matched (speeds_response).
 
     python perf/balance.py                # 30,000 samples x 4 epochs, 3 pairs
     python perf/balance.py --quick        # 9,000 samples

@@ -296,17 +296,21 @@ def test_the_meter_writes_only_news_and_within_its_budget():
 def test_a_speed_that_depends_on_the_share_does_not_turn_the_shares_each_interval():
     # a unit measured slower at a larger batch (its own event loop's work then falls in its
     # rounds): 15,000 items/s below a share of 1.2, 9,000 above; the other unit 7,300 always.
-    # The policy remembers what it saw at the shares it would turn back to, so a minute holds
-    # a change or two (one each time that memory runs out), not 60
+    # There is no balance: shares proportional to the speeds turn back and forth across 1.2.
+    # The policy remembers what it saw at the shares it would turn back to and goes once to
+    # between the two, then stays; only when that memory runs out does it try again. So a
+    # minute holds the first change and at most three each SEEN_S, not 60
     memory, a, changes = Memory(), placed(), []
     for i in range(120):                                    # a pass every 0.5 s for a minute
         fast = 15000.0 if a.shares.get(1, 1.0) < 1.2 else 9000.0
         d = decide(NAME, topology(), a, workers_with({"w1": {1: fast}, "w2": {2: 7300.0}}), memory, i * 0.5)
         if d.shares is not None:
-            changes.append(i * 0.5)
+            changes.append((i * 0.5, d.shares[1]))
             a = Assignment(**{**a.__dict__, "shares": d.shares})
-    assert 2 <= len(changes) <= 2 + 60 / balance.SEEN_S, changes
-    assert all(b - a >= balance.SEEN_S - 1 for a, b in zip(changes[1:], changes[2:])), changes
+    times = [t for t, _ in changes]
+    assert 3 <= len(changes) <= 1 + 3 * 60 / balance.SEEN_S, changes
+    assert all(sum(t <= u < t + balance.SEEN_S - 1 for u in times) <= 3 for t in times), changes
+    assert 1.104 < changes[2][1] < 1.345              # the third: to between the two it turned between
 
 
 def _passes_a_second():
@@ -458,8 +462,27 @@ def test_shares_come_back_when_a_co_tenant_leaves_though_the_unit_looked_less_sl
     step = _passes_a_second()
     step(23500.0, 23500.0)
     assert step(23500.0, 12900.0) == pytest.approx(0.71, abs=0.01)     # the co-tenant comes
-    low = step(23350.0, 11250.0)                                       # a noisy record, followed
-    assert low < 0.65
+    assert step(23350.0, 11250.0) < 0.65                               # a noisy record, followed
     for fast, slow in ((21700.0, 13600.0), (23700.0, 14250.0), (23700.0, 11750.0)):
-        assert step(fast, slow) == low                                 # 0.77, 0.75, 0.66 of the mean
+        assert step(fast, slow) < 0.75                                 # 0.77, 0.75, 0.66 of the mean
     assert step(23700.0, 21300.0) == pytest.approx(0.95, abs=0.01)     # it leaves: back at once
+
+
+def test_a_unit_faster_at_a_smaller_share_is_balanced_between_the_shares_it_turns_between():
+    # perf/balance.py on host5: beside a co-tenant, a unit given less waits at the barrier
+    # longer and the kernel then gives it the core first: 0.72 of the mean at a share of
+    # 0.644, 0.644 at 0.72. Shares set to the speeds turned between those two; the balance
+    # (share = relative speed) is near 0.68, and the policy goes there once and stays
+    def slow(share):                 # unit 2's speed, unit 1 at 23,700: the line through both
+        return max(8000.0, 13331.0 + (11256.0 - 13331.0) * (share - 0.644) / 0.076)
+    memory, a, history = Memory(), placed(), []
+    for t in range(30):              # a pass a second
+        d = decide(NAME, topology(), a, workers_with({"w1": {1: 23700.0}, "w2": {2: slow(a.shares.get(2, 1.0))}}),
+                   memory, float(t))
+        if d.shares is not None:
+            a = Assignment(**{**a.__dict__, "shares": d.shares})
+            history.append((t, d.shares[2]))
+    share = a.shares[2]
+    rel = 2 * slow(share) / (23700.0 + slow(share))
+    assert abs(share - rel) <= 0.05 * rel, history          # balanced within 5 %
+    assert len(history) <= 4 and history[-1][0] < 10, history

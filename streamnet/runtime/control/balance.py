@@ -17,10 +17,13 @@ For a topology whose config says `balance: load`:
   acted on after a few rounds, a small one only once enough rounds measured it for it
   not to be noise; on a noisy host two equal units otherwise look 10-20 % apart in a
   window of 5 rounds), and a change that turns back (a task whose share last rose now
-  falls, or the reverse) not sooner than MIN_INTERVAL_S after the last change, and not
-  when the policy saw, within SEEN_S, what the speeds are at the shares it would turn
-  back to and they would send it here again (a unit measured slower at its larger
-  batch would otherwise turn the shares back and forth each interval). What it saw is
+  falls, or the reverse) not sooner than MIN_INTERVAL_S after the last change. Where
+  the policy saw, within SEEN_S, what the speeds are at the shares it would turn back
+  to and they would send it here again (a unit measured slower at its larger batch, or
+  faster at its smaller one beside a co-tenant), it goes instead to between the two -
+  where the line through both crosses share = speed - if that is more than AIM_CHANGE
+  away, once while those memories last, and then stays (the shares would otherwise turn
+  back and forth each interval). What it saw is
   forgotten when the speeds at the same shares move by more than WORLD_CHANGE: other
   load came or went. Noise does not make it flap; a change that goes on the same way
   (the speeds still settling) is made at once.
@@ -49,6 +52,7 @@ MIN_INTERVAL_S = 1.0   # between two changes of a component's shares (or a worke
 SEEN_S = 10.0          # the speeds a component showed at its recent shares are remembered this long ...
 WORLD_CHANGE = 0.2     # ... unless a task's relative speed at the same shares moves by more than this
 SAME = 0.01            # shares this close are the same shares
+AIM_CHANGE = 0.05      # a move to between two shares seen (_between) needs only this
 MIN_SHARE = 0.1        # no task's share falls below this (it keeps a little work, and its speed is seen)
 THREAD_MARGIN = 0.75   # free cores must differ from the threads by this much before threads change
 SLOW = 0.5             # a task this far below its component's median speed is a candidate to move
@@ -71,6 +75,7 @@ class Memory:
     slow_passes: dict[int, int] = field(default_factory=dict)      # task -> passes in a row slow
     moved_at: dict[int, float] = field(default_factory=dict)       # task -> time it was moved
     history: list[dict] = field(default_factory=list)              # the last HISTORY decisions
+    aimed_at: dict[str, float] = field(default_factory=dict)       # component -> its last move to between
     # component -> (time, {task: (share, seconds per item)}): what its last change was decided on
     basis: dict[str, tuple] = field(default_factory=dict)
 
@@ -154,14 +159,33 @@ def _remember(memory: Memory, cid: str, shares: dict[int, float], rel: dict[int,
     return seen
 
 
-def _turns_back_here(seen: list, current: dict[int, float], target: dict[int, float]) -> bool:
-    """Whether the speeds last seen at (about) the `target` shares would send the shares
-    back toward `current` rather than keep them at target."""
+def _sent_back_from(seen: list, current: dict[int, float], target: dict[int, float]) -> tuple | None:
+    """What was last seen at (about) the `target` shares - (shares, relative speeds) - if
+    those speeds would send the shares back toward `current` rather than keep them at
+    target; else None."""
     there = [e for e in seen if _gap(e[1], target) <= CHANGE and _gap(e[1], current) > SAME]
     if not there:
-        return False
+        return None
     again = _normalise(there[-1][2])
-    return _gap(again, current) < _gap(again, target)
+    return (there[-1][1], again) if _gap(again, current) < _gap(again, target) else None
+
+
+def _between(there: tuple, current: dict[int, float], rel: dict[int, float]) -> dict[int, float]:
+    """Shares between two that each send the shares toward the other: for each task, where
+    the line through (share, relative speed) at both crosses share = speed (regula falsi
+    on speed - share), kept between the two shares. A unit's speed may fall as its share
+    grows: beside a co-tenant, a unit given less waits at the barrier longer and the
+    kernel then gives it the core first (host5: 0.72 of the mean at a share of 0.64, 0.64
+    at 0.72); shares set to the speeds then turn back and forth between two points, and
+    the balance lies between them."""
+    shares_there, rel_there = there
+    out = {}
+    for t, here in current.items():
+        a, b = shares_there[t], here
+        fa, fb = rel_there[t] - a, rel[t] - b
+        x = a + fa * (b - a) / (fa - fb) if fa != fb else (a + b) / 2
+        out[t] = min(max(x, min(a, b)), max(a, b))
+    return _normalise(out)
 
 
 def _normalise(weights: dict[int, float]) -> dict[int, float]:
@@ -215,21 +239,30 @@ def decide(name: str, topology: Topology, assignment: Assignment, workers: dict,
         target = fitted if fitted and not _turns(memory, _moves_of(current, fitted)) else _normalise(rel)
         moves = _moves_of(current, target)
         turns = _turns(memory, moves)
+        there = _sent_back_from(seen, current, target) if turns else None
+        if there:                      # what was seen there sends the shares back here: go between,
+            # once while those memories last (a speed with a step at some share and no balance
+            # would otherwise be bisected move after move); then stay
+            target = _between(there, current, rel) if now - memory.aimed_at.get(cid, -math.inf) >= SEEN_S \
+                else current
+            moves = _moves_of(current, target)
         since = now - memory.changed_at.get(cid, -math.inf)
         # a change that goes on as the last one went, soon after it: the speeds settling
         # at the shares it made (a co-tenant's effect growing, a unit slower per item at
         # its smaller share), not noise - noise would have to turn the shares back
         noise = (NOISE_CONTINUE if not turns and since < CONTINUE_S else NOISE) * _noise(name, sp, assignment, workers)
-        wanted = _gap(target, current) > max(CHANGE, noise) and not (
-            turns and _turns_back_here(seen, current, target))
+        wanted = _gap(target, current) > max(AIM_CHANGE if there else CHANGE, noise)
         if wanted and turns and since < MIN_INTERVAL_S:       # held by the interval alone: decide again then
             d.recheck_at = min(d.recheck_at or math.inf, now + MIN_INTERVAL_S - since)
         elif wanted:
             shares.update(target)
             memory.changed_at[cid] = now
-            memory.direction.update({t: m for t, m in moves.items() if m})
+            # a move to between two shares is a bracket: any move after it is a turn
+            memory.direction.update({t: 0 if there else m for t, m in moves.items() if m})
             # a fitted change is not fitted on again: a second fit extrapolates the noise of the first
-            memory.basis[cid] = None if target is fitted else (now, {t: (current[t], 1.0 / sp[t]) for t in sp})
+            if there:
+                memory.aimed_at[cid] = now
+            memory.basis[cid] = None if target is fitted or there else (now, {t: (current[t], 1.0 / sp[t]) for t in sp})
             med = statistics.median(sp.values())
             d.notes.append(f"{cid} shares " + ", ".join(
                 f"task {t} ({assignment.tasks.get(t)}) {current[t]:.2f} -> {target[t]:.2f}: "
