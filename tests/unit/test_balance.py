@@ -486,3 +486,4 @@ def test_a_unit_faster_at_a_smaller_share_is_balanced_between_the_shares_it_turn
     rel = 2 * slow(share) / (23700.0 + slow(share))
     assert abs(share - rel) <= 0.05 * rel, history          # balanced within 5 %
     assert len(history) <= 4 and history[-1][0] < 10, history
+    assert "to between these shares and" in memory.history[-1]["decision"], memory.history   # the log says so

@@ -266,7 +266,9 @@ def decide(name: str, topology: Topology, assignment: Assignment, workers: dict,
             med = statistics.median(sp.values())
             d.notes.append(f"{cid} shares " + ", ".join(
                 f"task {t} ({assignment.tasks.get(t)}) {current[t]:.2f} -> {target[t]:.2f}: "
-                f"{sp[t] / med:.2f}x the median speed ({sp[t]:,.0f} items/s)" for t in sorted(sp)))
+                f"{sp[t] / med:.2f}x the median speed ({sp[t]:,.0f} items/s)" for t in sorted(sp))
+                + (" - to between these shares and " + ", ".join(f"{there[0][t]:.2f}" for t in sorted(sp))
+                   + ", whose speeds sent them back here" if there else ""))
         d.moves.update(_moves(cid, sp, assignment, workers, topology, memory, now, d.notes))
     if shares != dict(assignment.shares):
         d.shares = shares
