@@ -371,7 +371,13 @@ def plot(result: dict, path: str) -> None:
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     for balance, style in (("static", "--"), ("load", "-")):
         s = co[balance]["series"]
-        pts = [(b["t"], (b["rounds"] - a["rounds"]) / (b["t"] - a["t"])) for a, b in zip(s, s[3:]) if b["t"] > a["t"]]
+        # over the last second at least: the rounds count comes in steps (the sync task publishes
+        # its progress every few polls), so shorter spans saw-tooth
+        pts = []
+        for b in s:
+            a = next((a for a in reversed(s) if a["t"] <= b["t"] - 1.0), None)
+            if a is not None:
+                pts.append((b["t"], (b["rounds"] - a["rounds"]) / (b["t"] - a["t"])))
         ax1.plot([p[0] for p in pts], [p[1] for p in pts], style, label=f"--balance {balance}")
         for key, colour in (("cotenant_on", "red"), ("cotenant_off", "green")):
             if co[balance][key]:
