@@ -38,7 +38,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from perf.common import machine, pin_blas_threads, png_path, spread, started_zookeeper, write_json  # noqa: E402
-from streamnet.runtime.control.placement import worker_url  # noqa: E402
 
 pin_blas_threads(1)
 
@@ -51,7 +50,7 @@ def _cfg(units: int, epochs: int, train: int, test: int, balance: str):
 
 def _run(zk_hosts, cfg, workers: int, threads: int, pin: bool, on_progress=None):
     """Train on worker processes; (summary, time series of progress polls, topology)."""
-    from streamnet.testing import running_cluster
+    from streamnet.testing import running_cluster, spout_step
     from streamnet.training.cluster_run import follow
     from streamnet.training.nsmap import build_topology
     from streamnet.training.summary_from_results import summarise
@@ -62,7 +61,6 @@ def _run(zk_hosts, cfg, workers: int, threads: int, pin: bool, on_progress=None)
         t0, t0_wall = time.monotonic(), time.time()
 
         log: list = []
-        spout = {}
 
         def progress(p):
             a = st.assignment(topo.name)[0]
@@ -84,25 +82,12 @@ def _run(zk_hosts, cfg, workers: int, threads: int, pin: bool, on_progress=None)
             series.append(row)
             log[:] = st.balance_log(topo.name)          # kept: the topology's nodes go when it ends
             if on_progress:
-                if not spout and a:
-                    spout["url"] = worker_url(st.workers()[a.tasks[topo.tasks("data")[0]]])
-                on_progress(row, lambda: spout_step(spout["url"], topo.name))
+                on_progress(row, lambda: spout_step(st, topo.name, topo.tasks("data")[0]))
         results, wall = follow(st, topo, cfg, progress=progress, poll_s=0.2)
     share_log = results.get("data.0.shares", [])
     for entry in share_log:
         entry["t"] = entry["time"] - t0_wall
     return summarise(cfg, results, workers=workers, wall_s=wall), series, log, share_log
-
-
-def spout_step(url: str, topology: str) -> int | None:
-    """The data spout's step now (rounds completed), from its worker's /metrics."""
-    import re
-    import urllib.request
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    m = re.search(r'^streamnet_training_rounds_total\{[^}]*topology="%s"[^}]*\} ([0-9.e+]+)$' % re.escape(topology),
-                  text, re.M)
-    return int(float(m.group(1))) if m else None
 
 
 def threads_table(zk_hosts, train: int) -> list[dict]:

@@ -480,6 +480,24 @@ def worker_status(state, worker: str) -> dict | None:
         return None
 
 
+def spout_step(state, name: str, task: int) -> int | None:
+    """The step now (the rounds completed) of topology `name`'s training spout, task
+    `task`, from its worker's /metrics; None while it is not placed or does not answer."""
+    import re
+    worker = placement(state, name).get(task)
+    info = state.workers().get(worker) if worker else None
+    if not info:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{info['host']}:{info['port']}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    m = re.search(r'^streamnet_training_rounds_total\{[^}]*topology="%s"[^}]*\} ([0-9.e+]+)$' % re.escape(name),
+                  text, re.M)
+    return int(float(m.group(1))) if m else None
+
+
 def stale_dropped(state, name: str) -> int:
     """Tuples of topology `name` from superseded task instances that the registered
     workers dropped so far (fencing of the data plane: `stale` in each /status)."""

@@ -14,7 +14,7 @@ import pytest
 
 from streamnet.runtime import wait_for
 from streamnet.runtime.control.client import request_stop
-from streamnet.testing import finish, placement, running_cluster, zookeeper_installed
+from streamnet.testing import finish, placement, running_cluster, spout_step, zookeeper_installed
 from streamnet.training import DataConfig, lenet5_mixbp
 from streamnet.training.nsmap import build_topology
 from streamnet.training.summary_from_results import summarise
@@ -39,6 +39,8 @@ def _rounds(state, name) -> int:
 
 QUIET_S = 3.0
 RETURN = 0.6        # after the co-tenant: the share ratio back this part of the way from its low
+TARGET_ROUNDS = 10  # issue 13: the shares move within this many rounds of the co-tenant's start
+                    # (perf/balance.py on host5: the first change 5-8 rounds after it, 28 pairs)
 
 
 def _quiet(state, name) -> bool:
@@ -89,10 +91,17 @@ def test_shares_follow_a_co_tenant_and_every_sample_counts_once(zk):
             wait_for(lambda: _quiet(state, topo.name), 60, f"the shares to hold still for {QUIET_S:.0f} s",
                      interval=0.2)
             before = statistics.median(_sampled(ratio, 2.0))
-            hog, t_on, r_on = _hog(core), time.monotonic(), _rounds(state, topo.name)
+            hog, t_on = _hog(core), time.monotonic()
+            step_on = spout_step(state, topo.name, topo.tasks("data")[0])
+            assert step_on is not None, "the data spout's step is not on its worker's /metrics"
             wait_for(lambda: ratio() < 0.85 * before, 60, "the slowed unit's share to fall", interval=0.1)
+            # counted in rounds, exactly: the spout logs the step at which it began cutting with each
+            # change of shares (and publishes the log with its other figures, a moment later)
+            moved = wait_for(lambda: [e for e in state.results(topo.name).get("data.0.shares") or []
+                                      if e["step"] >= step_on], 30, "the spout's log of the change", interval=0.1)
+            assert moved[0]["step"] - step_on <= TARGET_ROUNDS, (step_on, moved)
             print(f"co-tenant on {hosts[slow]}: unit shares {before:.2f}:1 -> {_shares(state, topo.name, topo)} after "
-                  f"{time.monotonic() - t_on:.1f} s, {_rounds(state, topo.name) - r_on} rounds")
+                  f"{time.monotonic() - t_on:.1f} s; the first change {moved[0]['step'] - step_on} rounds after it")
             low = ratio()
             hog.kill()
             hog.wait(10)

@@ -487,3 +487,8 @@ def test_a_unit_faster_at_a_smaller_share_is_balanced_between_the_shares_it_turn
     assert abs(share - rel) <= 0.05 * rel, history          # balanced within 5 %
     assert len(history) <= 4 and history[-1][0] < 10, history
     assert "to between these shares and" in memory.history[-1]["decision"], memory.history   # the log says so
+    assert "compute" in memory.aimed_at
+    # other load comes or goes (unit 2 at 1.5x its speed at the same shares): what was seen
+    # is forgotten, and so is the move to between: the new speeds get one of their own
+    decide(NAME, topology(), a, workers_with({"w1": {1: 23700.0}, "w2": {2: 1.5 * slow(share)}}), memory, 31.0)
+    assert "compute" not in memory.aimed_at

@@ -70,6 +70,7 @@ class Memory:
     """What the policy remembers between passes (the leader keeps one per topology)."""
     changed_at: dict[str, float] = field(default_factory=dict)     # component or "threads:<w>" -> time
     direction: dict[int, int] = field(default_factory=dict)        # task -> +1/-1: its share's last move
+                                                                   # (0 after a move to between)
     # component -> [(time, shares, relative speeds last seen there, those first seen there)]
     seen: dict[str, list] = field(default_factory=dict)
     slow_passes: dict[int, int] = field(default_factory=dict)      # task -> passes in a row slow
@@ -154,6 +155,7 @@ def _remember(memory: Memory, cid: str, shares: dict[int, float], rel: dict[int,
     first = same[0][3] if same else dict(rel)
     if _moved(first, rel) > WORLD_CHANGE:
         seen, first = [], dict(rel)
+        memory.aimed_at.pop(cid, None)     # a new world: its own move to between
     seen = [e for e in seen if e not in same] + [(now, dict(shares), dict(rel), first)]
     memory.seen[cid] = seen
     return seen
