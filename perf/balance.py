@@ -163,6 +163,15 @@ LOADED = 1       # the co-tenant runs on the core of the worker that hosts unit 
 NEAR = 0.1       # shares within this fraction of each other are "there"
 
 
+def _in_force(share_log: list, t: float) -> list | None:
+    """The shares the spout cut rounds with at time t (None before its first change)."""
+    shares = None
+    for e in share_log:
+        if e["t"] <= t:
+            shares = e["shares"]
+    return shares
+
+
 def share_response(share_log: list, on, off) -> dict:
     """How the balancer's shares answered the co-tenant, from the data spout's share log
     (each change's step, time t since the start, and the shares it cut rounds with) and
@@ -174,20 +183,14 @@ def share_response(share_log: list, on, off) -> dict:
     change within NEAR of the settled shares, epoch_followed the epoch it came in.
     rounds_to_return: from the stop to the first change back within NEAR of where they
     were before, or of equal shares."""
-    def in_force(t):
-        shares = None
-        for e in share_log:
-            if e["t"] <= t:
-                shares = e["shares"]
-        return shares
     if on is None or not share_log:
         return {"settled_shares": None, "rounds_to_first_change": None, "seconds_to_first_change": None,
                 "rounds_to_follow": None, "seconds_to_follow": None, "epoch_followed": None,
                 "rounds_to_return": None, "seconds_to_return": None, "median_shares": None,
                 "rounds_to_median": None, "seconds_to_median": None}
     n = len(share_log[0]["shares"])
-    before = in_force(on[0]) or [1.0] * n
-    settled = in_force(off[0] if off else float("inf")) or before
+    before = _in_force(share_log, on[0]) or [1.0] * n
+    settled = _in_force(share_log, off[0] if off else float("inf")) or before
 
     def near(shares, goal):
         return all(abs(a - b) <= NEAR * b for a, b in zip(shares, goal))
@@ -234,7 +237,7 @@ def speeds_response(share_log: list, series: list, on, off) -> dict:
     end = off[0] if off else series[-1]["t"] if series else share_log[-1]["t"]
     keys = sorted({k for r in series for k in r.get("speeds", {})}, key=int)
     n = len(share_log[0]["shares"])
-    before = next((e["shares"] for e in reversed(share_log) if e["t"] <= on[0]), [1.0] * n)
+    before = _in_force(share_log, on[0]) or [1.0] * n
     spans = [({"t": on[0], "step": on[2], "shares": before}, None)]      # (entry, until)
     for e in share_log:
         if on[0] < e["t"] < end:

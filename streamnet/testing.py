@@ -17,6 +17,7 @@ import urllib.request
 import uuid
 
 from streamnet.runtime import kill_topology, wait_done, wait_for
+from streamnet.runtime.control.placement import worker_url
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZK_SCRIPT = os.path.join(ROOT, "deploy", "zookeeper.sh")
@@ -474,7 +475,7 @@ def worker_status(state, worker: str) -> dict | None:
     if not info:
         return None
     try:
-        with urllib.request.urlopen(f"http://{info['host']}:{info['port']}/status", timeout=3) as r:
+        with urllib.request.urlopen(f"{worker_url(info)}/status", timeout=3) as r:
             return json.load(r)
     except OSError:
         return None
@@ -483,19 +484,18 @@ def worker_status(state, worker: str) -> dict | None:
 def spout_step(state, name: str, task: int) -> int | None:
     """The step now (the rounds completed) of topology `name`'s training spout, task
     `task`, from its worker's /metrics; None while it is not placed or does not answer."""
-    import re
+    from prometheus_client.parser import text_string_to_metric_families
     worker = placement(state, name).get(task)
     info = state.workers().get(worker) if worker else None
     if not info:
         return None
     try:
-        with urllib.request.urlopen(f"http://{info['host']}:{info['port']}/metrics", timeout=5) as r:
+        with urllib.request.urlopen(f"{worker_url(info)}/metrics", timeout=5) as r:
             text = r.read().decode()
     except OSError:
         return None
-    m = re.search(r'^streamnet_training_rounds_total\{[^}]*topology="%s"[^}]*\} ([0-9.e+]+)$' % re.escape(name),
-                  text, re.M)
-    return int(float(m.group(1))) if m else None
+    return next((int(s.value) for f in text_string_to_metric_families(text) for s in f.samples
+                 if s.name == "streamnet_training_rounds_total" and s.labels.get("topology") == name), None)
 
 
 def stale_dropped(state, name: str) -> int:
