@@ -42,7 +42,9 @@ while [ $# -gt 0 ]; do
     *) echo "zookeeper.sh: unknown option $1" >&2; exit 2;;
   esac
 done
-CP="/usr/share/java/*:/etc/zookeeper/conf"
+# slf4j-simple first: among the bindings under /usr/share/java the JVM may pick the no-op
+# one (it did here), and the server then logs nothing - not even the sessions it expires
+CP="/usr/share/java/slf4j-simple.jar:/usr/share/java/*:/etc/zookeeper/conf"
 
 need_java() {
   if ! ls /usr/share/java/zookeeper*.jar >/dev/null 2>&1 || ! command -v java >/dev/null; then
@@ -175,7 +177,8 @@ start_one() {  # index
   fi
   # setsid: the server outlives the shell that started it and gets its own process group
   setsid java -Xmx256m -Dzookeeper.log.dir="$d" -Dzookeeper.root.logger=INFO,CONSOLE \
-    -cp "$CP" "$main" "$d/zoo.cfg" > "$d/zookeeper.log" 2>&1 < /dev/null &
+    -Dorg.slf4j.simpleLogger.showDateTime=true -Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS \
+    -cp "$CP" "$main" "$d/zoo.cfg" >> "$d/zookeeper.log" 2>&1 < /dev/null &
   echo $! > "$d/pid"
 }
 

@@ -111,9 +111,11 @@ class ZooKeeper:
     the pick and the start) is reported with its log, and the start is tried once more
     on new ports."""
 
-    def __init__(self, servers: int = 1, tls: bool = False):
+    def __init__(self, servers: int = 1, tls: bool = False, tick_ms: int = 500):
         self.dir = tempfile.mkdtemp(prefix="streamnet-zk-")
         self.servers = servers
+        #: sessions may last 2 to 20 ticks: 1-10 s at the default tick
+        self.tick_ms = tick_ms
         #: with `tls`, clients connect over TLS only, with the certificates here (--zk-tls)
         self.tls_dir = os.path.join(self.dir, "tls") if tls else None
         self._pick_ports()
@@ -134,7 +136,7 @@ class ZooKeeper:
     def start(self):
         for attempt in (1, 2):
             args = ["start", "--servers", str(self.servers), "--port", str(self.port),
-                    "--client-ports", ",".join(map(str, self.client_ports))]
+                    "--client-ports", ",".join(map(str, self.client_ports)), "--tick-ms", str(self.tick_ms)]
             if self.peer_ports:
                 args += ["--peer-ports", ",".join(self.peer_ports)]
             if self.tls_dir:
@@ -172,6 +174,15 @@ class ZooKeeper:
         connection itself, listed with no interest ops, [0])."""
         return sum(1 for line in self._ask(server, b"stat").splitlines()
                    if line.startswith(" /") and "[0]" not in line)
+
+    def log_lines(self, server: int = 0, containing: str = "") -> list[str]:
+        """The lines of a server's log that contain `containing` (for a test's failure
+        message: when it expired which session, say)."""
+        try:
+            with open(os.path.join(self.dir, f"s{server}", "zookeeper.log"), errors="replace") as f:
+                return [line.rstrip() for line in f if containing in line]
+        except OSError:
+            return []
 
     def kill(self, server: int = 0):
         self._run("kill", "--server", str(server))
