@@ -23,6 +23,8 @@
 # client-key.pem (for streamnet: --zk-tls DIR); missing ones are made with openssl (a CA of
 # this ensemble, certificates for 127.0.0.1, localhost and --bind). Quorum traffic between
 # servers stays plain: keep an ensemble's peer ports on a private network.
+# Server I logs to DIR/sI/zookeeper.log (INFO, timestamped, appended across restarts): the
+# sessions it expires and why ("Expiring session 0x..., timeout of ...ms exceeded").
 set -euo pipefail
 
 cmd=${1:-}; shift || true
