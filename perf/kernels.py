@@ -354,7 +354,14 @@ def measure_threads(cases, pairs, block_s, cores: list[int]) -> dict:
       cores[1] (unpinned when there is only one core);
     - against PyTorch on 2 threads (torch.set_num_threads(2)): a whole SGD step each
       (as measure_steps), PyTorch's block run with the calling thread allowed both
-      cores, so its second OpenMP thread (made then, inheriting that mask) has one."""
+      cores, so its second OpenMP thread (made then, inheriting that mask) has one;
+    - the ceiling of the moment: the two halves of the batch free-running, one per
+      core, each thread on a replica of its own, no step around them (no start, join
+      or sum, neither waits for the other): one thread's batch time over theirs is
+      what two cores give this network's step right then, and the 2-thread step over
+      it (`split_efficiency`) what the split itself costs - a figure this host's
+      drift moves far less than the speed-up (its quiet and busy spells moved LeNet-5's
+      speed-up between 1.55x and 1.80x within one run)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
@@ -386,6 +393,23 @@ def measure_threads(cases, pairs, block_s, cores: list[int]) -> dict:
         velocity = np.zeros_like(model.params)
         pool = ThreadPoolExecutor(1, initializer=second)
         two = ParallelStep(model, threads=2, executor=pool)
+        twin = ThreadPoolExecutor(1, initializer=second)
+        half = batch // 2
+        labels = model._check_labels(y, batch)
+        halves = [(model.replica(grads=np.zeros(model.num_params, np.float32)), x[lo:hi], labels[lo:hi])
+                  for lo, hi in ((0, half), (half, batch))]
+
+        def halves_free(reps):
+            def run():
+                def loop(rep, xs, ys):
+                    for _ in range(reps):
+                        rep._loss_and_grad(xs, ys)
+                t = time.perf_counter()
+                other = twin.submit(loop, *halves[1])
+                loop(*halves[0])
+                other.result()
+                return (time.perf_counter() - t) / reps
+            return run
         one = lambda: model.loss_and_grad(x, y)  # noqa: E731
         par = lambda: two.loss_and_grad(x, y)  # noqa: E731
 
@@ -396,24 +420,32 @@ def measure_threads(cases, pairs, block_s, cores: list[int]) -> dict:
             fn(); fn()
         reps = reps_for(one, block_s)
         load0 = load()
-        t1, t2, ts, tt = [], [], [], []
-        blocks = [(t1, timed_block(one, reps)), (t2, timed_block(par, reps)),
+        halves_free(1)()
+        t1, t2, tf, ts, tt = [], [], [], [], []
+        blocks = [(t1, timed_block(one, reps)), (t2, timed_block(par, reps)), (tf, halves_free(reps)),
                   (ts, timed_block(par_sgd, reps)), (tt, torch_threads(timed_block(theirs, reps), 2))]
         for i in range(pairs):  # alternating order, as paired()
             for dst, fn in (blocks if i % 2 == 0 else blocks[::-1]):
                 dst.append(fn())
         pool.shutdown()
+        twin.shutdown()
         ratios = [a / b for a, b in zip(t1, t2)]
         vs_torch = [b / a for a, b in zip(ts, tt)]
         r = {"batch": batch, "pairs": pairs, "cores": cores[:2], "one_thread_ms": spread([v * 1e3 for v in t1]),
              "two_threads_ms": spread([v * 1e3 for v in t2]), "speedup": spread(ratios),
              "speedups": ratios, "two_threads_sgd_ms": spread([v * 1e3 for v in ts]),
              "torch_two_threads_ms": spread([v * 1e3 for v in tt]), "vs_torch_two_threads": spread(vs_torch),
+             "halves_free_ms": spread([v * 1e3 for v in tf]),
+             "ceiling": spread([a / f for a, f in zip(t1, tf)]),
+             "split_efficiency": spread([f / b for f, b in zip(tf, t2)]),
              "load_before": load0, "load_after": load(), "wake_round_trip": wake}
         out[f"{name}_b{batch}"] = r
-        s, v = r["speedup"], r["vs_torch_two_threads"]
+        s, v, c, e = r["speedup"], r["vs_torch_two_threads"], r["ceiling"], r["split_efficiency"]
         print(f"threads {name:10s} b{batch}: 1 thread {r['one_thread_ms']['median']:.2f} ms, 2 threads "
               f"{r['two_threads_ms']['median']:.2f} ms, speed-up {s['median']:.2f}x (IQR {s['q1']:.2f}-{s['q3']:.2f}); "
+              f"the halves free-running {r['halves_free_ms']['median']:.2f} ms: ceiling {c['median']:.2f}x "
+              f"(IQR {c['q1']:.2f}-{c['q3']:.2f}), the step at {e['median']:.1%} of it "
+              f"(IQR {e['q1']:.1%}-{e['q3']:.1%}); "
               f"SGD step on 2 threads {r['two_threads_sgd_ms']['median']:.2f} ms vs PyTorch 2 threads "
               f"{r['torch_two_threads_ms']['median']:.2f} ms: {v['median']:.2f}x (IQR {v['q1']:.2f}-{v['q3']:.2f})"
               f"  load {load0:.2f}->{r['load_after']:.2f}", flush=True)
@@ -452,7 +484,9 @@ def summary(results: dict) -> None:
               f"{r['numba_fraction_of_peak']:.1%} of peak (PyTorch {r['torch_fraction_of_peak']:.1%})")
     for key, r in results.get("thread_scaling", {}).items():
         s, v = r["speedup"], r["vs_torch_two_threads"]
-        print(f"  {key:16s} 2 threads / 1: {s['median']:.2f}x ({s['q1']:.2f}-{s['q3']:.2f}); "
+        e = r.get("split_efficiency")
+        print(f"  {key:16s} 2 threads / 1: {s['median']:.2f}x ({s['q1']:.2f}-{s['q3']:.2f})"
+              + (f", {e['median']:.1%} of the free-running halves' {r['ceiling']['median']:.2f}x" if e else "") + "; "
               f"2 threads vs PyTorch 2 threads: {v['median']:.2f}x ({v['q1']:.2f}-{v['q3']:.2f}) "
               f"on cores {r['cores']}, load {r['load_before']:.2f}"
               + (f"; wake-up round trip {r['wake_round_trip']['median_us']:.0f} us" if "wake_round_trip" in r else ""))
