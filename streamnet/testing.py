@@ -111,11 +111,9 @@ class ZooKeeper:
     the pick and the start) is reported with its log, and the start is tried once more
     on new ports."""
 
-    def __init__(self, servers: int = 1, tls: bool = False, tick_ms: int = 500):
+    def __init__(self, servers: int = 1, tls: bool = False):
         self.dir = tempfile.mkdtemp(prefix="streamnet-zk-")
         self.servers = servers
-        #: sessions may last 2 to 20 ticks: 1-10 s at the default tick
-        self.tick_ms = tick_ms
         #: with `tls`, clients connect over TLS only, with the certificates here (--zk-tls)
         self.tls_dir = os.path.join(self.dir, "tls") if tls else None
         self._pick_ports()
@@ -136,7 +134,7 @@ class ZooKeeper:
     def start(self):
         for attempt in (1, 2):
             args = ["start", "--servers", str(self.servers), "--port", str(self.port),
-                    "--client-ports", ",".join(map(str, self.client_ports)), "--tick-ms", str(self.tick_ms)]
+                    "--client-ports", ",".join(map(str, self.client_ports))]
             if self.peer_ports:
                 args += ["--peer-ports", ",".join(self.peer_ports)]
             if self.tls_dir:

@@ -274,15 +274,16 @@ def test_training_survives_a_zookeeper_restart(expire):
     connect response when it has one server - while ZooKeeper never saw the attempt
     (its log: the session expired untouched since the restart; a connection that had
     reached it would have been closed within its 10 s limit for one without a session),
-    in 1 of 6 runs here, and 0 of 4 without the relay. The sessions last 20 s (a 1 s
-    tick), and a failure prints the workers' logs and ZooKeeper's session lines."""
+    in 1 of 6 runs here, and 0 of 4 without the relay. Within the session the sessions
+    last 10 s (the most the test ZooKeeper's 500 ms tick allows), and a failure prints
+    the workers' logs and ZooKeeper's session lines."""
     cfg = _config()
     topo = build_topology(cfg, name="zk-restart")
-    server = ZooKeeper(tick_ms=500 if expire else 1000).start()
+    server = ZooKeeper().start()
     try:
         with (Relay(server.port) if expire else contextlib.nullcontext()) as relay, \
                 running_cluster(relay.address if expire else server.hosts, workers=2,
-                                session_timeout=SESSION_TIMEOUT if expire else 20.0) as (c, state):
+                                session_timeout=SESSION_TIMEOUT if expire else 10.0) as (c, state):
             state.submit_topology(topo.name, topo.to_dict())
             wait_for(_progressed(state, topo.name, 20), 120, "training to get going", interval=0.2)
             before = worker_sessions(state)
