@@ -1,4 +1,7 @@
+import os
 import threading
+
+import pytest
 
 from streamnet.runtime.dataplane.compute import ComputePool
 from streamnet.runtime import wait_for
@@ -37,5 +40,21 @@ def test_exceptions_reach_the_caller():
             raise AssertionError("expected ZeroDivisionError")
         except ZeroDivisionError:
             pass
+    finally:
+        pool.shutdown()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
+def test_compute_threads_do_not_preempt_the_event_loop():
+    """Compute threads run under SCHED_BATCH (a woken one waits for the running event
+    loop to sleep), the calling thread keeps its policy, and nice values are untouched."""
+    pool = ComputePool(2, name="t-batch")
+    try:
+        tid, policy, nice = pool.submit(lambda: (threading.get_native_id(), os.sched_getscheduler(0),
+                                                 os.getpriority(os.PRIO_PROCESS, 0))).result(5)
+        assert tid != threading.get_native_id()
+        assert policy == os.SCHED_BATCH
+        assert nice == os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.sched_getscheduler(0) != os.SCHED_BATCH
     finally:
         pool.shutdown()
