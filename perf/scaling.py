@@ -47,7 +47,7 @@ def _config(mode: str, workers: int, a):
     from streamnet.training import AlgorithmConfig, DataConfig, ModelConfig, RunConfig
     return RunConfig(model=ModelConfig(name="lenet5"), data=DataConfig(train_limit=a.train_limit),
                      algorithm=AlgorithmConfig(**MODES[mode]), units=workers, threads=workers,
-                     epochs=a.max_epochs, balance=a.balance)
+                     epochs=a.max_epochs, balance=a.balance, sync_tasks=min(a.sync_tasks, workers))
 
 
 def epoch_rate(history) -> float | None:
@@ -129,6 +129,8 @@ def main() -> int:
     p.add_argument("--balance", choices=("static", "load"), default="static",
                    help="the engine's --balance (load, the commands' default: shares follow the units' speeds, "
                         "and the data spout saves its position every round)")
+    p.add_argument("--sync-tasks", type=int, default=1,
+                   help="S, the sync bolt's parallelism (submit's default is one per worker hosting a unit; capped at the units)")
     p.add_argument("--engine", choices=("processes", "local"), default="processes",
                    help="workers as streamnet-worker processes on ZooKeeper (as users run them), or as threads")
     a = p.parse_args()
