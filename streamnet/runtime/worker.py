@@ -23,6 +23,7 @@ from .dataplane.delivery import Delivery
 from .dataplane.executor import Wake
 from .control.cluster_state import REFUSED, RUNNING, ClusterState
 from .dataplane.compute import ComputePool
+from .dataplane.cpu_policy import short_slice
 from .control.coordinator import CoordinatorError
 from .prometheus import CONTENT_TYPE as PROMETHEUS_TYPE, prometheus
 from .control.publisher import ResultPublisher
@@ -72,6 +73,7 @@ class Worker:
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        short_slice()       # the loop preempts this worker's compute threads when it wakes (cpu_policy.py)
         accept_shortage.install(self.loop)      # one line a minute, not a traceback a second
         self.pool = ComputePool(self.threads, name=f"{self.id}-compute")
         await self._preload()

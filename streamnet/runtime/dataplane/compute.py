@@ -4,22 +4,17 @@ The load balancer moves threads between workers, so the pool grows by starting
 threads and shrinks by letting surplus threads exit after their current job.
 Busy time is accounted per job so /status can report the busy fraction.
 
-Compute threads run under Linux's SCHED_BATCH policy (`_as_batch`): a compute
-thread that wakes for a job does not preempt the event loop on its core, which
-finishes what it is doing (sending the parameters it has just combined to the
-other workers) before the job starts. Under the normal policy the woken thread
-took the core from the loop in the middle of that send, for up to a time slice
-(3 ms): on a worker with one core that held the other workers' next round. The
-policy changes no thread's share of the CPU (its nice value stays), so a compute
-thread still gets its fair share beside other processes.
+Compute threads run under SCHED_BATCH (cpu_policy.py): a woken one does not
+preempt the event loop on its core.
 """
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
 from concurrent.futures import Future
+
+from .cpu_policy import as_batch
 
 
 class ComputePool:
@@ -62,7 +57,7 @@ class ComputePool:
         return fut
 
     def _run(self) -> None:
-        _as_batch()
+        as_batch()
         while True:
             item = self._q.get()
             if item is None:
@@ -101,10 +96,3 @@ class ComputePool:
         for t in self._threads:
             t.join(timeout)
 
-
-def _as_batch() -> None:
-    """Put the calling thread under SCHED_BATCH (module docstring), where the platform has it."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    except (AttributeError, OSError):
-        pass        # not Linux, or refused: the normal policy is slower here, not wrong
