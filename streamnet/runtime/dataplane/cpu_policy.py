@@ -14,7 +14,12 @@ Under Linux's normal policy each got in the other's way:
   slice to run out (1.4 ms by default here) before it ran: 85-160 us a wake-up on
   average, three or four wake-ups a round. The loop's thread asks for a short slice
   (`short_slice`, EEVDF's per-task slice, Linux 6.12 and later): a woken task
-  with a shorter slice preempts one with a longer.
+  with a shorter slice preempts one with a longer. Its price: once the loop has run
+  past its 0.1 ms it can itself be preempted by a compute thread it wakes (submitting
+  a job took 13-44 us on average, 164-878 us at p99, against 4.5-11 and 12-25 us
+  without the short slice: MixBP H=1, 2 workers, host6). Throughput with it against
+  without, alternating, did not tell the two apart from the host's drift (H=8 a little
+  ahead with it, H=1 behind: docs/perf-history.md, perf/scaling.py).
 
 Neither changes a thread's nice value, so a compute thread's share of its core
 beside other processes (a co-tenant) stays what it was. Elsewhere (not Linux, an
