@@ -2,8 +2,13 @@
 
 Every function is `njit(cache=True, nogil=True)`; forward passes return what
 their backward pass needs, and backward passes write parameter gradients into
-caller-owned views (slices of one flat gradient vector).
+caller-owned views (slices of one flat gradient vector). Their matrix products run
+on the newest OpenBLAS installed (`_blas.py`), chosen here before the first one.
 """
+from . import _blas
+
+_blas.use()
+
 from .activations import (relu_backward, relu_forward, sigmoid_backward, sigmoid_forward,
                           tanh_backward, tanh_forward)
 from .conv import (columns_size, conv2d_backward, conv2d_backward_kept, conv2d_forward,
