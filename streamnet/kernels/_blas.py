@@ -37,7 +37,8 @@ def _version(text: str) -> tuple:
 
 def use() -> str | None:
     """Point numba's sgemm/dgemm at scipy-openblas32's OpenBLAS if it is installed and
-    newer than scipy's; the OpenBLAS config string in use, or None (scipy's kept).
+    newer than scipy's (or scipy's version cannot be read: a scipy built against a
+    system BLAS); the OpenBLAS config string in use, or None (scipy's kept).
     STREAMNET_BLAS=scipy keeps scipy's."""
     global _active
     if _active is not None or os.environ.get("STREAMNET_BLAS", "") == "scipy":
