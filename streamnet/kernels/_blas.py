@@ -48,12 +48,9 @@ def use() -> str | None:
         from scipy.linalg import cython_blas
     except ImportError:
         return None
-    path = os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(fullname=True))
     try:
-        lib = ctypes.CDLL(path)
-        config = lib.scipy_openblas_get_config
-        config.restype = ctypes.c_char_p
-        theirs = config().decode()
+        lib = ctypes.CDLL(their_library(scipy_openblas32))
+        theirs = _config(lib)
         pointers = {name: ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value
                     for name, symbol in _SYMBOLS.items()}
     except (OSError, AttributeError):
@@ -82,12 +79,23 @@ def _scipy_config() -> str:
     folder = os.path.join(os.path.dirname(os.path.dirname(scipy.__file__)), "scipy.libs")
     for path in glob.glob(os.path.join(folder, "libscipy_openblas-*.so*")):
         try:
-            config = ctypes.CDLL(path).scipy_openblas_get_config
+            return _config(ctypes.CDLL(path))
         except (OSError, AttributeError):
             continue
-        config.restype = ctypes.c_char_p
-        return config().decode()
     return ""
+
+
+def their_library(package) -> str:
+    """The path of the OpenBLAS library of scipy-openblas32 (the module `package`)."""
+    return os.path.join(package.get_lib_dir(), package.get_library(fullname=True))
+
+
+def _config(lib) -> str:
+    """The config string ('OpenBLAS 0.3.34 DYNAMIC_ARCH ...') of a loaded scipy-openblas
+    library; AttributeError if it has none."""
+    config = lib.scipy_openblas_get_config
+    config.restype = ctypes.c_char_p
+    return config().decode()
 
 
 def active() -> str | None:

@@ -27,16 +27,9 @@ def _capsule_pointer(name: str) -> int:
     return get_pointer(capsule, get_name(capsule))
 
 
-def _their_library():
-    path = os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(fullname=True))
-    lib = ctypes.CDLL(path)
-    lib.scipy_openblas_get_config.restype = ctypes.c_char_p
-    return lib
-
-
 def test_numba_gemms_point_at_the_newer_openblas():
-    lib = _their_library()
-    theirs = lib.scipy_openblas_get_config().decode()
+    lib = ctypes.CDLL(_blas.their_library(scipy_openblas32))
+    theirs = _blas._config(lib)
     if os.environ.get("STREAMNET_BLAS") == "scipy" or \
             _blas._version(theirs) <= _blas._version(_blas._scipy_config()):
         assert _blas.active() is None          # asked for, or scipy's is as new: kept
@@ -66,9 +59,7 @@ def test_products_inside_kernels_equal_numpys(dtype, shape):
 
 
 def test_streamnet_blas_scipy_keeps_scipys():
-    code = ("import streamnet.kernels; from streamnet.kernels import _blas; "
-            "from scipy.linalg import cython_blas; import ctypes; "
-            "print(_blas.active())")
+    code = "import streamnet.kernels; from streamnet.kernels import _blas; print(_blas.active())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "STREAMNET_BLAS": "scipy"})
     assert out.returncode == 0, out.stderr
