@@ -13,8 +13,8 @@ Weight layout is PyTorch's: (out, in, kh, kw).
 
 Three kinds of layer take their own paths: one input channel, stride 1 (LeNet-5's
 conv1) is direct (conv_wide.py); stride 1 with few column rows (LeNet-5's conv2)
-runs over batch-minor blocks (conv_minor.py); any other 3x3, stride 1 (AlexNet's
-conv3-5) is Winograd F(2x2, 3x3) (conv_winograd.py).
+runs over batch-minor blocks (conv_minor.py); any other 3x3 or 5x5, stride 1
+(AlexNet's conv2-5) is Winograd F(2x2, 3x3) or F(2x2, 5x5) (conv_winograd.py).
 """
 import numpy as np
 
@@ -148,7 +148,7 @@ def conv2d_forward(x, weight, bias, stride, pad):
     kh, kw = weight.shape[2], weight.shape[3]
     if use_minor(c, kh, kw, stride):  # few column rows: batch-minor blocks, see conv_minor.py
         return minor_forward(x, weight, bias, pad)
-    if use_winograd(kh, kw, stride, pad):  # 3x3, stride 1: see conv_winograd.py
+    if use_winograd(kh, kw, stride, pad):  # 3x3 or 5x5, stride 1: see conv_winograd.py
         return winograd_forward(x, weight, bias, pad, np.empty(0, dtype=x.dtype))
     rows = c * kh * kw
     p = conv_out_size(h, kh, stride, pad) * conv_out_size(w, kw, stride, pad)
@@ -166,7 +166,7 @@ def columns_size(x_shape, w_shape, stride, pad):
     if use_wide(c, stride) or use_minor(c, kh, kw, stride):
         return 0
     if use_winograd(kh, kw, stride, pad):
-        return winograd_size(x_shape, o, pad)
+        return winograd_size(x_shape, o, kh, pad)
     return c * kh * kw * n * conv_out_size(h, kh, stride, pad) * conv_out_size(w, kw, stride, pad)
 
 

@@ -1,19 +1,31 @@
-"""Stride-1 3x3 convolution as Winograd F(2x2, 3x3) (Lavin and Gray, 2015):
-AlexNet's conv3-5, forward and both gradients.
+"""Stride-1 3x3 and 5x5 convolution as Winograd F(2x2, 3x3) and F(2x2, 5x5) (Lavin
+and Gray, 2015): AlexNet's conv2-5, forward and both gradients.
 
-Each 2x2 block of outputs (a "tile") is computed from the 4x4 block of padded input
-under it: Y = A^T [(G g G^T) * (B^T d B)] A, * elementwise. Across channels the 16
-elementwise products of a tile become 16 GEMMs, M[k] = U[k] @ V[k], with U[k] the
-(out, in) matrix of transformed kernels at position k of the 4x4 block and V[k] the
-(in, tiles) matrix of transformed input: 16 multiplies per 4 outputs instead of 36,
-2.25x fewer GEMM flops than im2col. The transforms are adds and halvings, so the
-result differs from im2col + GEMM by rounding only (float32: ~1e-6 relative).
+Each 2x2 block of outputs (a "tile") of an r x r kernel is computed from the a x a
+block of padded input under it (a = r + 1): Y = A^T [(G g G^T) * (B^T d B)] A, *
+elementwise. Across channels the a*a elementwise products of a tile become a*a
+GEMMs, M[k] = U[k] @ V[k], with U[k] the (out, in) matrix of transformed kernels at
+position k of the a x a block and V[k] the (in, tiles) matrix of transformed input:
+16 multiplies per 4 outputs instead of 36 for 3x3 (2.25x fewer GEMM flops than
+im2col), 36 instead of 100 for 5x5 (2.78x).
+
+The matrices come from the Cook-Toom construction at the points 0, 1, -1 (3x3) and
+0, 1, -1, 2, -1/2 (5x5), each with the point at infinity. The 3x3 transforms are
+adds and halvings, so the result differs from im2col + GEMM by rounding only. The
+5x5 ones have entries up to 5/2 and 16/15: in float32 against a float64 convolution
+(AlexNet-64's conv2, 64 channels) 1.1e-6 of the largest output, where im2col + GEMM
+is at 5e-7 (the points 2, -2 gave 2.6e-6, and 1/2, -1/2 2.8e-6).
+
+Tiles are laid out batch-minor, column q = tile * n + sample of every V and M, so
+each transform is a few axpys over a tile row's tiles and samples at once, which
+vectorise (the transforms had been per tile, scalar: 12 of AlexNet-64 conv4's
+42 ms forward at batch 32).
 
 - The input gradient of a stride-1 convolution is a convolution of the output
-  gradient by the kernels turned 180 degrees, in and out swapped, padded by 2 - pad:
-  the same code, with U[k].T for U[k].
+  gradient by the kernels turned 180 degrees, in and out swapped, padded by
+  r - 1 - pad: the same code, with U[k].T for U[k].
 - The weight gradient is the same algorithm transposed: dg = G^T [(A dy A^T) *
-  (B^T d B)] G per tile, summed over tiles inside the product, so again 16 GEMMs,
+  (B^T d B)] G per tile, summed over tiles inside the product, so again a*a GEMMs,
   (out, tiles) @ (tiles, in), over the forward's V, which a training forward
   leaves in the caller's workspace (winograd_size floats) for the backward pass.
 
@@ -25,203 +37,297 @@ import numpy as np
 from ._jit import jit
 from .bias import bias_grad
 
+# (A^T, G, B^T) of F(2, 3) and F(2, 5); test_kernel_conv_winograd checks that each
+# triple computes a correlation
+AT3 = np.array([[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, -1.0, -1.0]])
+G3 = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
+BT3 = np.array([[1.0, 0.0, -1.0, 0.0], [0.0, 1.0, 1.0, 0.0], [0.0, -1.0, 1.0, 0.0], [0.0, 1.0, 0.0, -1.0]])
+AT5 = np.array([[1.0, 1.0, 1.0, 1.0, 1.0, 0.0], [0.0, 1.0, -1.0, 2.0, -0.5, 1.0]])
+G5 = np.array([[1.0, 0.0, 0.0, 0.0, 0.0],
+               [-1 / 3, -1 / 3, -1 / 3, -1 / 3, -1 / 3],
+               [1 / 3, -1 / 3, 1 / 3, -1 / 3, 1 / 3],
+               [1 / 15, 2 / 15, 4 / 15, 8 / 15, 16 / 15],
+               [-16 / 15, 8 / 15, -4 / 15, 2 / 15, -1 / 15],
+               [0.0, 0.0, 0.0, 0.0, 1.0]])
+BT5 = np.array([[1.0, 1.5, -2.0, -1.5, 1.0, 0.0],
+                [0.0, -1.0, -2.5, -0.5, 1.0, 0.0],
+                [0.0, 1.0, 0.5, -2.5, 1.0, 0.0],
+                [0.0, -0.5, -1.0, 0.5, 1.0, 0.0],
+                [0.0, 2.0, -1.0, -2.0, 1.0, 0.0],
+                [0.0, 1.0, 1.5, -2.0, -1.5, 1.0]])
+
+
+def _kernel_transform(g: np.ndarray) -> np.ndarray:
+    """(a*a, r*r): row a*k + l maps a kernel's taps (row-major) to (G g G^T)[k, l]."""
+    a, r = g.shape
+    return np.einsum("ka,lb->klab", g, g).reshape(a * a, r * r)
+
+
+GG3, GG5 = _kernel_transform(G3), _kernel_transform(G5)
+GG3_FLIPPED = np.ascontiguousarray(GG3[:, ::-1])  # the same of the kernel turned 180 degrees
+GG5_FLIPPED = np.ascontiguousarray(GG5[:, ::-1])
+
 
 @jit
 def use_winograd(kh, kw, stride, pad):
-    return kh == 3 and kw == 3 and stride == 1 and pad <= 2
-
-
-def _transform() -> np.ndarray:
-    """(16, 9): row 4r + j maps a kernel's 9 taps (row-major) to (G g G^T)[r, j]."""
-    g = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
-    return np.einsum("ra,jb->rjab", g, g).reshape(16, 9)
-
-
-GG = _transform()
-GG_FLIPPED = np.ascontiguousarray(GG[:, ::-1])  # the same of the kernel turned 180 degrees
+    return kh == kw and (kh == 3 or kh == 5) and stride == 1 and pad <= kh - 1
 
 
 @jit
-def _tiles(h, w, pad):
-    """Tile rows and columns of the output of a 3x3 kernel over h x w padded by pad."""
-    return (h + 2 * pad - 1) // 2, (w + 2 * pad - 1) // 2
+def _tiles(h, w, r, pad):
+    """Tile rows and columns of the output of an r x r kernel over h x w padded by pad."""
+    return (h + 2 * pad - r + 2) // 2, (w + 2 * pad - r + 2) // 2
 
 
 @jit
-def _v_size(x_shape, pad):
-    """Floats of V, the transformed input of a convolution of an x of x_shape."""
+def _regions(x_shape, o, r, pad):
+    """Floats of the two regions of a training workspace: the first holds V of the
+    forward pass, then M of the input gradient's convolution; the second M of the
+    forward, G of the weight gradient, then V of the input gradient's convolution
+    (the convolution of the output gradient, padded by r - 1 - pad). A workspace
+    kept per layer saves allocating them each step: fresh, they cost page faults
+    (AlexNet-64 conv2 at batch 32: a 57 MB M, forward 83 ms, against 37 ms of work)."""
     n, c, h, w = x_shape
-    th, tw = _tiles(h, w, pad)
-    return 16 * n * th * tw * c
+    a2 = (r + 1) * (r + 1)
+    th, tw = _tiles(h, w, r, pad)
+    oh, ow = h + 2 * pad - r + 1, w + 2 * pad - r + 1
+    th2, tw2 = _tiles(oh, ow, r, r - 1 - pad)
+    p = n * max(th * tw, th2 * tw2)
+    return a2 * c * p, a2 * o * p
 
 
 @jit
-def winograd_size(x_shape, o, pad):
-    """Floats of the workspace a training forward leaves V in for the backward pass,
-    which then transforms the output gradient into it for the input gradient (a
-    convolution of the output gradient, padded by 2 - pad): room for either."""
-    n, c, h, w = x_shape
-    return max(_v_size(x_shape, pad), _v_size((n, o, h + 2 * pad - 2, w + 2 * pad - 2), 2 - pad))
+def winograd_size(x_shape, o, r, pad):
+    """Floats of the workspace a training forward leaves V in for the backward pass."""
+    first, second = _regions(x_shape, o, r, pad)
+    return first + second
+
+
+@jit
+def _bt(r):
+    return BT3 if r == 3 else BT5
+
+
+@jit
+def _at(r):
+    return AT3 if r == 3 else AT5
+
+
+@jit
+def _gg(r, flip):
+    if r == 3:
+        return GG3_FLIPPED if flip else GG3
+    return GG5_FLIPPED if flip else GG5
 
 
 @jit
 def _weights(weight, flip):
-    """U (16, out, in): G g G^T of each 3x3 kernel g = weight[o, c], as one small GEMM
+    """U (a*a, out, in): G g G^T of each kernel g = weight[o, c], as one small GEMM
     over all kernels (flip: of each kernel turned 180 degrees, for the input
-    gradient, which also swaps in and out: _winograd multiplies by U[k].T)."""
-    o, c = weight.shape[0], weight.shape[1]
-    gg = (GG_FLIPPED if flip else GG).astype(weight.dtype)
-    u = np.empty((16, o, c), dtype=weight.dtype)
-    np.dot(gg, weight.reshape(o * c, 9).T, u.reshape(16, o * c))
+    gradient, which also swaps in and out: _convolve multiplies by U[k].T)."""
+    o, c, r = weight.shape[0], weight.shape[1], weight.shape[2]
+    gg = _gg(r, flip).astype(weight.dtype)
+    u = np.empty((gg.shape[0], o, c), dtype=weight.dtype)
+    np.dot(gg, weight.reshape(o * c, r * r).T, u.reshape(gg.shape[0], o * c))
     return u
 
 
 @jit
-def _inputs(x, pad, th, tw, v):
-    """v (16, in, n*th*tw) = B^T d B of each tile's 4x4 input block d."""
+def _combine(rows, coef, dst):
+    """dst = sum of coef[j] * rows[j] (skipping zero coefficients); rows: 2-D, each
+    row as long as dst."""
+    for i in range(dst.size):
+        dst[i] = 0.0
+    for j in range(coef.size):
+        cf = coef[j]
+        if cf != 0.0:
+            src = rows[j]
+            for i in range(dst.size):
+                dst[i] += cf * src[i]
+
+
+@jit
+def _inputs(x, r, pad, th, tw, v):
+    """v (a*a, in, th*tw*n) = B^T d B of each tile's a x a input block d.
+
+    A padded input plane is held batch-minor with its even and odd columns apart, so
+    for one tile row the inputs of every tile at block column j are one contiguous
+    run (tile, sample): B along the rows is a few axpys of tw*n floats."""
     n, c, h, w = x.shape
-    hp, wp = 2 * th + 2, 2 * tw + 2
-    t = th * tw
-    plane = np.zeros((hp, wp), dtype=x.dtype)  # one padded input plane; the border stays zero
-    e = np.empty((4, wp), dtype=x.dtype)
-    for ni in range(n):
-        for ci in range(c):
+    a = r + 1
+    bt = _bt(r).astype(x.dtype)
+    hp, half = 2 * th + r - 1, tw + r // 2  # rows; columns of each parity
+    plane = np.zeros((hp, 2, half, n), dtype=x.dtype)  # column z at [z % 2, z // 2]; the border stays zero
+    rows = plane.reshape(hp, 2 * half * n)
+    e = np.empty((a, 2 * half * n), dtype=x.dtype)  # B^T down the columns of one tile row
+    run = tw * n
+    for ci in range(c):
+        for ni in range(n):
             for y in range(h):
                 src = x[ni, ci, y]
-                dst = plane[y + pad, pad:]
+                dst = plane[y + pad]
                 for z in range(w):
-                    dst[z] = src[z]
-            for ty in range(th):
-                r0, r1, r2, r3 = plane[2 * ty], plane[2 * ty + 1], plane[2 * ty + 2], plane[2 * ty + 3]
-                e0, e1, e2, e3 = e[0], e[1], e[2], e[3]
-                for z in range(wp):  # B^T down the columns, whole rows at once
-                    e0[z] = r0[z] - r2[z]
-                    e1[z] = r1[z] + r2[z]
-                    e2[z] = r2[z] - r1[z]
-                    e3[z] = r1[z] - r3[z]
-                base = ni * t + ty * tw
-                for k in range(4):  # then B along each row, tile by tile
-                    ek = e[k]
-                    d0, d1, d2, d3 = v[4 * k, ci], v[4 * k + 1, ci], v[4 * k + 2, ci], v[4 * k + 3, ci]
-                    for tx in range(tw):
-                        a, b, cc, d = ek[2 * tx], ek[2 * tx + 1], ek[2 * tx + 2], ek[2 * tx + 3]
-                        d0[base + tx] = a - cc
-                        d1[base + tx] = b + cc
-                        d2[base + tx] = cc - b
-                        d3[base + tx] = b - d
+                    dst[(z + pad) % 2, (z + pad) // 2, ni] = src[z]
+        for ty in range(th):
+            for k in range(a):
+                _combine(rows[2 * ty:2 * ty + a], bt[k], e[k])
+            q = ty * run
+            for k in range(a):  # then B along the row, all its tiles at once
+                ek = e[k]
+                for l in range(a):
+                    dst = v[a * k + l, ci][q:q + run]
+                    for i in range(run):
+                        dst[i] = 0.0
+                    for j in range(a):
+                        cf = bt[l, j]
+                        if cf != 0.0:
+                            off = ((j % 2) * half + j // 2) * n
+                            src = ek[off:off + run]
+                            for i in range(run):
+                                dst[i] += cf * src[i]
 
 
 @jit
-def _outputs(m, bias, th, tw, out):
-    """out (n, O, oh, ow) = A^T m A + bias, tile by tile, from m (16, O, n*th*tw)."""
+def _outputs(m, bias, r, th, tw, out):
+    """out (n, O, oh, ow) = A^T m A + bias, tile by tile, from m (a*a, O, th*tw*n)."""
     n, o, oh, ow = out.shape
-    t = th * tw
+    a = r + 1
+    at = _at(r).astype(out.dtype)
+    run = tw * n
+    f = np.empty((2, a, run), dtype=out.dtype)  # A^T m of one tile row
+    y = np.empty((2, 2, run), dtype=out.dtype)  # its 2x2 outputs, batch-minor
     for oi in range(o):
         b = bias[oi]
-        for ni in range(n):
-            for ty in range(th):
-                y0 = 2 * ty
-                for tx in range(tw):
-                    q = ni * t + ty * tw + tx
-                    s0 = m[0, oi, q] + m[4, oi, q] + m[8, oi, q]
-                    s1 = m[1, oi, q] + m[5, oi, q] + m[9, oi, q]
-                    s2 = m[2, oi, q] + m[6, oi, q] + m[10, oi, q]
-                    s3 = m[3, oi, q] + m[7, oi, q] + m[11, oi, q]
-                    t0 = m[4, oi, q] - m[8, oi, q] - m[12, oi, q]
-                    t1 = m[5, oi, q] - m[9, oi, q] - m[13, oi, q]
-                    t2 = m[6, oi, q] - m[10, oi, q] - m[14, oi, q]
-                    t3 = m[7, oi, q] - m[11, oi, q] - m[15, oi, q]
-                    x0 = 2 * tx
-                    out[ni, oi, y0, x0] = s0 + s1 + s2 + b
-                    if x0 + 1 < ow:
-                        out[ni, oi, y0, x0 + 1] = s1 - s2 - s3 + b
-                    if y0 + 1 < oh:
-                        out[ni, oi, y0 + 1, x0] = t0 + t1 + t2 + b
-                        if x0 + 1 < ow:
-                            out[ni, oi, y0 + 1, x0 + 1] = t1 - t2 - t3 + b
+        for ty in range(th):
+            q = ty * run
+            for l in range(a):
+                f0, f1 = f[0, l], f[1, l]
+                for i in range(run):
+                    f0[i] = 0.0
+                    f1[i] = 0.0
+                for k in range(a):
+                    src = m[a * k + l, oi][q:q + run]
+                    c0, c1 = at[0, k], at[1, k]
+                    for i in range(run):
+                        f0[i] += c0 * src[i]
+                        f1[i] += c1 * src[i]
+            for yi in range(2):
+                for xi in range(2):
+                    dst = y[yi, xi]
+                    for i in range(run):
+                        dst[i] = b
+                    for l in range(a):
+                        cf = at[xi, l]
+                        if cf != 0.0:
+                            src = f[yi, l]
+                            for i in range(run):
+                                dst[i] += cf * src[i]
+            for yi in range(min(2, oh - 2 * ty)):
+                for ni in range(n):
+                    row = out[ni, oi, 2 * ty + yi]
+                    for tx in range(tw):
+                        row[2 * tx] = y[yi, 0, tx * n + ni]
+                        if 2 * tx + 1 < ow:
+                            row[2 * tx + 1] = y[yi, 1, tx * n + ni]
 
 
 @jit
-def _gradients(dout, th, tw, g):
-    """g (16, O, n*th*tw) = A dy A^T of each tile's 2x2 output gradient dy (zero
+def _gradients(dout, r, th, tw, g):
+    """g (a*a, O, th*tw*n) = A dy A^T of each tile's 2x2 output gradient dy (zero
     past the output's edge)."""
     n, o, oh, ow = dout.shape
-    t = th * tw
-    zero = np.zeros(1, dtype=dout.dtype)[0]  # not 0.0: a float64 literal would make the sums float64
-    for ni in range(n):
-        for oi in range(o):
-            for ty in range(th):
-                y0 = 2 * ty
-                for tx in range(tw):
-                    x0 = 2 * tx
-                    a = dout[ni, oi, y0, x0]
-                    b = dout[ni, oi, y0, x0 + 1] if x0 + 1 < ow else zero
-                    c = dout[ni, oi, y0 + 1, x0] if y0 + 1 < oh else zero
-                    d = dout[ni, oi, y0 + 1, x0 + 1] if y0 + 1 < oh and x0 + 1 < ow else zero
-                    q = ni * t + ty * tw + tx
-                    # A dy has rows (a, b), (a+c, b+d), (a-c, b-d), (-c, -d); A^T takes
-                    # each row (p, r) to (p, p+r, p-r, -r)
-                    g[0, oi, q], g[1, oi, q], g[2, oi, q], g[3, oi, q] = a, a + b, a - b, -b
-                    p, r = a + c, b + d
-                    g[4, oi, q], g[5, oi, q], g[6, oi, q], g[7, oi, q] = p, p + r, p - r, -r
-                    p, r = a - c, b - d
-                    g[8, oi, q], g[9, oi, q], g[10, oi, q], g[11, oi, q] = p, p + r, p - r, -r
-                    g[12, oi, q], g[13, oi, q], g[14, oi, q], g[15, oi, q] = -c, -c - d, d - c, d
+    a = r + 1
+    at = _at(r).astype(dout.dtype)
+    run = tw * n
+    plane = np.zeros((2 * th, 2, run), dtype=dout.dtype)  # column 2*tx + xi at [xi, tx*n:]; past the edge stays zero
+    h = np.empty((a, 2, run), dtype=dout.dtype)
+    for oi in range(o):
+        for ni in range(n):
+            for yy in range(oh):
+                src = dout[ni, oi, yy]
+                dst = plane[yy]
+                for z in range(ow):
+                    dst[z % 2, (z // 2) * n + ni] = src[z]
+        for ty in range(th):
+            q = ty * run
+            for k in range(a):  # A dy: (a, 2)
+                c0, c1 = at[0, k], at[1, k]
+                for xi in range(2):
+                    top, bottom, dst = plane[2 * ty, xi], plane[2 * ty + 1, xi], h[k, xi]
+                    for i in range(run):
+                        dst[i] = c0 * top[i] + c1 * bottom[i]
+            for k in range(a):  # (A dy) A^T
+                left, right = h[k, 0], h[k, 1]
+                for l in range(a):
+                    c0, c1 = at[0, l], at[1, l]
+                    dst = g[a * k + l, oi][q:q + run]
+                    for i in range(run):
+                        dst[i] = c0 * left[i] + c1 * right[i]
 
 
 @jit
-def _convolve(x, u, trans, bias, pad, v):
+def _convolve(x, u, trans, bias, r, pad, v, mm):
     """The convolution of x by the kernels transformed into u (by u[k].T with trans),
-    with v (16 * n*th*tw * C floats) as the transformed input's workspace."""
+    with v (a*a * th*tw*n * C floats) as the transformed input's workspace and mm
+    (a*a * th*tw*n * O floats) as the products'."""
     n, c, h, w = x.shape
+    a2 = u.shape[0]
     o = u.shape[2] if trans else u.shape[1]
-    th, tw = _tiles(h, w, pad)
+    th, tw = _tiles(h, w, r, pad)
     p = n * th * tw
-    vv = v[:16 * c * p].reshape(16, c, p)
-    _inputs(x, pad, th, tw, vv)
-    m = np.empty((16, o, p), dtype=x.dtype)
-    for k in range(16):
+    vv = v[:a2 * c * p].reshape(a2, c, p)
+    _inputs(x, r, pad, th, tw, vv)
+    m = mm[:a2 * o * p].reshape(a2, o, p)
+    for k in range(a2):
         if trans:
             np.dot(u[k].T, vv[k], m[k])
         else:
             np.dot(u[k], vv[k], m[k])
-    out = np.empty((n, o, h + 2 * pad - 2, w + 2 * pad - 2), dtype=x.dtype)
-    _outputs(m, bias, th, tw, out)
+    out = np.empty((n, o, h + 2 * pad - r + 1, w + 2 * pad - r + 1), dtype=x.dtype)
+    _outputs(m, bias, r, th, tw, out)
     return out
 
 
 @jit
 def winograd_forward(x, weight, bias, pad, work):
-    """out (N, O, OH, OW) = conv(x, weight (O, C, 3, 3), stride 1, pad) + bias; work:
+    """out (N, O, OH, OW) = conv(x, weight (O, C, r, r), stride 1, pad) + bias; work:
     winograd_size floats, in which V stays for winograd_backward (or an empty array:
     a workspace of its own, for a forward with no backward pass)."""
-    if work.size == 0:  # room for V alone: no backward pass will use it
-        work = np.empty(_v_size(x.shape, pad), dtype=x.dtype)
-    return _convolve(x, _weights(weight, False), False, bias, pad, work)
+    n, c, h, w = x.shape
+    o, r = weight.shape[0], weight.shape[2]
+    u = _weights(weight, False)
+    if work.size == 0:  # no backward pass will use it: room for this pass alone
+        th, tw = _tiles(h, w, r, pad)
+        p = u.shape[0] * n * th * tw
+        return _convolve(x, u, False, bias, r, pad, np.empty(p * c, dtype=x.dtype), np.empty(p * o, dtype=x.dtype))
+    first = _regions(x.shape, o, r, pad)[0]
+    return _convolve(x, u, False, bias, r, pad, work[:first], work[first:])
 
 
 @jit
 def winograd_backward(dout, x, weight, dweight, dbias, pad, need_dx, work, kept):
     """Overwrite dweight and dbias; return dx, or an empty array without need_dx. kept:
     work holds the V that winograd_forward left there (else it is rebuilt from x).
-    Uses work up: the input gradient transforms the output gradient into it."""
+    Uses work up: the input gradient's convolution runs in it (see _regions)."""
     n, c, h, w = x.shape
-    o = weight.shape[0]
-    th, tw = _tiles(h, w, pad)
+    o, r = weight.shape[0], weight.shape[2]
+    a2 = (r + 1) * (r + 1)
+    th, tw = _tiles(h, w, r, pad)
     p = n * th * tw
     if work.size == 0:
-        work = np.empty(winograd_size(x.shape, o, pad), dtype=x.dtype)
-    v = work[:16 * c * p].reshape(16, c, p)
+        work = np.empty(winograd_size(x.shape, o, r, pad), dtype=x.dtype)
+    first = _regions(x.shape, o, r, pad)[0]
+    v = work[:a2 * c * p].reshape(a2, c, p)
     if not kept:
-        _inputs(x, pad, th, tw, v)
+        _inputs(x, r, pad, th, tw, v)
     bias_grad(dout.reshape(n, o, dout.shape[2] * dout.shape[3]), dbias)
-    g = np.empty((16, o, p), dtype=x.dtype)
-    _gradients(dout, th, tw, g)
-    m = np.empty((16, o, c), dtype=x.dtype)
-    for k in range(16):
+    g = work[first:first + a2 * o * p].reshape(a2, o, p)
+    _gradients(dout, r, th, tw, g)
+    m = np.empty((a2, o, c), dtype=x.dtype)
+    for k in range(a2):
         np.dot(g[k], v[k].T, m[k])
-    np.dot(m.reshape(16, o * c).T, GG.astype(x.dtype), dweight.reshape(o * c, 9))  # G^T m G
+    np.dot(m.reshape(a2, o * c).T, _gg(r, False).astype(x.dtype), dweight.reshape(o * c, r * r))  # G^T m G
     if not need_dx:
         return np.empty((0, 0, 0, 0), dtype=x.dtype)
     zero = np.zeros(c, dtype=x.dtype)
-    return _convolve(dout, _weights(weight, True), True, zero, 2 - pad, work)
+    return _convolve(dout, _weights(weight, True), True, zero, r, r - 1 - pad, work[first:], work[:first])

@@ -92,7 +92,7 @@ def test_kept_columns_give_the_same_gradients(stride, pad, k, c, size, rng):
 def test_wide_layers_keep_no_columns():
     assert K.columns_size((4, 1, 28, 28), (6, 1, 5, 5), 1, 2) == 0
     assert K.columns_size((4, 6, 14, 14), (16, 6, 5, 5), 1, 0) == 0
-    assert K.columns_size((4, 64, 16, 16), (192, 64, 5, 5), 1, 2) == 1600 * 4 * 256
+    assert K.columns_size((4, 1, 64, 64), (64, 1, 5, 5), 2, 2) == 25 * 4 * 32 * 32  # im2col (AlexNet-64 conv1)
 
 
 def _pooled_reference(x, w, b, pad, relu):
