@@ -6,7 +6,12 @@ H in {1, 4, 8, 16}; the same for PyTorch DDP over gloo (torchrun) on the same
 data, model, per-process batch and schedule; communication bytes per sample; and,
 as the base an engine is judged by, the in-process trainer with one unit of each
 mode (`<mode>/inproc`: the same BP arithmetic without the engine, pinned to one
-core). It prints issue 12's ratios: N worker processes / that base, per mode.
+core). It prints issue 12's ratios: N worker processes / that base, per mode; and
+beside them the machine's ceiling for N (`<mode>/inproc xN`: N of those trainers at
+once, one per core as the workers are pinned, their samples/s summed): what N
+independent units get from these cores, which share caches, memory bandwidth and,
+on a VM, perhaps physical cores - so a shortfall of N workers is split into the
+machine's and the engine's.
 
 --engine processes (the default) runs each worker as its own `streamnet-worker`
 process on a real ZooKeeper, pinned to core i mod cores; --engine local runs them as
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -98,6 +104,45 @@ def run_in_process(mode: str, a) -> dict:
             "epochs_run": len(s.history), "bytes_per_sample": 0.0, "wall_s": s.wall_s}
 
 
+def _trainer_on_core(mode: str, args: dict, core: int, barrier, results) -> None:
+    """A child of run_in_process_together: one in-process trainer pinned to `core`."""
+    os.sched_setaffinity(0, {core})
+    pin_blas_threads(1)
+    from streamnet.training import train_local
+    cfg = _config(mode, 1, argparse.Namespace(**args))
+    barrier.wait()  # start training together: a trainer running alone would count the other core's share
+    s = train_local(cfg).summary
+    results.put({"core": core, "samples_per_s": s.samples_per_s, "epoch_samples_per_s": epoch_rate(s.history)})
+
+
+def run_in_process_together(mode: str, k: int, a) -> dict:
+    """k in-process trainers of one unit each at once, as processes pinned to cores
+    0..k-1 (mod the cores), like perf's k worker processes: their summed samples/s.
+    Over run_in_process's one alone, the ceiling for k workers on this machine (an
+    estimate from above: a trainer that finishes first leaves the other its core's
+    neighbourhood to itself)."""
+    ctx = multiprocessing.get_context("spawn")
+    cores = sorted(os.sched_getaffinity(0))
+    args = {"train_limit": a.train_limit, "max_epochs": a.max_epochs, "balance": a.balance, "sync_tasks": 1}
+    barrier, results = ctx.Barrier(k), ctx.Queue()
+    procs = [ctx.Process(target=_trainer_on_core, args=(mode, args, cores[i % len(cores)], barrier, results))
+             for i in range(k)]
+    for p in procs:
+        p.start()
+    try:
+        each = [results.get(timeout=a.budget_s + 300) for _ in procs]
+    except Exception as e:  # noqa: BLE001 - a child died or hung: reported, not fatal to the other runs
+        return {"error": f"in-process trainers together: {type(e).__name__} {e}"}
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    rates = [r["epoch_samples_per_s"] for r in each]
+    return {"samples_per_s": sum(r["samples_per_s"] for r in each),
+            "epoch_samples_per_s": sum(rates) if all(rates) else None, "each": each}
+
+
 def run_ddp(workers: int, a) -> dict:
     out = tempfile.mktemp(suffix=".json")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={workers}", "--master_port",
@@ -161,6 +206,12 @@ def _measure(a, workers, out) -> int:
             key = f"{mode}/inproc"
             r = out["runs"][key] = run_in_process(mode, a)
             print(f"{key:<16s}  {r['samples_per_s']:8,.0f} samples/s (in-process trainer, 1 unit, no engine)")
+            for k in workers:
+                if k > 1:
+                    key = f"{mode}/inproc x{k}"
+                    r = out["runs"][key] = run_in_process_together(mode, k, a)
+                    print(f"{key:<16s}  " + (f"failed: {r['error']}" if "error" in r else
+                          f"{r['samples_per_s']:8,.0f} samples/s ({k} of them at once, one per core: the ceiling)"))
         for k in workers:
             key = f"{mode}/{k}"
             print(f"{key:<16s} ...", end="", flush=True)
@@ -196,6 +247,12 @@ def _measure(a, workers, out) -> int:
                 if r.get("epoch_samples_per_s") and base.get("epoch_samples_per_s"):
                     ratios[f"{mode} {k} worker(s) / in-process 1 unit (epochs' own time)"] = \
                         r["epoch_samples_per_s"] / base["epoch_samples_per_s"]
+            together = out["runs"].get(f"{mode}/inproc x{k}")
+            if base and together and "error" not in together:
+                ceiling = together["samples_per_s"] / base["samples_per_s"]
+                ratios[f"{mode} {k} in-process trainers at once / 1 (the machine's ceiling)"] = ceiling
+                if r and "error" not in r:
+                    ratios[f"{mode} {k} worker(s) / that ceiling"] = r["samples_per_s"] / together["samples_per_s"]
     mix, ddp = out["runs"].get("mixbp-H8/2"), out["runs"].get("ddp/2")
     if mix and ddp and mix.get("time_to_target_s") and ddp.get("time_to_target_s"):
         ratios["mixbp-H8 time-to-target / ddp (2 workers)"] = mix["time_to_target_s"] / ddp["time_to_target_s"]
