@@ -21,13 +21,15 @@ each transform is a few axpys over a tile row's tiles and samples at once, which
 vectorise (the transforms had been per tile, scalar: 12 of AlexNet-64 conv4's
 42 ms forward at batch 32).
 
-- The input gradient of a stride-1 convolution is a convolution of the output
-  gradient by the kernels turned 180 degrees, in and out swapped, padded by
-  r - 1 - pad: the same code, with U[k].T for U[k].
 - The weight gradient is the same algorithm transposed: dg = G^T [(A dy A^T) *
   (B^T d B)] G per tile, summed over tiles inside the product, so again a*a GEMMs,
   (out, tiles) @ (tiles, in), over the forward's V, which a training forward
   leaves in the caller's workspace (winograd_size floats) for the backward pass.
+- The input gradient is the forward's adjoint from the same A dy A^T: a*a GEMMs
+  U[k].T @ (A dy A^T)[k], then each tile's B (.) B^T added into the padded input
+  (_scatter). It had been a convolution of the output gradient by the kernels
+  turned 180 degrees, which transformed the output gradient a second time, as an
+  input (AlexNet-64 conv2: 25 ms for its 192 channels, 57 MB written).
 
 Tiles cover the output in steps of 2; an odd output size computes one more row or
 column of outputs from zero padding and drops it (its gradient is taken as zero).
@@ -64,8 +66,6 @@ def _kernel_transform(g: np.ndarray) -> np.ndarray:
 
 
 GG3, GG5 = _kernel_transform(G3), _kernel_transform(G5)
-GG3_FLIPPED = np.ascontiguousarray(GG3[:, ::-1])  # the same of the kernel turned 180 degrees
-GG5_FLIPPED = np.ascontiguousarray(GG5[:, ::-1])
 
 
 @jit
@@ -82,17 +82,14 @@ def _tiles(h, w, r, pad):
 @jit
 def _regions(x_shape, o, r, pad):
     """Floats of the two regions of a training workspace: the first holds V of the
-    forward pass, then M of the input gradient's convolution; the second M of the
-    forward, G of the weight gradient, then V of the input gradient's convolution
-    (the convolution of the output gradient, padded by r - 1 - pad). A workspace
-    kept per layer saves allocating them each step: fresh, they cost page faults
-    (AlexNet-64 conv2 at batch 32: a 57 MB M, forward 83 ms, against 37 ms of work)."""
+    forward pass, then the input gradient's U^T (A dy A^T); the second M of the
+    forward, then G = A dy A^T of the backward. A workspace kept per layer saves
+    allocating them each step: fresh, they cost page faults (AlexNet-64 conv2 at
+    batch 32: a 57 MB M, forward 83 ms, against 37 ms of work)."""
     n, c, h, w = x_shape
     a2 = (r + 1) * (r + 1)
     th, tw = _tiles(h, w, r, pad)
-    oh, ow = h + 2 * pad - r + 1, w + 2 * pad - r + 1
-    th2, tw2 = _tiles(oh, ow, r, r - 1 - pad)
-    p = n * max(th * tw, th2 * tw2)
+    p = n * th * tw
     return a2 * c * p, a2 * o * p
 
 
@@ -109,19 +106,16 @@ def _at(r):
 
 
 @jit
-def _gg(r, flip):
-    if r == 3:
-        return GG3_FLIPPED if flip else GG3
-    return GG5_FLIPPED if flip else GG5
+def _gg(r):
+    return GG3 if r == 3 else GG5
 
 
 @jit
-def _weights(weight, flip):
+def _weights(weight):
     """U (a*a, out, in): G g G^T of each kernel g = weight[o, c], as one small GEMM
-    over all kernels (flip: of each kernel turned 180 degrees, for the input
-    gradient, which also swaps in and out: _convolve multiplies by U[k].T)."""
+    over all kernels."""
     o, c, r = weight.shape[0], weight.shape[1], weight.shape[2]
-    gg = _gg(r, flip).astype(weight.dtype)
+    gg = _gg(r).astype(weight.dtype)
     u = np.empty((gg.shape[0], o, c), dtype=weight.dtype)
     np.dot(gg, weight.reshape(o * c, r * r).T, u.reshape(gg.shape[0], o * c))
     return u
@@ -198,6 +192,85 @@ def _inputs(x, r, pad, th, tw, v):
                          od[2 * n:2 * n + run], v[6 * k, ci][q:q + run], v[6 * k + 1, ci][q:q + run],
                          v[6 * k + 2, ci][q:q + run], v[6 * k + 3, ci][q:q + run],
                          v[6 * k + 4, ci][q:q + run], v[6 * k + 5, ci][q:q + run])
+
+
+@jit
+def _b4(m0, m1, m2, m3, t0, t1, t2, t3):
+    """t_j = sum_l BT3[l, j] m_l (B: the adjoint of _bt4), elementwise."""
+    for i in range(t0.size):
+        x0, x1, x2, x3 = m0[i], m1[i], m2[i], m3[i]
+        t0[i] = x0
+        t1[i] = x1 - x2 + x3
+        t2[i] = x1 + x2 - x0
+        t3[i] = -x3
+
+
+@jit
+def _b6(m0, m1, m2, m3, m4, m5, t0, t1, t2, t3, t4, t5):
+    """t_j = sum_l BT5[l, j] m_l (B: the adjoint of _bt6), elementwise."""
+    for i in range(t0.size):
+        x0, x1, x2, x3, x4, x5 = m0[i], m1[i], m2[i], m3[i], m4[i], m5[i]
+        t0[i] = x0
+        t1[i] = ONE_HALF * x0 - x1 + x2 - HALF * x3 + TWO * x4 + x5
+        t2[i] = HALF * x2 - TWO * x0 - TWO_HALF * x1 - x3 - x4 + ONE_HALF * x5
+        t3[i] = HALF * x3 - ONE_HALF * x0 - HALF * x1 - TWO_HALF * x2 - TWO * (x4 + x5)
+        t4[i] = x0 + x1 + x2 + x3 + x4 - ONE_HALF * x5
+        t5[i] = x5
+
+
+@jit
+def _scatter(m, r, pad, th, tw, dx):
+    """dx (n, C, h, w) = the adjoint of _inputs applied to m (a*a, C, th*tw*n): each
+    tile's B m B^T added into a padded input plane at the tile's block (blocks
+    overlap), the padding dropped. Planes and runs are laid out as in _inputs."""
+    n, c, h, w = dx.shape
+    a = r + 1
+    hp, half = 2 * th + r - 1, tw + r // 2
+    plane = np.empty((hp, 2, half, n), dtype=dx.dtype)
+    rows = plane.reshape(hp, 2 * half * n)
+    e = np.empty((a, 2, half * n), dtype=dx.dtype)  # B along the rows of one tile row, block row k
+    run = tw * n
+    t = np.empty((a, run), dtype=dx.dtype)          # one block row's a columns, before they are added
+    tr = np.empty((a, 2 * half * n), dtype=dx.dtype)  # one tile row's a plane rows, before they are added
+    flat = plane.reshape(-1)
+    for ci in range(c):
+        for i in range(flat.size):
+            flat[i] = 0.0
+        for ty in range(th):
+            q = ty * run
+            for k in range(a):
+                ek = e[k].reshape(-1)
+                for i in range(ek.size):
+                    ek[i] = 0.0
+                if a == 4:
+                    _b4(m[4 * k, ci][q:q + run], m[4 * k + 1, ci][q:q + run], m[4 * k + 2, ci][q:q + run],
+                        m[4 * k + 3, ci][q:q + run], t[0], t[1], t[2], t[3])
+                else:
+                    _b6(m[6 * k, ci][q:q + run], m[6 * k + 1, ci][q:q + run], m[6 * k + 2, ci][q:q + run],
+                        m[6 * k + 3, ci][q:q + run], m[6 * k + 4, ci][q:q + run],
+                        m[6 * k + 5, ci][q:q + run], t[0], t[1], t[2], t[3], t[4], t[5])
+                for j in range(a):  # block column j of every tile: one run, overlapping j + 2's
+                    dst = e[k, j % 2][(j // 2) * n:(j // 2) * n + run]
+                    src = t[j]
+                    for i in range(run):
+                        dst[i] += src[i]
+            if a == 4:
+                _b4(e[0].reshape(-1), e[1].reshape(-1), e[2].reshape(-1), e[3].reshape(-1),
+                    tr[0], tr[1], tr[2], tr[3])
+            else:
+                _b6(e[0].reshape(-1), e[1].reshape(-1), e[2].reshape(-1), e[3].reshape(-1),
+                    e[4].reshape(-1), e[5].reshape(-1), tr[0], tr[1], tr[2], tr[3], tr[4], tr[5])
+            for j in range(a):  # the tile row's rows, overlapping the next tile row's
+                dst = rows[2 * ty + j]
+                src = tr[j]
+                for i in range(dst.size):
+                    dst[i] += src[i]
+        for ni in range(n):
+            for y in range(h):
+                src = plane[y + pad]
+                d = dx[ni, ci, y]
+                for z in range(w):
+                    d[z] = src[(z + pad) % 2, (z + pad) // 2, ni]
 
 
 @jit
@@ -279,23 +352,19 @@ def _gradients(dout, r, th, tw, g):
 
 
 @jit
-def _convolve(x, u, trans, bias, r, pad, v, mm):
-    """The convolution of x by the kernels transformed into u (by u[k].T with trans),
-    with v (a*a * th*tw*n * C floats) as the transformed input's workspace and mm
-    (a*a * th*tw*n * O floats) as the products'."""
+def _convolve(x, u, bias, r, pad, v, mm):
+    """The convolution of x by the kernels transformed into u, with v (a*a * th*tw*n
+    * C floats) as the transformed input's workspace and mm (a*a * th*tw*n * O
+    floats) as the products'."""
     n, c, h, w = x.shape
-    a2 = u.shape[0]
-    o = u.shape[2] if trans else u.shape[1]
+    a2, o = u.shape[0], u.shape[1]
     th, tw = _tiles(h, w, r, pad)
     p = n * th * tw
     vv = v[:a2 * c * p].reshape(a2, c, p)
     _inputs(x, r, pad, th, tw, vv)
     m = mm[:a2 * o * p].reshape(a2, o, p)
     for k in range(a2):
-        if trans:
-            np.dot(u[k].T, vv[k], m[k])
-        else:
-            np.dot(u[k], vv[k], m[k])
+        np.dot(u[k], vv[k], m[k])
     out = np.empty((n, o, h + 2 * pad - r + 1, w + 2 * pad - r + 1), dtype=x.dtype)
     _outputs(m, bias, r, th, tw, out)
     return out
@@ -308,20 +377,20 @@ def winograd_forward(x, weight, bias, pad, work):
     a workspace of its own, for a forward with no backward pass)."""
     n, c, h, w = x.shape
     o, r = weight.shape[0], weight.shape[2]
-    u = _weights(weight, False)
+    u = _weights(weight)
     if work.size == 0:  # no backward pass will use it: room for this pass alone
         th, tw = _tiles(h, w, r, pad)
         p = u.shape[0] * n * th * tw
-        return _convolve(x, u, False, bias, r, pad, np.empty(p * c, dtype=x.dtype), np.empty(p * o, dtype=x.dtype))
+        return _convolve(x, u, bias, r, pad, np.empty(p * c, dtype=x.dtype), np.empty(p * o, dtype=x.dtype))
     first = _regions(x.shape, o, r, pad)[0]
-    return _convolve(x, u, False, bias, r, pad, work[:first], work[first:])
+    return _convolve(x, u, bias, r, pad, work[:first], work[first:])
 
 
 @jit
 def winograd_backward(dout, x, weight, dweight, dbias, pad, need_dx, work, kept):
     """Overwrite dweight and dbias; return dx, or an empty array without need_dx. kept:
     work holds the V that winograd_forward left there (else it is rebuilt from x).
-    Uses work up: the input gradient's convolution runs in it (see _regions)."""
+    Uses work up: the input gradient is computed in it (see _regions)."""
     n, c, h, w = x.shape
     o, r = weight.shape[0], weight.shape[2]
     a2 = (r + 1) * (r + 1)
@@ -339,8 +408,13 @@ def winograd_backward(dout, x, weight, dweight, dbias, pad, need_dx, work, kept)
     m = np.empty((a2, o, c), dtype=x.dtype)
     for k in range(a2):
         np.dot(g[k], v[k].T, m[k])
-    np.dot(m.reshape(a2, o * c).T, _gg(r, False).astype(x.dtype), dweight.reshape(o * c, r * r))  # G^T m G
+    np.dot(m.reshape(a2, o * c).T, _gg(r).astype(x.dtype), dweight.reshape(o * c, r * r))  # G^T m G
     if not need_dx:
         return np.empty((0, 0, 0, 0), dtype=x.dtype)
-    zero = np.zeros(c, dtype=x.dtype)
-    return _convolve(dout, _weights(weight, True), True, zero, r, r - 1 - pad, work[first:], work[:first])
+    u = _weights(weight)
+    vbar = v  # V is read: its room takes U^T G, the gradient of the transformed input
+    for k in range(a2):
+        np.dot(u[k].T, g[k], vbar[k])
+    dx = np.empty((n, c, h, w), dtype=x.dtype)
+    _scatter(vbar, r, pad, th, tw, dx)
+    return dx

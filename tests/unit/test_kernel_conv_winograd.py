@@ -27,7 +27,7 @@ def test_which_layers_take_the_path():
     assert not conv_winograd.use_winograd(5, 5, 2, 2)
     assert not conv_winograd.use_winograd(3, 5, 1, 1)
     assert not conv_winograd.use_winograd(7, 7, 1, 3)
-    assert not conv_winograd.use_winograd(3, 3, 1, 3)  # the input gradient would need a negative pad
+    assert not conv_winograd.use_winograd(3, 3, 1, 3)  # padding as wide as the kernel: im2col takes it
     assert not conv_winograd.use_winograd(5, 5, 1, 5)
     for r, pad in [(3, 1), (5, 2)]:
         x_shape, w_shape = (4, C, 8, 8), (5, C, r, r)
@@ -49,8 +49,8 @@ def test_the_transforms_compute_a_correlation(r):
     np.testing.assert_allclose(got, want, atol=1e-14)
 
 
-# (h, w, pad, n, o): even tiles, odd outputs both ways, no padding (the input gradient
-# then pads by r - 1), the largest padding, fewer outputs than inputs
+# (h, w, pad, n, o): even tiles, odd outputs both ways, no padding, the largest
+# padding taken, fewer outputs than inputs
 @pytest.mark.parametrize("r,h,w,pad,n,o", [(3, 8, 8, 1, 2, 4), (3, 7, 9, 1, 3, 5), (3, 6, 7, 0, 2, 3),
                                            (3, 5, 6, 2, 2, 4), (3, 9, 8, 0, 1, 40),
                                            (5, 8, 8, 2, 2, 4), (5, 7, 9, 2, 3, 5), (5, 6, 7, 0, 2, 3),
