@@ -71,6 +71,26 @@ def tls_options(directory: str) -> dict:
     return {"use_ssl": True, "verify_certs": True, **paths}
 
 
+#: servers kazoo is given at least, the list repeated: it waits session_timeout /
+#: len(hosts) for a server's answer to a connect, so with one server a single attempt
+#: that is never answered outlasts the session, which the server then expires. Seen
+#: after a ZooKeeper restart (tests/integration/test_training_faults.py, within the
+#: session): a worker's first attempt was taken and not answered for 10 s, its session
+#: expired, its tasks moved. With the list at 3, that attempt gives up after a third
+#: of the timeout and the next one finds the server.
+CONNECT_ATTEMPTS = 3
+
+
+def padded_hosts(hosts: str, at_least: int = CONNECT_ATTEMPTS) -> str:
+    """hosts ("h:p,h:p[/chroot]") with its servers repeated until at least `at_least`
+    are listed (as is where there are that many already)."""
+    servers, slash, chroot = hosts.partition("/")
+    listed = [s for s in servers.split(",") if s.strip()]
+    if not listed or len(listed) >= at_least:
+        return hosts
+    return ",".join(listed * -(-at_least // len(listed))) + slash + chroot
+
+
 def reachable_servers(hosts: str, timeout: float = 0.5) -> tuple[int, int]:
     """(servers accepting TCP connections, servers listed): a server without a quorum
     still accepts connections but serves nothing, so this tells "no quorum" apart from
@@ -139,7 +159,7 @@ class ZkCoordinator(Coordinator):
         self.call_timeout = session_timeout
         self._connected = threading.Event()
         self.zk = KazooClient(
-            hosts=hosts, timeout=session_timeout,
+            hosts=padded_hosts(hosts), timeout=session_timeout,
             auth_data=[self.credential.auth],
             default_acl=[ACL(Permissions.ALL, self.credential.id)],   # unused: create() passes an ACL
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0),
