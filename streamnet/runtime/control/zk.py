@@ -81,13 +81,18 @@ def tls_options(directory: str) -> dict:
 CONNECT_ATTEMPTS = 3
 
 
+def _servers(hosts: str) -> list[str]:
+    """The "host:port" entries of a connection string ("h:p,h:p[/chroot]")."""
+    return [h.strip() for h in hosts.partition("/")[0].split(",") if h.strip()]
+
+
 def padded_hosts(hosts: str, at_least: int = CONNECT_ATTEMPTS) -> str:
-    """hosts ("h:p,h:p[/chroot]") with its servers repeated until at least `at_least`
-    are listed (as is where there are that many already)."""
-    servers, slash, chroot = hosts.partition("/")
-    listed = [s for s in servers.split(",") if s.strip()]
+    """hosts with its servers repeated until at least `at_least` are listed (as is
+    where there are that many already); a chroot stays at the end."""
+    listed = _servers(hosts)
     if not listed or len(listed) >= at_least:
         return hosts
+    _, slash, chroot = hosts.partition("/")
     return ",".join(listed * -(-at_least // len(listed))) + slash + chroot
 
 
@@ -95,7 +100,7 @@ def reachable_servers(hosts: str, timeout: float = 0.5) -> tuple[int, int]:
     """(servers accepting TCP connections, servers listed): a server without a quorum
     still accepts connections but serves nothing, so this tells "no quorum" apart from
     "nothing there"."""
-    servers = [h.strip() for h in hosts.split("/")[0].split(",") if h.strip()]
+    servers = _servers(hosts)
     up = 0
     for server in servers:
         host, _, port = server.rpartition(":")
