@@ -1,7 +1,8 @@
 """The sync bolt as the engine builds it (SyncBolt(**config), prepare(ctx, collector)):
 a round's counters are saved (the save is the fencing check) before anything of the
 round is sent; a fenced save sends nothing; a combine that fails leaves the round
-uncounted, to be combined on replay."""
+uncounted, to be combined on replay; a small combine runs on the event loop, a large
+one on the compute pool, with the same result."""
 import asyncio
 
 import numpy as np
@@ -42,11 +43,11 @@ async def _compute(fn, *args):
     return fn(*args)
 
 
-def _bolt(save):
+def _bolt(save, compute=_compute):
     events = []
     bolt = SyncBolt(run=run_config_to_dict(CFG))
     ctx = Context(topology="t", component="sync", task=2, task_index=0, parallelism=1, worker="w0", config={},
-                  component_config=bolt.config, component_tasks=TASKS.__getitem__, compute=_compute,
+                  component_config=bolt.config, component_tasks=TASKS.__getitem__, compute=compute,
                   publish=lambda k, v: None, save_state=lambda state: save(events, state))
     out = Recorder(events)
     bolt.prepare(ctx, BoltCollector(out))
@@ -92,3 +93,24 @@ def test_a_combine_that_fails_leaves_the_round_uncounted():
         asyncio.run(bolt.execute(_contribution(bolt)))
     assert [e[0] for e in out.events] == ["save"] and out.acked == []
     assert (bolt.counts.next_step, bolt.counts.rounds, bolt.counts.samples) == (0, 0, 0)
+
+
+def test_a_small_combine_runs_on_the_event_loop_and_a_large_one_on_the_compute_pool(monkeypatch):
+    from streamnet.training import sync_bolt
+    sent = {}
+    assert 61_706 <= sync_bolt.INLINE_COMBINE_FLOATS      # LeNet-5's vector is a small one
+    for inline_floats in (sync_bolt.INLINE_COMBINE_FLOATS, 0):
+        monkeypatch.setattr(sync_bolt, "INLINE_COMBINE_FLOATS", inline_floats)
+        pooled = []
+
+        async def compute(fn, *args):
+            pooled.append(fn.__name__)
+            return fn(*args)
+        bolt, out = _bolt(lambda events, state: None, compute)
+        asyncio.run(bolt.execute(_contribution(bolt)))
+        (_, _, values), = [e for e in out.events if e[0] == "emit"]
+        sent[inline_floats] = dict(zip(PARAMS, values))["params"]
+        assert pooled == ([] if inline_floats else ["combine"])
+    assert bolt.agg.params.size == 61_706
+    small, large = sent.values()
+    np.testing.assert_array_equal(small, large)

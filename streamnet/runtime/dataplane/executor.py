@@ -157,6 +157,14 @@ class Executor:
         if not self.out:        # most calls of a bolt that emits nothing: once per tuple
             return
         out, self.out = self.out, []
+        if len(out) > 1:
+            # peers' messages first (a stable sort: each target's stay in order): their link
+            # tasks then run before the local tasks they share the event loop with. A sync
+            # task's parameters reached the remote unit 0.4-0.6 ms sooner (MixBP, 2 workers),
+            # and the local unit started no later: its compute thread waits for the loop to
+            # sleep anyway (cpu_policy.py).
+            local = self.rt.view.local
+            out.sort(key=lambda item: item[0] in local)
         deliver = self.rt.deliver
         for target, msg in out:
             await deliver(target, msg)
