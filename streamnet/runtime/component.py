@@ -294,3 +294,11 @@ class BoltCollector:
 
     def fail(self, tup: Tuple) -> None:
         self._x.fail(tup)
+
+    async def send_now(self) -> None:
+        """Hand what this bolt has emitted, acked and failed so far to delivery now, not
+        when execute returns, and let the event loop run what that wakes (the link to a
+        peer, a bolt here) before the bolt goes on: for a result whose receivers wait,
+        ahead of bookkeeping they do not wait for. Emitted tuples cannot be withdrawn
+        after this (a task fenced later in the same execute has sent them)."""
+        await self._x.send_now()

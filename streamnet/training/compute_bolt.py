@@ -119,9 +119,7 @@ class ComputeBolt(Bolt):
             c, seconds, started = await self.ctx.compute(self._round, tup["batches"], tup["lr_scale"])
             timing = {"compute_s": seconds, "queue_s": max(0.0, started - received), "worker": self.ctx.worker}
             self.compute_s += seconds
-            self.ctx.report_work(c.samples, seconds, share=tup["share"])   # this unit's speed, for load balancing
             self.samples += c.samples
-            self._report()
             state = self.unit.state() if tup["checkpoint"] else None   # for a checkpoint that resumes exactly
             # the unit's verdict on its whole vector, so that every slice drops a diverged unit
             # as the whole would; with one slice the sync task's own check is that verdict
@@ -135,6 +133,12 @@ class ComputeBolt(Bolt):
                                      vector=c.vector[lo:hi], finite=finite, status=OK,
                                      unit_state=state if s == 0 else None, timing=timing)
             self._sent_at = time.perf_counter()
+            self.collector.ack(tup)
+            # the contribution leaves before the figures are written and the load loop wakes
+            await self.collector.send_now()
+            self.ctx.report_work(c.samples, seconds, share=tup["share"])   # this unit's speed, for load balancing
+            self._report()
+            return
         self.collector.ack(tup)
 
     def _contribute(self, work, s: int, **result) -> None:

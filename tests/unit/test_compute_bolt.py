@@ -22,7 +22,7 @@ class Recorder:
     """Stands where the bolt's executor stands behind the real BoltCollector."""
 
     def __init__(self):
-        self.emitted, self.acked, self.direct = [], [], []
+        self.emitted, self.acked, self.direct, self.sent_now = [], [], [], []
 
     def emit(self, values, stream, anchors, direct_task):
         self.emitted.append((stream, values))
@@ -34,6 +34,9 @@ class Recorder:
 
     def fail(self, tup):
         raise AssertionError(f"the compute bolt failed {tup}")
+
+    async def send_now(self):
+        self.sent_now.append(len(self.emitted))
 
 
 async def _compute(fn, *args):
@@ -96,6 +99,7 @@ def test_work_sent_ahead_for_the_next_step_waits_for_its_parameters_without_aski
     asyncio.run(bolt.execute(_params(2, params)))
     asyncio.run(bolt.execute(_work(2)))                         # step 2 computed and sent
     assert [s for s, _ in out.emitted] == ["default"]
+    assert out.sent_now == [1] and len(out.acked) == 2          # sent at once, the work acked with it
     asyncio.run(bolt.execute(_work(3)))                         # step 3, ahead of its parameters
     assert [s for s, _ in out.emitted] == ["default"]           # held, no request
     bolt.tick()

@@ -1,7 +1,8 @@
 """The sync bolt as the engine builds it (SyncBolt(**config), prepare(ctx, collector)):
 a round's counters are saved (the save is the fencing check) before anything of the
 round is sent; a fenced save sends nothing; a combine that fails leaves the round
-uncounted, to be combined on replay; a small combine runs on the event loop, a large
+uncounted, to be combined on replay; the parameters go before the round's
+bookkeeping; a small combine runs on the event loop, a large
 one on the compute pool, with the same result."""
 import asyncio
 
@@ -38,6 +39,9 @@ class Recorder:
     def fail(self, tup):
         raise AssertionError(f"the sync bolt failed {tup}")
 
+    async def send_now(self):
+        self.events.append(("send_now", len(self.acked)))
+
 
 async def _compute(fn, *args):
     return fn(*args)
@@ -72,6 +76,8 @@ def test_the_round_is_saved_before_its_parameters_leave():
     assert stream == "params" and sent["step"] == 1
     np.testing.assert_allclose(sent["params"], before - 0.01)        # MixBP: start minus the mean change
     assert out.acked == [tup] and bolt.counts.next_step == 1 and bolt.counts.rounds == 1
+    # the parameters and the contribution's ack were sent at once, ahead of the round's figures
+    assert [e[0] for e in out.events] == ["save", "emit", "send_now"] and out.events[-1] == ("send_now", 1)
 
 
 def test_a_fenced_save_sends_nothing():

@@ -435,6 +435,11 @@ class BoltExecutor(Executor):
             if not (self.fenced or self.crashed):
                 bolt.close()
 
+    async def send_now(self) -> None:
+        """BoltCollector.send_now: flush, then one pass of the event loop."""
+        await self.flush()
+        await asyncio.sleep(0)
+
     async def abandon(self) -> None:
         """This instance was fenced: nothing it emitted leaves, and every tuple it took
         and did not ack (held by its bolt, or the one it was on) is failed, so its spout
