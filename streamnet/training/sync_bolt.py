@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 # event loop: LeNet-5's 2 x 61,706 took 0.3 ms there (108 us with its data in cache),
 # where handing it to the compute pool and back took 0.5-0.6 ms of the round's path
 # (the pool's thread waits for the loop to sleep before it runs: cpu_policy.py). Larger
-# ones (AlexNet's 2.5 M floats a unit) go to the pool and leave the loop free.
+# ones (AlexNet-64's 7.7 M floats a unit) go to the pool and leave the loop free.
 INLINE_COMBINE_FLOATS = 1 << 18
 AHEAD_YIELDS = 16       # passes of the event loop before a save ahead starts (see SyncBolt._save_later)
 
