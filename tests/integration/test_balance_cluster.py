@@ -72,6 +72,24 @@ def _sampled(f, seconds: float, interval: float = 0.1) -> list:
     return out
 
 
+def _recorded(seen: list, state, name: str, units: list[int], t0: float) -> bool:
+    """Append to `seen` each new set of the units' published speeds (a line with the time
+    since t0, monotonic) - what the leader decided on. Always True (a wait_for's side line)."""
+    line = []
+    for w, info in sorted(state.workers().items()):
+        rec = info.get("load") or {}
+        for t in units:
+            spi = rec.get("seconds_per_item", {}).get(name, {}).get(str(t))
+            if spi:
+                err = rec.get("speed_error", {}).get(name, {}).get(str(t)) or 0.0
+                share = rec.get("work_share", {}).get(name, {}).get(str(t))
+                line.append(f"unit {t} on {w}: {spi * 1e6:.1f} us, +-{err:.1%}, share {share}")
+    text = "; ".join(line)
+    if not seen or not seen[-1].endswith(text):
+        seen.append(f"{time.monotonic() - t0:5.1f} {text}")
+    return True
+
+
 def _favoured():
     try:                    # as root: the co-tenant outweighs the worker (and any other load) on its core
         os.setpriority(os.PRIO_PROCESS, 0, -5)
@@ -107,12 +125,19 @@ def test_shares_follow_a_co_tenant_and_every_sample_counts_once(zk):
             hog, t_on = _hog(core), time.monotonic()
             step_on = spout_step(state, topo.name, topo.tasks("data")[0])
             assert step_on is not None, "the data spout's step is not on its worker's /metrics"
-            wait_for(lambda: ratio() < 0.85 * before, 60, "the slowed unit's share to fall", interval=0.1)
+            seen: list = []          # the speeds the leader saw, for the message of a late change
+            wait_for(lambda: _recorded(seen, state, topo.name, units, t_on) and ratio() < 0.85 * before, 60,
+                     "the slowed unit's share to fall", interval=0.1)
             # counted in rounds, exactly: the spout logs the step at which it began cutting with each
             # change of shares (and publishes the log with its other figures, a moment later)
             moved = wait_for(lambda: [e for e in state.results(topo.name).get("data.0.shares") or []
                                       if e["step"] >= step_on], 30, "the spout's log of the change", interval=0.1)
-            assert moved[0]["step"] - step_on <= TARGET_ROUNDS, (step_on, moved)
+            assert moved[0]["step"] - step_on <= TARGET_ROUNDS, (
+                f"the shares first moved {moved[0]['step'] - step_on} rounds after the co-tenant (step {step_on}), "
+                f"{moved}\nthe speeds the workers published since (s after the co-tenant: unit -> "
+                f"seconds per item, relative error, under share):\n" + "\n".join(seen)
+                + "\nthe leader's decisions:\n" + "\n".join(f"{e['time']:.1f} {e['decision']}"
+                                                              for e in state.balance_log(topo.name)))
             print(f"co-tenant on {hosts[slow]}: unit shares {before:.2f}:1 -> {_shares(state, topo.name, topo)} after "
                   f"{time.monotonic() - t_on:.1f} s; the first change {moved[0]['step'] - step_on} rounds after it")
             low = ratio()
