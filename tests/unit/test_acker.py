@@ -46,3 +46,44 @@ def test_the_spout_executor_logs_a_stalled_tree_before_its_timeout(monkeypatch, 
         "spout data[0] of train: the tuple tree of (0, 23, 1) is not complete after 150 s; it fails and is "
         "replayed 300 s after it began (message_timeout_s)"]
     assert not ex.callbacks                       # not failed: that is the timeout's to do
+
+
+def _bolt_executor(targets):
+    rt = SimpleNamespace(name="train", version=3, route=lambda cid, stream, values, direct: list(targets))
+    ctx = Context(topology="train", component="eval", task=6, task_index=1, parallelism=2, worker="w0", config={},
+                  component_config={}, component_tasks=lambda c: [], compute=None, publish=lambda k, v: None,
+                  save_state=None)
+    return executor.BoltExecutor(rt, 6, {"id": "eval"}, object(), ctx, queue_size=8)
+
+
+def _acks(ex) -> dict[int, int]:
+    """root -> XOR of what the executor's acks sent it so far."""
+    out: dict[int, int] = {}
+    for _, msg in ex.out:
+        if isinstance(msg, executor.AckMsg):
+            out[msg.root] = out.get(msg.root, 0) ^ msg.xor
+    return out
+
+
+def test_a_tuple_anchored_to_two_tuples_of_the_same_trees_completes_them_once_acked():
+    """As an eval task's counts, anchored to the S slices it evaluated: each slice belongs
+    to both units' trees. Acking the slices and then the new tuple brings every ledger to
+    zero (with one edge for all anchors, the slices' acks cancelled it and the trees
+    never completed), and so does the same with the new tuple sent to two tasks."""
+    from streamnet.runtime.component import Tuple
+    for targets in ([5], [5, 7]):
+        ex = _bolt_executor(targets)
+        roots, edges = [11 << 48 | 1, 11 << 48 | 2], [[0x1234, 0x9999], [0x5678, 0x7777]]
+        ledger = {r: edges[0][i] ^ edges[1][i] for i, r in enumerate(roots)}   # what the emitters added
+        slices = [Tuple([s], ["slice"], "eval", "sync", 3 + s, {r: edges[s][i] for i, r in enumerate(roots)})
+                  for s in (0, 1)]
+        ex.emit([1], "part", slices, 5)
+        sent = [msg for _, msg in ex.out]
+        ex.out = []
+        for t in slices:
+            ex.ack(t)
+        for msg in sent:               # the receivers ack what came to them
+            received = Tuple(msg.values, ["x"], msg.stream, "eval", 6, {r: e for r, e in msg.anchors})
+            ex.ack(received)
+        got = _acks(ex)
+        assert {r: ledger[r] ^ got[r] for r in roots} == {r: 0 for r in roots}, targets

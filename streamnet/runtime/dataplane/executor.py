@@ -335,18 +335,18 @@ class BoltExecutor(Executor):
         self.metrics.emitted += 1
         if anchors is None and self.auto_ack and self._current is not None:
             anchors = [self._current]
-        roots: set[int] = set()
-        for a in anchors or ():
-            roots.update(a.anchors)
         for t in targets:
-            if roots:
+            # as Storm: an edge per anchor, XORed into that anchor's ack and into the new
+            # tuple's id for each of the anchor's roots. Two anchors of one tree (the
+            # slices of one round) then each add their own edge; one edge for all would
+            # cancel out of their acks and leave the new tuple's in the ledger for good
+            ids: dict[int, int] = {}
+            for a in anchors or ():
                 edge = self._new_edge()
-                for a in anchors:
-                    for r in a.anchors:
-                        a.acc[r] = a.acc.get(r, 0) ^ edge
-                anchor_list = [[r, edge] for r in roots]
-            else:
-                anchor_list = []
+                for r in a.anchors:
+                    a.acc[r] = a.acc.get(r, 0) ^ edge
+                    ids[r] = ids.get(r, 0) ^ edge
+            anchor_list = [[r, e] for r, e in ids.items()]
             self.out.append((t, DataMsg(self.rt.name, t, stream, self.task, values, anchor_list, self.rt.version)))
         return targets
 
