@@ -1,4 +1,5 @@
-"""Test-set evaluation: accuracy and mean loss, in chunks."""
+"""Test-set evaluation: accuracy and mean loss, in chunks - of a whole split, or of a
+contiguous shard of it as counts that add up (the eval bolt's tasks each take one)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,16 +9,34 @@ from ..data import Dataset, Split
 from ..nn import Model
 
 
-def evaluate(model: Model, ds: Dataset, split: Split, limit: int | None = None,
-             chunk: int = 500) -> tuple[float, float]:
-    n = len(split) if limit is None else min(limit, len(split))
+def evaluated_size(split: Split, limit: int | None = None) -> int:
+    """How many samples of `split` an evaluation with `limit` covers."""
+    return len(split) if limit is None else min(limit, len(split))
+
+
+def shard(n: int, k: int, parts: int) -> tuple[int, int]:
+    """Shard k of `parts` contiguous shards of n samples, [lo, hi) (sizes differ by at
+    most one; empty where there are more shards than samples)."""
+    return n * k // parts, n * (k + 1) // parts
+
+
+def evaluate_counts(model: Model, ds: Dataset, split: Split, lo: int, hi: int,
+                    chunk: int = 500) -> tuple[int, float, int]:
+    """(correct predictions, summed loss, samples) over samples [lo, hi) of `split`."""
     size = model.input_shape[-1]
     correct, loss_sum = 0, 0.0
-    for i in range(0, n, chunk):
-        idx = np.arange(i, min(i + chunk, n))
+    for i in range(lo, hi, chunk):
+        idx = np.arange(i, min(i + chunk, hi))
         x, y = ds.batch(split, idx, size)
         logits = model.forward(x, train=False)
         loss, _ = K.softmax_cross_entropy(logits, y)
         loss_sum += float(loss) * len(y)
         correct += int(np.sum(K.argmax_rows(logits) == y))
+    return correct, loss_sum, max(hi - lo, 0)
+
+
+def evaluate(model: Model, ds: Dataset, split: Split, limit: int | None = None,
+             chunk: int = 500) -> tuple[float, float]:
+    """(accuracy, mean loss) over the first `limit` samples of `split` (all: None)."""
+    correct, loss_sum, n = evaluate_counts(model, ds, split, 0, evaluated_size(split, limit), chunk)
     return correct / max(n, 1), loss_sum / max(n, 1)

@@ -47,7 +47,10 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
     # contribution (direct), every sync task answers a resync, a replica goes to its asker
     (b.add_bolt("sync", f"{PKG}.sync_bolt:SyncBolt", parallelism=cfg.sync_tasks, run=run, resume=resume)
         .direct("compute").all("compute", stream="resync").direct("compute", stream="replica"))
-    b.add_bolt("eval", f"{PKG}.eval_bolt:EvalBolt", run=run).all("sync", stream="eval")
+    # the evaluation is split over the units' workers (eval_bolt.py): each eval task takes a
+    # shard of the test set, and tasks 1.. send their counts to task 0
+    (b.add_bolt("eval", f"{PKG}.eval_bolt:EvalBolt", parallelism=eval_tasks(cfg), run=run)
+        .all("sync", stream="eval").direct("eval", stream="part"))
     b.add_bolt("checkpoint", f"{PKG}.checkpoint_bolt:CheckpointBolt", dir=checkpoint_dir,
               keep=keep).all("sync", stream="checkpoint")
     # the spout holds one tree per unit: a round's trees completing is the sync barrier. The
@@ -56,6 +59,17 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
     # assignment changes.
     return b.build(allow_cycles=True, max_spout_pending=2 * cfg.units, message_timeout_s=message_timeout_s,
                    queue_size=64, balance=cfg.balance)
+
+
+#: the most eval tasks a topology gets: each one gathers every slice of the parameters
+#: at an epoch's end, and past a few the shards are too small to gain from
+EVAL_TASKS = 8
+
+
+def eval_tasks(cfg: RunConfig) -> int:
+    """One eval task per unit, up to EVAL_TASKS: placed in turn like the units, they
+    spread over the workers that host them."""
+    return max(1, min(cfg.units, EVAL_TASKS))
 
 
 def default_sync_tasks(cfg: RunConfig, workers: int) -> int:

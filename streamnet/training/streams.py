@@ -27,6 +27,8 @@ PARAMS = ("step", "slice", "params", "generation")                 # sync s -> e
 DIRECT_PARAMS = ("step", "slice", "params", "unit_state", "generation")   # sync s -> one compute task (its resync)
 STATE_REQUEST = ("nonce", "slice", "generation")     # sync s -> every compute task: send your slice s
 EVAL = ("epoch", "step", "slice", "params")          # sync s -> eval, at an epoch's end
+# eval task k > 0 -> eval task 0 (direct): its shard's counts of that epoch end's evaluation
+EVAL_PART = ("epoch", "step", "task", "correct", "loss_sum", "count")
 CHECKPOINT = ("epoch", "step", "slice", "params", "state")   # sync s -> checkpoint, in a checkpoint round
 
 # a contribution's status: computed now, or the step was already combined (a replay)
