@@ -1,7 +1,7 @@
 """The evaluation bolt: test accuracy and loss of the parameters at each epoch's end.
 
 The evaluation is split over the bolt's E tasks (nsmap: one per unit, up to
-EVAL_TASKS): task k evaluates shard k of the test set (contiguous: evaluate.shard) on
+EVAL_TASKS): task k evaluates shard k of the test set (contiguous: shard_bounds) on
 its worker's compute threads, and tasks 1..E-1 send their counts - correct
 predictions, summed loss, samples - to task 0 (stream "part", anchored to the slices
 they evaluated), which adds them up into the epoch's result. An epoch's last round
@@ -15,9 +15,10 @@ import logging
 import math
 import time
 
+from ..nn.parallel import shard_bounds
 from ..runtime import Bolt, CoordinatorError
 from .config import run_config_from_dict
-from .evaluate import evaluate_counts, evaluated_size, shard
+from .evaluate import evaluate_counts, evaluated_size
 from .run_stats import Evaluation
 from .schedule import dataset_for, make_model
 from .slices import Gather, joined, slice_index
@@ -53,7 +54,9 @@ class EvalBolt(Bolt):
         self.tasks = ctx.component_tasks("eval")
         self.index = ctx.task_index
         n = evaluated_size(self.ds.test, self.cfg.data.test_limit)
-        self.shards = [shard(n, k, len(self.tasks)) for k in range(len(self.tasks))]
+        # one shard per task, an empty one for a task beyond the samples
+        self.shards = shard_bounds(n, len(self.tasks))
+        self.shards += [(n, n)] * (len(self.tasks) - len(self.shards))
         self.joins = Gather(len(self.tasks))      # task 0: each task's (counts, tuples) per epoch end
         self.sent: dict[tuple, tuple] = {}        # a task k > 0: epoch end -> the counts it sent
 

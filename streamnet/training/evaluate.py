@@ -1,5 +1,5 @@
 """Test-set evaluation: accuracy and mean loss, in chunks - of a whole split, or of a
-contiguous shard of it as counts that add up (the eval bolt's tasks each take one)."""
+contiguous range of it as counts that add up (the eval bolt's tasks each take one)."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,12 +12,6 @@ from ..nn import Model
 def evaluated_size(split: Split, limit: int | None = None) -> int:
     """How many samples of `split` an evaluation with `limit` covers."""
     return len(split) if limit is None else min(limit, len(split))
-
-
-def shard(n: int, k: int, parts: int) -> tuple[int, int]:
-    """Shard k of `parts` contiguous shards of n samples, [lo, hi) (sizes differ by at
-    most one; empty where there are more shards than samples)."""
-    return n * k // parts, n * (k + 1) // parts
 
 
 def evaluate_counts(model: Model, ds: Dataset, split: Split, lo: int, hi: int,

@@ -8,6 +8,12 @@ from streamnet.runtime.dataplane import acker, executor
 from streamnet.runtime.dataplane.acker import Acker
 
 
+def _ctx(component: str, task: int, index: int, parallelism: int) -> Context:
+    return Context(topology="train", component=component, task=task, task_index=index, parallelism=parallelism,
+                   worker="w0", config={}, component_config={}, component_tasks=lambda c: [], compute=None,
+                   publish=lambda k, v: None, save_state=None)
+
+
 def test_a_tree_completes_expires_or_is_named_once_as_stalled(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(acker, "time", SimpleNamespace(monotonic=lambda: now[0]))
@@ -30,10 +36,7 @@ def test_the_spout_executor_logs_a_stalled_tree_before_its_timeout(monkeypatch, 
     monkeypatch.setattr(acker, "time", SimpleNamespace(monotonic=lambda: now[0]))
     rt = SimpleNamespace(name="train", topology=SimpleNamespace(config={"message_timeout_s": 300,
                                                                         "max_spout_pending": 2}))
-    ctx = Context(topology="train", component="data", task=0, task_index=0, parallelism=1, worker="w0", config={},
-                  component_config={}, component_tasks=lambda c: [], compute=None, publish=lambda k, v: None,
-                  save_state=None)
-    ex = executor.SpoutExecutor(rt, 0, {"id": "data"}, object(), ctx)
+    ex = executor.SpoutExecutor(rt, 0, {"id": "data"}, object(), _ctx("data", 0, 0, 1))
     ex.pending.start(7, 5, (0, 23, 1))
     with caplog.at_level(logging.WARNING):
         now[0] = 149.0
@@ -50,10 +53,7 @@ def test_the_spout_executor_logs_a_stalled_tree_before_its_timeout(monkeypatch, 
 
 def _bolt_executor(targets):
     rt = SimpleNamespace(name="train", version=3, route=lambda cid, stream, values, direct: list(targets))
-    ctx = Context(topology="train", component="eval", task=6, task_index=1, parallelism=2, worker="w0", config={},
-                  component_config={}, component_tasks=lambda c: [], compute=None, publish=lambda k, v: None,
-                  save_state=None)
-    return executor.BoltExecutor(rt, 6, {"id": "eval"}, object(), ctx, queue_size=8)
+    return executor.BoltExecutor(rt, 6, {"id": "eval"}, object(), _ctx("eval", 6, 1, 2), queue_size=8)
 
 
 def _acks(ex) -> dict[int, int]:
