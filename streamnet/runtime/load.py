@@ -45,6 +45,8 @@ RESERVE = 2             # writes of the budget that only urgent news may spend (
                         # the first speed under the share the leader gave for it
 HEARTBEAT_S = 30.0      # an unchanged record is still written this often
 FOREIGN_STEP = 0.25     # cores busy with other processes: a change by more than this is news
+UNSURE = 0.1            # a speed's error above this holds the leader back (balance.NOISE x it > a
+                        # share's CHANGE): its halving is urgent news
 
 
 class SpeedWindow:
@@ -263,8 +265,10 @@ NONE, ORDINARY, URGENT = 0, 1, 2     # how much a new record is news (news())
 
 def news(old: dict, new: dict, frac: float = CHANGE) -> int:
     """How much `new` is news against `old`: URGENT where the threads or cores changed,
-    a speed moved by more than STEP (a co-tenant came or went) or is the first under
-    a new share (the leader waits for it to go on balancing); ORDINARY where a speed
+    a speed moved by more than STEP (a co-tenant came or went), is the first under
+    a new share (the leader waits for it to go on balancing) or its error halved from
+    above UNSURE (the first reports after a step may be too spread for the leader to
+    act on: it waits for the next record); ORDINARY where a speed
     moved by more than `frac` or its error halved (the leader may now act on less),
     or the cores other processes keep busy moved by more than FOREIGN_STEP (idle
     noise is not news); else NONE. A speed that is gone (a task measured afresh under
@@ -280,7 +284,10 @@ def news(old: dict, new: dict, frac: float = CHANGE) -> int:
             if (t not in a.get(topology, {}) or _moved(a[topology][t], s, STEP)
                     or sa.get(topology, {}).get(t) != sb.get(topology, {}).get(t)):
                 return URGENT
-            if _moved(a[topology][t], s, frac) or _sharper(ea.get(topology, {}).get(t), eb.get(topology, {}).get(t)):
+            old_error = ea.get(topology, {}).get(t)
+            if _sharper(old_error, eb.get(topology, {}).get(t)) and old_error > UNSURE:
+                return URGENT
+            if _moved(a[topology][t], s, frac) or _sharper(old_error, eb.get(topology, {}).get(t)):
                 level = ORDINARY
     return level
 

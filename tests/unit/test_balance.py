@@ -227,6 +227,11 @@ def test_speed_window_and_what_is_worth_publishing():
     assert news(base, {**base, "seconds_per_item": {"t": {"1": 0.02}}}) == URGENT
     assert news(base, {**base, "seconds_per_item": {"t": {"1": 0.01, "2": 0.01}}}) == URGENT
     assert news(base, {**base, "work_share": {"t": {"1": 0.7}}}) == URGENT
+    # ... and an error that halved from one too large for the leader to act on (the spread
+    # first reports after a step: the leader waits for this record to move the shares)
+    unsure = {**base, "speed_error": {"t": {"1": 0.375}}}
+    assert news(unsure, {**unsure, "speed_error": {"t": {"1": 0.15}}}) == URGENT
+    assert news(unsure, {**unsure, "speed_error": {"t": {"1": 0.2}}}) == NONE
 
 
 def test_a_step_is_cut_where_it_happened():
@@ -264,6 +269,29 @@ def test_a_step_reaches_the_leader_with_the_budget_spent_on_noise():
         m.report_work(NAME, 1, 100, 3.0)        # ... and a co-tenant takes two thirds of the core
     assert m.due(m.record(0.5, 1, False), t + 0.01)      # written at once
     assert not m.due(m.record(0.5, 1, False), t + 0.02) and MIN_PUBLISH_S > 0.02
+
+
+def test_a_spread_step_is_written_again_as_soon_as_the_leader_can_act_on_it():
+    """The first reports after a step may be spread (a co-tenant's share of the core
+    settling): the speed goes out with a large error the leader may not act on, and the
+    record whose error halved goes out at once too, not a second later (a CI run's shares
+    moved 15 rounds after the co-tenant, against the usual 4-7, waiting for it)."""
+    from streamnet.runtime.load import MIN_PUBLISH_S, UNSURE
+    m = LoadMeter()
+    for i in range(WARMUP + WINDOW):
+        m.report_work(NAME, 1, 100, 1.0 * 1.05 ** (i % 2))
+    t = 100.0
+    assert m.due(m.record(0.5, 1, False), t)
+    for spi in (4.0, 2.0, 3.0, 5.5):             # a co-tenant: a step, widely spread
+        m.report_work(NAME, 1, 100, spi)
+    first = m.record(0.5, 1, False)
+    assert first["speed_error"][NAME]["1"] > 2 * UNSURE
+    assert m.due(first, t + 0.05)
+    for _ in range(8):                           # the new level settles
+        m.report_work(NAME, 1, 100, 3.5)
+    settled = m.record(0.5, 1, False)
+    assert settled["speed_error"][NAME]["1"] < first["speed_error"][NAME]["1"] / 2
+    assert m.due(settled, t + 0.1) and MIN_PUBLISH_S > 0.1
 
 
 def test_the_meter_writes_only_news_and_within_its_budget():
