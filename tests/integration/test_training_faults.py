@@ -159,6 +159,12 @@ def test_sigterm_to_the_workers_stops_with_a_checkpoint(zk, tmp_path, monkeypatc
                          *TRAIN_ARGS, timeout=600)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "removed the stopped term" in r.stderr
+        # the stopped run was not started again on the new workers before the resume (its
+        # sync task, finding no replica, reported the updates lost that the checkpoint holds)
+        for name in ("w0b", "w1b"):
+            with open(c.logs[name]) as f:
+                text = f.read()
+            assert "were lost with every replica" not in text, text[-3000:]
     print(f"SIGTERM stop at step {stopped}; resumed: {r.stdout.strip()}")
     assert 0 < stopped < 72
 

@@ -29,6 +29,7 @@ import time
 from dataclasses import replace
 
 from .balance import Memory, decide
+from .client import spout_tasks
 from .cluster_state import RUNNING, ClusterState
 from .coordinator import BadVersionError, CoordinatorError, NoNodeError
 from .election import Election, ProbeInconclusive, probe
@@ -61,6 +62,7 @@ class SchedulerService:
         self._parsed: dict[str, tuple[str, Topology]] = {}   # topology -> (its spec as JSON, parsed)
         self._grace_until = -float("inf")   # time.monotonic(): after our session expired (see the docstring)
         self._graced: set[str] = set()      # topologies whose waiting was logged in this grace
+        self._finished_seen: set[str] = set()   # topologies whose finish was logged
         self._recheck_at = float("inf")     # time.monotonic(): a pass the load balancer asked for
 
     def start(self) -> None:
@@ -194,6 +196,7 @@ class SchedulerService:
         names = self.state.topology_names()
         for gone in set(self._parsed) - set(names):
             del self._parsed[gone]
+        self._finished_seen &= set(names)     # a name submitted again is a new run
         for name in names:
             if self.state.status(name) not in RUNNING:
                 continue
@@ -242,9 +245,11 @@ class SchedulerService:
                              "expired; their tasks stay for up to %.1f s", name, ",".join(away),
                              self._grace_until - time.monotonic())
                 return
-        stopped = self.state.applied_workers(name, version) if current and current.draining else set()
         spec = self.state.topology(name)
         topology = self._parse(name, spec)
+        if current is not None and topology is not None and self._finished(name, topology):
+            return
+        stopped = self.state.applied_workers(name, version) if current and current.draining else set()
         step = plan(spec, workers, current, self.state.rebalance_request(name), stopped, time.time(), topology)
         for note in step.notes:
             log.info("topology %s: %s", name, note)
@@ -263,6 +268,22 @@ class SchedulerService:
             self.state.request_rebalance(name, step.request)
         if step.again:
             self._wake.set()
+
+    def _finished(self, name: str, topology: Topology) -> bool:
+        """Whether every spout task of `name` is done (its source exhausted, its trees
+        complete): then nothing is left for its tasks to do, and those of a worker that
+        leaves are not started elsewhere. A new instance would only rebuild its state
+        for no work - a sync task finding no replica to restore from reports updates
+        lost that were not, and a unit publishes figures of nothing - and a topology
+        stopped by SIGTERM to all its workers would start again on the next ones to
+        register. It stays as it is until it is killed (`submit --resume` removes a
+        stopped one)."""
+        if not spout_tasks(topology) <= self.state.done_tasks(name):
+            return False
+        if name not in self._finished_seen:
+            self._finished_seen.add(name)
+            log.info("topology %s: every spout is done; its tasks stay where they are until it is killed", name)
+        return True
 
     def _parse(self, name: str, spec: dict) -> Topology:
         """The spec as a Topology, parsed again only when it changed (a rebalance, or
