@@ -13,7 +13,7 @@ from .config import run_config_from_dict
 from .run_stats import UnitTiming
 from .schedule import dataset_for, make_model
 from .slices import bounds, slice_index
-from .streams import APPLIED, CONTRIBUTION, OK, REPLICA, RESYNC, row
+from .streams import APPLIED, CONTRIBUTION, OK, REPLICA, RESYNC, row, whole
 from .sync_recovery import vector_problem
 
 log = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ class ComputeBolt(Bolt):
         s = tup["slice"]
         lo, hi = self.slices[s]
         generation = tup["generation"]
-        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+        if not whole(generation) or generation < 0:
             log.warning("unit %d refuses a %s tuple from %s: generation %r is not a non-negative integer",
                         self.ctx.task_index, tup.stream, tup.source, generation)
             self.collector.fail(tup)

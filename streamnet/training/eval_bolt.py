@@ -22,7 +22,7 @@ from .evaluate import evaluate_counts, evaluated_size
 from .run_stats import Evaluation
 from .schedule import dataset_for, make_model
 from .slices import Gather, joined, slice_index
-from .streams import EVAL_PART, row
+from .streams import EVAL_PART, row, whole
 from .sync_recovery import vector_problem
 
 log = logging.getLogger(__name__)
@@ -114,8 +114,6 @@ class EvalBolt(Bolt):
 
     def _part_problem(self, tup) -> str | None:
         """Why a part cannot be joined (None: it can)."""
-        def whole(v) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool)
         if self.index != 0:
             return f"it came to eval task {self.index}; parts go to task 0"
         if not all(whole(tup[f]) for f in ("epoch", "step", "task", "correct", "count")):

@@ -6,6 +6,7 @@ import os
 from ..runtime import TopologyBuilder
 from .config import SETUPS, FieldError, RunConfig, run_config_to_dict, with_overrides
 from .schedule import load_data, make_model
+from .streams import whole
 
 PKG = "streamnet.training"
 
@@ -22,7 +23,7 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
     0 keeps all); `resume` (from `resume_point`) continues a stopped run."""
     from .checkpoint import DEFAULT_KEEP
     keep = DEFAULT_KEEP if keep_checkpoints is None else keep_checkpoints
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+    if not whole(keep) or keep < 0:
         raise FieldError("keep_checkpoints", f"must be an integer >= 0 (0 keeps all); got {keep_checkpoints!r}")
     if train_size is None:
         train_size = len(load_data(cfg.data, cfg.seed).train)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..nn.parallel import shard_bounds
+from .streams import whole
 
 
 def bounds(size: int, slices: int) -> list[tuple[int, int]]:
@@ -24,7 +25,7 @@ def bounds(size: int, slices: int) -> list[tuple[int, int]]:
 
 def slice_index(value, slices: int) -> str | None:
     """Why `value` is not a slice index among `slices`, or None."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < slices:
+    if not whole(value) or not 0 <= value < slices:
         return f"slice {value!r} is not one of the {slices} sync tasks' slices"
     return None
 

@@ -35,6 +35,11 @@ CHECKPOINT = ("epoch", "step", "slice", "params", "state")   # sync s -> checkpo
 OK, APPLIED = "ok", "applied"
 
 
+def whole(value) -> bool:
+    """An integer field's check: an int, and not a bool (which Python counts as one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def row(fields: tuple[str, ...], **values) -> list:
     """The values in the stream's field order; every field given, no other."""
     if values.keys() != set(fields):

@@ -37,7 +37,7 @@ import numpy as np
 from .. import kernels as K
 from .bp import Aggregator
 from .slices import slice_of_outer_state
-from .streams import APPLIED, DIRECT_PARAMS, EVAL, PARAMS, STATE_REQUEST, row
+from .streams import APPLIED, DIRECT_PARAMS, EVAL, PARAMS, STATE_REQUEST, row, whole
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class SyncRecovery:
         """How many rounds a predecessor may have combined past this task's count if a
         unit holds parameters (or work) of `step`: 0 if it is not ahead, or further
         ahead than the rounds between two saves (and a round sent ahead)."""
-        if not isinstance(step, int) or isinstance(step, bool):
+        if not whole(step):
             return 0
         n = step - self.counts.next_step
         return n if 0 < n <= self.SAVE_EVERY + 1 else 0
