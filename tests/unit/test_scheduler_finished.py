@@ -2,39 +2,15 @@
 by SIGTERM to all its workers) keeps its assignment when workers leave or new ones
 come: its tasks are not started again elsewhere, where a sync task finding no replica
 reported updates lost that were not."""
-import types
-
 from streamnet.examples import wordcount
 from streamnet.runtime.assignment import Assignment
-from streamnet.runtime.control import scheduler
 from streamnet.runtime.control.client import spout_tasks
-from streamnet.runtime.control.scheduler import SchedulerService
 from streamnet.runtime.topology import Topology
+from tests.unit.test_scheduler_rejoin import _pass, stub_service
 
 TOPO = wordcount.topology(split=2, counters=2)
-CURRENT = Assignment(tasks={t: "w0" for t in range(TOPO.num_tasks)}, workers={"w0": "http://w0:1"},
-                     threads={"w0": 1}, shares={})
-
-
-def _service(monkeypatch, done: set, planned: list):
-    state = types.SimpleNamespace(coord=types.SimpleNamespace(session_timeout=4.0),
-                                  assignment=lambda name: (CURRENT, 3), done_tasks=lambda name: set(done),
-                                  topology=lambda name: TOPO.to_dict())
-    state.applied_workers = state.rebalance_request = lambda *a: None
-    s = SchedulerService(state, "w1", auth=None)
-
-    def plan(spec, workers, *rest):
-        planned.append(sorted(workers))
-        raise StopIteration     # the pass went on to placement: enough for this test
-    monkeypatch.setattr(scheduler, "plan", plan)
-    return s
-
-
-def _pass(s, workers) -> None:
-    try:
-        s._reconcile_topology("t", workers)
-    except StopIteration:
-        pass
+CURRENT = Assignment(tasks={t: "w2" for t in range(TOPO.num_tasks)}, workers={"w2": "http://w2:1"},
+                     threads={"w2": 1}, shares={})
 
 
 def test_a_finished_topology_is_not_placed_again_when_its_worker_leaves(monkeypatch, caplog):
@@ -42,8 +18,8 @@ def test_a_finished_topology_is_not_placed_again_when_its_worker_leaves(monkeypa
     spouts = spout_tasks(Topology.from_dict(TOPO.to_dict()))
     assert spouts
     done, planned = set(), []
-    s = _service(monkeypatch, done, planned)
-    _pass(s, {"w1": {}})                     # w0 left while the spout still runs: its tasks move
+    s = stub_service(monkeypatch, planned, CURRENT, TOPO.to_dict(), done_tasks=lambda name: set(done))
+    _pass(s, {"w1": {}})                     # w2 left while the spout still runs: its tasks move
     assert planned == [["w1"]]
     done |= spouts                           # every spout done: the tasks stay where they were
     planned.clear()

@@ -11,19 +11,23 @@ CURRENT = Assignment(tasks={0: "w0", 1: "w0", 2: "w1"}, workers={"w0": "http://w
                      threads={"w0": 1, "w1": 1}, shares={})
 
 
-def _service(monkeypatch, planned: list):
-    state = types.SimpleNamespace(coord=types.SimpleNamespace(session_timeout=4.0),
-                                  assignment=lambda name: (CURRENT, 3))
-    s = SchedulerService(state, "w0", auth=None)
+def stub_service(monkeypatch, planned: list, current: Assignment = CURRENT, spec: dict | None = None, **state):
+    """A SchedulerService ("w0") over a stub cluster state: topology "t" assigned as
+    `current` (version 3), with `spec` (None: none, and not parsed) and whatever other
+    state calls a test gives. A pass that goes on to placement records the workers it
+    would place on in `planned` and stops there (_pass)."""
+    stub = types.SimpleNamespace(coord=types.SimpleNamespace(session_timeout=4.0),
+                                 assignment=lambda name: (current, 3), topology=lambda name: spec or {},
+                                 applied_workers=lambda *a: None, rebalance_request=lambda *a: None, **state)
+    s = SchedulerService(stub, "w0", auth=None)
     s.election = types.SimpleNamespace(node="n-1", join=lambda: None)
 
     def plan(spec, workers, *rest):
         planned.append(sorted(workers))
-        raise StopIteration     # the pass went on to placement: enough for this test
+        raise StopIteration     # the pass went on to placement: enough for these tests
     monkeypatch.setattr(scheduler, "plan", plan)
-    state.applied_workers = state.rebalance_request = lambda *a: None
-    state.topology = lambda name: {}
-    s._parse = lambda name, spec: None
+    if spec is None:
+        s._parse = lambda name, spec: None
     return s
 
 
@@ -37,7 +41,7 @@ def _pass(s, workers) -> None:
 def test_after_its_session_expired_the_leader_waits_a_session_timeout_for_the_others(monkeypatch, caplog):
     caplog.set_level("INFO")
     planned = []
-    s = _service(monkeypatch, planned)
+    s = stub_service(monkeypatch, planned)
     _pass(s, {"w0": {}})                    # no expiry of ours: w1 left, its tasks move now
     assert planned == [["w0"]]
     s.rejoin()                              # our session expired and we registered again
