@@ -287,7 +287,14 @@ def cmd_status(a) -> int:
             if a.topology and n != a.topology:
                 continue
             asg, version = state.assignment(n)
-            print(f"topology {n} ({state.status(n)}), assignment v{version}")
+            status, done = state.status(n), is_done(state, n)
+            ended = (": stopped cleanly, every spout done" if status == "stopping" else ": finished, every spout done") \
+                if done else ""
+            print(f"topology {n} ({status}{ended}), assignment v{version}")
+            away = sorted(set(asg.tasks.values()) - set(workers)) if asg else []
+            if away:
+                print(f"  tasks on workers no longer registered: {', '.join(away)}"
+                      + (" (left there: the topology is done)" if done else " (the leader moves them)"))
             for w, st in sorted(statuses.items()):
                 tasks = (st or {}).get("topologies", {}).get(n, {}).get("tasks", {})
                 for t, m in sorted(tasks.items(), key=lambda kv: int(kv[0])):

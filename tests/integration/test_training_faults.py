@@ -155,6 +155,11 @@ def test_sigterm_to_the_workers_stops_with_a_checkpoint(zk, tmp_path, monkeypatc
         for name in list(c.procs):
             c.start_worker(name + "b")
         c.wait_registered(2, state)
+        status = c.submit_cli("status", "term", timeout=60)
+        assert status.returncode == 0, status.stderr
+        assert "topology term (stopping: stopped cleanly, every spout done)" in status.stdout, status.stdout
+        assert "tasks on workers no longer registered: w0, w1 (left there: the topology is done)" in status.stdout, \
+            status.stdout
         r = c.submit_cli("submit", "lenet5-mixbp", "--name", "term", "--checkpoint-dir", ckdir, "--resume", "--wait",
                          *TRAIN_ARGS, timeout=600)
         assert r.returncode == 0, r.stdout + r.stderr
