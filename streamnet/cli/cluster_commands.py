@@ -8,8 +8,8 @@ import time
 import urllib.request
 
 from ..errors import ConfigError, StreamnetError
-from ..runtime.control import (ClusterTimeout, TopologyFailed, TopologyGone, drain_topology, is_done, kill_topology,
-                               wait_done)
+from ..runtime.control import (ClusterTimeout, TopologyFailed, TopologyGone, UnknownTopologyError, drain_topology,
+                               is_done, kill_topology, wait_done)
 from ..runtime.topology import Topology, TopologyError, resolve
 from ..training.run_stats import CHECKPOINTS, EVAL_HISTORY, STOPPED_AT, STRAGGLERS
 from .common import (add_cluster_options, allowed_modules, check_writable, connect, parse_set, read_secret,
@@ -287,7 +287,10 @@ def cmd_status(a) -> int:
             if a.topology and n != a.topology:
                 continue
             asg, version = state.assignment(n)
-            status, done = state.status(n), is_done(state, n)
+            try:
+                status, done = state.status(n), is_done(state, n)
+            except UnknownTopologyError:
+                continue            # removed since the listing
             ended = (": stopped cleanly, every spout done" if status == "stopping" else ": finished, every spout done") \
                 if done else ""
             print(f"topology {n} ({status}{ended}), assignment v{version}")
