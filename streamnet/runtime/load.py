@@ -285,9 +285,10 @@ def news(old: dict, new: dict, frac: float = CHANGE) -> int:
                     or sa.get(topology, {}).get(t) != sb.get(topology, {}).get(t)):
                 return URGENT
             old_error = ea.get(topology, {}).get(t)
-            if _sharper(old_error, eb.get(topology, {}).get(t)) and old_error > UNSURE:
+            sharper = _sharper(old_error, eb.get(topology, {}).get(t))
+            if sharper and old_error > UNSURE:
                 return URGENT
-            if _moved(a[topology][t], s, frac) or _sharper(old_error, eb.get(topology, {}).get(t)):
+            if sharper or _moved(a[topology][t], s, frac):
                 level = ORDINARY
     return level
 

@@ -15,7 +15,7 @@ def stub_service(monkeypatch, planned: list, current: Assignment = CURRENT, spec
     """A SchedulerService ("w0") over a stub cluster state: topology "t" assigned as
     `current` (version 3), with `spec` (None: none, and not parsed) and whatever other
     state calls a test gives. A pass that goes on to placement records the workers it
-    would place on in `planned` and stops there (_pass)."""
+    would place on in `planned` and stops there (one_pass)."""
     stub = types.SimpleNamespace(coord=types.SimpleNamespace(session_timeout=4.0),
                                  assignment=lambda name: (current, 3), topology=lambda name: spec or {},
                                  applied_workers=lambda *a: None, rebalance_request=lambda *a: None, **state)
@@ -31,7 +31,7 @@ def stub_service(monkeypatch, planned: list, current: Assignment = CURRENT, spec
     return s
 
 
-def _pass(s, workers) -> None:
+def one_pass(s, workers) -> None:
     try:
         s._reconcile_topology("t", workers)
     except StopIteration:
@@ -42,15 +42,15 @@ def test_after_its_session_expired_the_leader_waits_a_session_timeout_for_the_ot
     caplog.set_level("INFO")
     planned = []
     s = stub_service(monkeypatch, planned)
-    _pass(s, {"w0": {}})                    # no expiry of ours: w1 left, its tasks move now
+    one_pass(s, {"w0": {}})                    # no expiry of ours: w1 left, its tasks move now
     assert planned == [["w0"]]
     s.rejoin()                              # our session expired and we registered again
-    _pass(s, {"w0": {}})
-    _pass(s, {"w0": {}})
+    one_pass(s, {"w0": {}})
+    one_pass(s, {"w0": {}})
     assert planned == [["w0"]]              # w1 may be registering again: its tasks stay
     assert caplog.text.count("not registered again yet") == 1
-    _pass(s, {"w0": {}, "w1": {}})          # it is back: placement goes on as usual
+    one_pass(s, {"w0": {}, "w1": {}})          # it is back: placement goes on as usual
     assert planned == [["w0"], ["w0", "w1"]]
     s._grace_until -= 4.0                   # one session timeout later it would move them
-    _pass(s, {"w0": {}})
+    one_pass(s, {"w0": {}})
     assert planned == [["w0"], ["w0", "w1"], ["w0"]]
