@@ -82,7 +82,8 @@ class Worker:
             connector=aiohttp.TCPConnector(limit=0, force_close=True))
         self.delivery = Delivery(worker_id=self.id, auth=self.auth, session=self.session, limits=self.limits,
                                  runtimes=self.runtimes, on_unreachable=self._peer_unreachable, tls=self.tls)
-        self.stream_server = StreamServer(self.auth, self.delivery.receive, self.limits, tls=self.tls)
+        self.stream_server = StreamServer(self.auth, self.delivery.receive, self.limits, tls=self.tls,
+                                          dispatch_now=self.delivery.receive_now)
         self.publisher.start()
         app = web.Application(client_max_size=self.limits.max_frame + 1024)
         app.add_routes(self.stream_server.routes() + [web.get("/status", self._status_handler),

@@ -86,3 +86,28 @@ def test_a_run_reaches_its_bolt_as_tuples_in_order_with_their_anchors():
     assert [t["n"] for t in tuples] == [0, 1, 2]
     assert [t.anchors for t in tuples] == [{}, {7: 8}, {}]
     assert rt.dropped == 0
+
+
+def test_receive_now_delivers_what_fits_and_leaves_the_rest_untouched_for_receive():
+    rt = _Runtime()
+    bolt = BoltExecutor.__new__(BoltExecutor)
+    bolt.queue_taken = False
+    d = Delivery(worker_id="w1", auth=None, session=None, limits=None, runtimes={"train": rt},
+                 on_unreachable=lambda *a: None)
+    bolt.inbound = asyncio.Queue(3)
+    rt.executors = {3: bolt}
+    run = DataRun("train", 3, "default", 1, [[0], [1]], [[], [[7, 8]]], 2)
+    assert d.receive_now(run, sender="w0")                       # room for both: delivered at once
+    assert [bolt.inbound.get_nowait()["n"] for _ in range(2)] == [0, 1]
+    bolt.inbound.put_nowait("x")
+    bolt.inbound.put_nowait("y")
+    assert not d.receive_now(run, sender="w0")                   # room for one of two: nothing done
+    assert bolt.inbound.qsize() == 2 and rt.dropped == 0
+    bolt.inbound = asyncio.Queue(3)
+    bolt.queue_taken = True                                      # a fenced instance's queue: the slow way
+    assert not d.receive_now(_t(5), sender="w0") and bolt.inbound.empty()
+    moved = DataMsg("train", 4, "default", 1, [0], [[(0 << ROOT_BITS) | 9, 1]], 2)   # not here, not newer
+    assert not d.receive_now(moved, sender="w0") and d.dropped == 0   # its trees fail: that may wait
+    assert d.receive_now(_t(6, version=1), sender="w2")          # stale (task 1 is w0's): dropped at once
+    assert rt.stale == 1
+    assert d.receive_now(DataMsg("other", 3, "default", 1, [0], [], 2), sender="w0") and d.dropped == 1

@@ -24,12 +24,27 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 class Receiver:
     """A StreamServer on an aiohttp app behind a ConnectionGuard, recording what it gets."""
 
-    def __init__(self, secret: bytes):
+    def __init__(self, secret: bytes, now=None):
+        """now(msg): whether a dispatch_now takes msg at once (None: the server has none)."""
         self.got = []
-        self.server = StreamServer(Auth(secret, "w1"), self._dispatch, codec.DEFAULT_LIMITS)
+        self.now, self.at_once = now, 0
+        self.server = StreamServer(Auth(secret, "w1"), self._dispatch, codec.DEFAULT_LIMITS,
+                                   dispatch_now=self._dispatch_now if now else None)
         self.guard = ConnectionGuard()
 
     async def _dispatch(self, msg, sender):
+        if self.now is not None:
+            await asyncio.sleep(0)     # what dispatch_now refused waits (for room in a queue)
+        self._record(msg, sender)
+
+    def _dispatch_now(self, msg, sender):
+        if not self.now(msg):
+            return False
+        self.at_once += 1
+        self._record(msg, sender)
+        return True
+
+    def _record(self, msg, sender):
         if isinstance(msg, DataRun):     # tuples that went as one run: one message each here
             self.got += [(DataMsg(msg.topology, msg.target, msg.stream, msg.source, v, a, msg.version), sender)
                          for v, a in zip(msg.values, msg.anchors)]
@@ -96,6 +111,60 @@ def test_tuples_and_tensors_of_every_size_arrive_intact_and_read_only():
         assert x.dtype == np.float32 and np.array_equal(x, np.arange(n, dtype=np.float32))
         assert not x.flags.writeable
     assert got[-1] == AckMsg("t", 0, 5, 6)
+
+
+def _refuse_every_50th(msg) -> bool:
+    """A dispatch_now's answer: it takes a message unless a tuple of it is a multiple of 50."""
+    values = msg.values if isinstance(msg, DataRun) else [msg.values] if isinstance(msg, DataMsg) else []
+    return not any(isinstance(v[0], int) and v[0] % 50 == 0 for v in values)
+
+
+def test_messages_go_at_once_from_the_socket_callback_and_in_order_when_some_must_wait():
+    secret = os.urandom(32)
+
+    async def go():
+        async with Receiver(secret, now=_refuse_every_50th) as rx, _linked(secret, rx.port) as link:
+            for i in range(1, 1001):
+                await link.send(DataMsg("t", 1, "default", 0, [i], [], 3))
+                if i % 100 == 0:          # now and then a tensor (a frame read into its own buffer)
+                    await link.send(DataMsg("t", 1, "default", 0, [np.full(100_000, i, np.float32)], [], 3))
+                if i % 7 == 0:
+                    await asyncio.sleep(0)   # let some frames leave alone, others together
+            await until(lambda: len(rx.got) == 1010, "every message")
+            return [m.values[0] for m, _ in rx.got], rx.at_once, rx.server.rejected
+    got, at_once, rejected = asyncio.run(go())
+    expected = []
+    for i in range(1, 1001):
+        expected.append(i)
+        if i % 100 == 0:
+            expected.append(("tensor", i))
+    assert [("tensor", int(v[0])) if isinstance(v, np.ndarray) else v for v in got] == expected
+    assert rejected == 0
+    assert 0 < at_once < 1010          # most went from the callback, the refused ones (and what
+    #                                    came behind them) through the stream's task
+
+
+def test_a_delivery_that_raises_in_the_socket_callback_closes_that_stream_only(caplog):
+    secret = os.urandom(32)
+
+    def now(msg):
+        if isinstance(msg, DataMsg) and msg.values == ["boom"]:
+            raise RuntimeError("a bug in delivery")
+        return True
+
+    async def go():
+        async with Receiver(secret, now=now) as rx, _linked(secret, rx.port) as link:
+            await link.send(DataMsg("t", 1, "default", 0, [1], [], 3))
+            await until(lambda: len(rx.got) == 1, "the first message")
+            await link.send(DataMsg("t", 1, "default", 0, ["boom"], [], 3))
+            await until(lambda: rx.server.rejected == 1, "the stream to close")
+            await link.send(DataMsg("t", 1, "default", 0, [2], [], 3))   # on a new stream
+            await until(lambda: len(rx.got) == 2, "a message after it")
+            return [m.values for m, _ in rx.got], link.reconnects
+    got, reconnects = asyncio.run(go())
+    assert got == [[1], [2]] and reconnects >= 1
+    assert any("delivering a message failed: RuntimeError: a bug in delivery" in r.getMessage()
+               for r in caplog.records)
 
 
 async def _upgraded(port: int, secret: bytes, sender: str = "w0"):

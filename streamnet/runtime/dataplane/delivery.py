@@ -82,19 +82,32 @@ class Delivery:
                     return
 
     # -- inbound: from a peer's stream ------------------------------------------------------
-    async def receive(self, msg: Message, sender: str | None = None) -> None:
+    def receive_now(self, msg: Message, sender: str | None = None) -> bool:
+        """receive() where nothing has to wait: True when done; False, having done
+        nothing, when the message must go through receive() (a bolt's full queue, trees
+        to fail). The stream server calls it from its socket's callback."""
         rt = self.runtimes.get(msg.topology)
         if rt is None:
             self.dropped += 1      # not ours (any more): the sender's view is stale
-            return
+            return True
         decision = routing.inbound(msg, rt.view, sender)
+        if decision == routing.DELIVER:
+            return self._deliver_now(rt, rt.executors[msg.target], msg)
         if decision == routing.PARK:
             rt.park(msg)   # the sender applied a newer assignment than we have: hold it until we do
-        elif decision == routing.FAIL_ROOTS:
-            self.dropped += 1
-            await self._fail_roots(rt, msg)
         elif decision == routing.STALE:
             self._count_stale(rt, msg, sender)
+        else:
+            return False
+        return True
+
+    async def receive(self, msg: Message, sender: str | None = None) -> None:
+        if self.receive_now(msg, sender):
+            return
+        rt = self.runtimes[msg.topology]
+        if routing.inbound(msg, rt.view, sender) == routing.FAIL_ROOTS:
+            self.dropped += 1
+            await self._fail_roots(rt, msg)
         else:
             await self._deliver_local(rt, rt.executors[msg.target], msg)
 
@@ -111,32 +124,36 @@ class Delivery:
                 rt.dropped += 1
                 await self._fail_roots(rt, msg)
 
-    async def _deliver_local(self, rt, ex, msg: Message) -> None:
+    def _deliver_now(self, rt, ex, msg: Message) -> bool:
+        """_deliver_local where nothing has to wait: False, having done nothing, where
+        a bolt's queue has no room for the message's tuples or was handed over."""
         if isinstance(msg, (DataMsg, DataRun)) and isinstance(ex, BoltExecutor):
-            src = rt.task_cid.get(msg.source)
-            fields = rt.fields.get(src, {}).get(msg.stream)
-            if fields is None:
+            tuples = _tuples(rt, msg)
+            if tuples is None:
                 rt.dropped += len(msg) if isinstance(msg, DataRun) else 1
-                return
-            q, stream, source = ex.inbound, msg.stream, msg.source
-            if isinstance(msg, DataMsg):
-                runs = ((msg.values, msg.anchors),)
-            else:
-                runs = zip(msg.values, msg.anchors)
-            for values, anchors in runs:
-                tup = Tuple(values, fields, stream, src, source, dict(anchors) if anchors else {})
-                if q.full():
-                    await q.put(tup)
-                else:
-                    q.put_nowait(tup)
-            if ex.queue_taken:   # a fenced instance whose queue was already dealt with
-                await rt.hand_over_queue(ex)
+                return True
+            q = ex.inbound
+            if ex.queue_taken or (q.maxsize > 0 and q.maxsize - q.qsize() < len(tuples)):
+                return False
+            for tup in tuples:
+                q.put_nowait(tup)
         elif isinstance(msg, AckMsg) and isinstance(ex, SpoutExecutor):
             ex.on_ack(msg.root, msg.xor)
         elif isinstance(msg, FailMsg) and isinstance(ex, SpoutExecutor):
             ex.on_fail(msg.root)
         else:
             rt.dropped += 1
+        return True
+
+    async def _deliver_local(self, rt, ex, msg: Message) -> None:
+        if self._deliver_now(rt, ex, msg):
+            return
+        # a bolt's queue that is full (backpressure), or that a fenced instance handed over
+        q = ex.inbound
+        for tup in _tuples(rt, msg):
+            await q.put(tup)
+        if ex.queue_taken:   # a fenced instance whose queue was already dealt with
+            await rt.hand_over_queue(ex)
 
     async def _fail_roots(self, rt, msg: Message) -> None:
         """A tuple that cannot reach its task fails its trees: their spouts replay them
@@ -154,3 +171,15 @@ class Delivery:
 
     def status(self) -> dict:
         return {p: l.status() for p, l in self.links.items()}
+
+
+def _tuples(rt, msg: DataMsg | DataRun) -> list[Tuple] | None:
+    """The tuples a message carries to a bolt here; None if its stream is unknown."""
+    src = rt.task_cid.get(msg.source)
+    fields = rt.fields.get(src, {}).get(msg.stream)
+    if fields is None:
+        return None
+    if isinstance(msg, DataMsg):
+        return [Tuple(msg.values, fields, msg.stream, src, msg.source, dict(msg.anchors) if msg.anchors else {})]
+    return [Tuple(values, fields, msg.stream, src, msg.source, dict(anchors) if anchors else {})
+            for values, anchors in zip(msg.values, msg.anchors)]

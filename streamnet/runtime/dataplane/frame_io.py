@@ -144,8 +144,14 @@ class FrameReader(asyncio.BufferedProtocol):
         self.start = self.end = 0           # unparsed bytes: stage[start:end]
         self.direct = None                  # (buffer, filled) of a large frame being read
         self.prefix_only = False            # after a large frame: read the next prefix alone
-        self.ready: collections.deque = collections.deque()
+        self.ready: collections.deque = collections.deque()    # frames (or what on_frame left of them)
+        self.sizes: collections.deque = collections.deque()    # ... and the bytes each came as
         self.ready_bytes = 0
+        #: the consumer may set this: called with a checked frame that arrives while the
+        #: consumer waits in next_frame() with nothing queued, it deals with the frame
+        #: there and then (returns None) or gives back what is left of it to queue, which
+        #: next_frame() hands out in order
+        self.on_frame = None
         self.paused = False
         self.error: str | None = None
         self.eof = False
@@ -208,7 +214,7 @@ class FrameReader(asyncio.BufferedProtocol):
                 hlen, plen = codec.parse_prefix(bytes(self.view[self.start:self.start + codec.PREFIX.size]),
                                                 self.limits)
             except codec.CodecError as e:
-                self._fail(str(e))
+                self.fail(str(e))
                 return
             total = codec.PREFIX.size + hlen + plen + TRAILER.size
             if total > DIRECT_BYTES:
@@ -261,22 +267,29 @@ class FrameReader(asyncio.BufferedProtocol):
         """A whole frame whose tag, computed here, is `tag`: ready if its trailer agrees."""
         got_seq, got_tag = TRAILER.unpack(frame[len(frame) - TRAILER.size:])
         if got_seq != self.seq:
-            self._fail(f"frame sequence number {got_seq}, expected {self.seq}")
+            self.fail(f"frame sequence number {got_seq}, expected {self.seq}")
         elif not hmac.compare_digest(got_tag, tag):
-            self._fail(f"frame {self.seq}: bad MAC (altered or forged on the way)")
+            self.fail(f"frame {self.seq}: bad MAC (altered or forged on the way)")
         else:
             self.seq += 1
             self._push(frame)
 
     def _push(self, frame) -> None:
-        self.ready.append(frame)
+        item = frame
+        if self.on_frame is not None and self._waiter is not None and not self.ready:
+            item = self.on_frame(frame)
+            if item is None:
+                return
+        self.ready.append(item)
+        self.sizes.append(len(frame))
         self.ready_bytes += len(frame)
         if self.ready_bytes >= MAX_READY_BYTES and not self.paused:
             self.paused = True
             self.transport.pause_reading()
         self._wake()
 
-    def _fail(self, reason: str) -> None:
+    def fail(self, reason: str) -> None:
+        """Stop reading: the consumer's next_frame() raises StreamError(reason)."""
         self.error = reason
         self.transport.pause_reading()
         self._wake()
@@ -293,8 +306,8 @@ class FrameReader(asyncio.BufferedProtocol):
 
     # -- the consumer's side ---------------------------------------------------------------
     async def next_frame(self):
-        """The next whole frame (a read-only buffer), or None at a clean end of the
-        stream; raises StreamError when the stream must close."""
+        """The next whole frame (a read-only buffer; or what on_frame left of one), or
+        None at a clean end of the stream; raises StreamError when the stream must close."""
         while not self.ready:
             if self.error is not None:
                 raise StreamError(self.error)
@@ -319,7 +332,7 @@ class FrameReader(asyncio.BufferedProtocol):
                     "between frames"
                 raise StreamError(f"no data for {silent:.0f} s {where}: the peer stalled")
         frame = self.ready.popleft()
-        self.ready_bytes -= len(frame)
+        self.ready_bytes -= self.sizes.popleft()
         if self.paused and self.ready_bytes < MAX_READY_BYTES // 2:
             self.paused = False
             self.transport.resume_reading()
