@@ -19,6 +19,9 @@ class FakeRuntime:
     async def deliver(self, target, msg):
         self.sent.append((target, msg))
 
+    def write_now(self):
+        pass                    # nothing is queued on links here
+
     hand_over_queue = TopologyRuntime.hand_over_queue
 
 

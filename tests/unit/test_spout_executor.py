@@ -38,7 +38,8 @@ async def _run(refuse_before_stop: bool):
         await answer
 
     rt = SimpleNamespace(name="t", topology=SimpleNamespace(config={"message_timeout_s": 30, "max_spout_pending": 4}),
-                         stop_requested=False, task_done=lambda task: None, wait_converged=lambda: asyncio.sleep(0))
+                         stop_requested=False, task_done=lambda task: None, wait_converged=lambda: asyncio.sleep(0),
+                         write_now=lambda: None)
     spout = SavingSpout()
     ctx = Context(topology="t", component="data", task=0, task_index=0, parallelism=1, worker="w0", config={},
                   component_config={}, component_tasks=lambda c: [], compute=None, publish=lambda k, v: None,
@@ -109,7 +110,7 @@ def test_a_spout_that_is_not_polled_is_called_on_an_ack_and_not_in_between(monke
         async def deliver(target, msg):
             sent.append(msg)
         rt = SimpleNamespace(name="t", version=1, stop_requested=False, task_done=lambda task: None,
-                             wait_converged=lambda: asyncio.sleep(0), route=lambda *a: [9], deliver=deliver,
+                             wait_converged=lambda: asyncio.sleep(0), route=lambda *a: [9], deliver=deliver, write_now=lambda: None,
                              topology=SimpleNamespace(config={"message_timeout_s": 60, "max_spout_pending": 4}))
         runs = []
         for task, spout in enumerate([OneTreeSpout(), UnpolledSpout()]):

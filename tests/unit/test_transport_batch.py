@@ -17,7 +17,7 @@ def _tensor(i, nbytes):
 
 def _frames(msgs):
     async def run():
-        q = transport._LinkQueue(0)
+        q = transport._LinkQueue(0, on_put=lambda: None)
         for m in msgs:
             q.put_nowait(m)
         out = []

@@ -167,6 +167,43 @@ def test_a_delivery_that_raises_in_the_socket_callback_closes_that_stream_only(c
                for r in caplog.records)
 
 
+def test_frames_written_at_once_and_by_the_links_task_arrive_whole_and_in_order():
+    """write_now() hands an idle link's frame to the socket from the caller's turn; what
+    the socket does not take (a 64 MB tensor is more than it buffers) is finished by
+    the link's task before anything queued after it. The receiver checks each frame's
+    sequence number and tag, so a frame out of order would close the stream."""
+    secret = os.urandom(32)
+    big = np.arange(16 << 20, dtype=np.float32)     # 64 MB: more than both sockets buffer
+
+    async def go():
+        async with _streaming(secret) as (rx, link):
+            link.write_now()                        # nothing queued: nothing written
+            assert link.frames_now == 0
+            await link.send(DataMsg("t", 1, "default", 0, [big], [], 3))
+            def idle():
+                return link.queue.waiter is not None and not link.queue.waiter.done()
+            await until(idle, "the link's task to wait")
+            link.write_now()                        # idle: written here, in part
+            assert link.frames_now == 1 and link._unsent
+            await link.send(DataMsg("t", 1, "default", 0, [-1], [], 3))   # behind the rest of it
+            link.write_now()                        # the task is busy with that rest: left to it
+            assert link.frames_now == 1
+            await until(idle, "the link's task to wait again")
+            for i in range(200):
+                await link.send(DataMsg("t", 1, "default", 0, [i], [], 3))
+                if i % 10 == 0:
+                    link.write_now()
+                if i % 20 == 0:
+                    await asyncio.sleep(0)
+            await until(lambda: len(rx.got) == 203, "every message")
+            return rx.got[1:], link.frames_now, link.reconnects, rx.server.rejected
+    got, frames_now, reconnects, rejected = asyncio.run(go())
+    assert rejected == 0 and reconnects == 0
+    assert np.array_equal(got[0][0].values[0], big)
+    assert [m.values[0] for m, _ in got[1:]] == list(range(-1, 200))
+    assert frames_now > 1
+
+
 async def _upgraded(port: int, secret: bytes, sender: str = "w0"):
     """A raw connection that authenticates as `sender` and is upgraded: (reader, writer, key)."""
     async with aiohttp.ClientSession() as s:

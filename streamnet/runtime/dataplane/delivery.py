@@ -63,6 +63,14 @@ class Delivery:
             else:
                 q.put_nowait(msg)     # the common case: no suspension point, no coroutine more
 
+    def write_now(self) -> None:
+        """Send what the links have queued now, from the caller's turn of the event loop
+        (PeerLink.write_now): a task calls it before it waits, which spares each of its
+        frames a pass of the loop."""
+        for link in self.links.values():
+            if link.write_due:
+                link.write_now()
+
     async def _to_full_peer(self, rt, target: int, peer: str, q, msg: Message) -> None:
         # backpressure: wait for the stream to drain - but not on a peer that stopped
         # draining because it is cut off and its tasks moved: look again every second

@@ -306,6 +306,7 @@ class SpoutExecutor(Executor):
                     self.done_reported = True
                     self.rt.task_done(self.task)
                 self.wake.clear()
+                self.rt.write_now()
                 if not await self.wake.wait(idle):
                     idle = min(idle * 2, IDLE_MAX_S)
         except FencedError:
@@ -401,6 +402,7 @@ class BoltExecutor(Executor):
                     timer.cancel()
                     timer = loop.call_later(tick, self._tick_due)
                 if self.inbound.empty():
+                    self.rt.write_now()     # about to wait: what this task emitted leaves now
                     tup = await self.inbound.get()
                 else:
                     tup = self.inbound.get_nowait()   # no coroutine per tuple while tuples wait

@@ -339,19 +339,15 @@ class FrameReader(asyncio.BufferedProtocol):
         return frame
 
 
-async def send_buffers(sock: socket.socket, buffers) -> None:
-    """Write buffers to a non-blocking socket in order, gathered (sendmsg), without
-    joining or copying them; waits for room when the socket is full."""
-    views = [memoryview(b).cast("B") for b in buffers if len(b)]
+def write_some(sock: socket.socket, views: list) -> list:
+    """Write what a non-blocking socket takes now of `views` (byte memoryviews), in
+    order and gathered (sendmsg), without joining or copying them: the views left."""
     i = 0
-    loop = None
     while i < len(views):
         try:
             sent = sock.sendmsg(views[i:i + IOV_MAX])
         except (BlockingIOError, InterruptedError):
-            loop = loop or asyncio.get_running_loop()
-            await _writable(loop, sock)
-            continue
+            break
         while sent:
             n = len(views[i])
             if sent >= n:
@@ -360,6 +356,19 @@ async def send_buffers(sock: socket.socket, buffers) -> None:
             else:
                 views[i] = views[i][sent:]
                 sent = 0
+    return views[i:]
+
+
+def byte_views(buffers) -> list:
+    return [memoryview(b).cast("B") for b in buffers if len(b)]
+
+
+async def send_buffers(sock: socket.socket, buffers) -> None:
+    """Write buffers to a non-blocking socket in order (write_some), waiting for room
+    when the socket is full."""
+    views = byte_views(buffers)
+    while views := write_some(sock, views):
+        await _writable(asyncio.get_running_loop(), sock)
 
 
 async def _writable(loop, sock: socket.socket) -> None:
@@ -390,6 +399,11 @@ class SocketSender:
 
     async def send(self, buffers) -> None:
         await send_buffers(self.sock, buffers)
+
+    def write_now(self, buffers) -> list:
+        """What the socket takes of `buffers` now, without waiting: the views left,
+        for send()."""
+        return write_some(self.sock, byte_views(buffers))
 
     async def end(self) -> None:
         """After the last frame: the receiver reads to its end, then sees ours."""

@@ -248,6 +248,10 @@ class TopologyRuntime:
     async def deliver(self, target: int, msg: Message) -> None:
         await self.worker.delivery.send(self, target, msg)
 
+    def write_now(self) -> None:
+        """A task here is about to wait: what the worker's links hold goes now."""
+        self.worker.delivery.write_now()
+
     def status(self) -> dict:
         tasks = {}
         for t, ex in sorted(self.executors.items()):
