@@ -204,6 +204,26 @@ def test_frames_written_at_once_and_by_the_links_task_arrive_whole_and_in_order(
     assert frames_now > 1
 
 
+def test_a_socket_error_while_writing_at_once_is_left_to_the_links_task():
+    """write_now() runs on its caller's turn (a bolt about to wait): a broken socket must
+    not raise there. The frame is left to the link's task, whose own write meets the
+    error (here the socket is in fact fine, so the frame arrives)."""
+    secret = os.urandom(32)
+
+    async def go():
+        async with _streaming(secret) as (rx, link):
+            await until(lambda: link.queue.waiter is not None and not link.queue.waiter.done(), "an idle link")
+
+            def broken(buffers):
+                raise ConnectionResetError(104, "Connection reset by peer")
+            link._plain.write_now = broken
+            await link.send(DataMsg("t", 1, "default", 0, [7], [], 3))
+            link.write_now()                        # must not raise
+            await until(lambda: len(rx.got) == 2, "the message, sent by the task")
+            return rx.got[1][0].values, rx.server.rejected
+    assert asyncio.run(go()) == ([7], 0)
+
+
 async def _upgraded(port: int, secret: bytes, sender: str = "w0"):
     """A raw connection that authenticates as `sender` and is upgraded: (reader, writer, key)."""
     async with aiohttp.ClientSession() as s:

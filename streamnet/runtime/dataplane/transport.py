@@ -70,7 +70,7 @@ from ..control.election import LOCAL_ERRNOS
 from ..messages import DataMsg, Message, from_wire, to_wire_all
 from .accept_shortage import HELP, short_of_files
 from .frame_io import (SOCKET_BUFFER, TRAILER, FrameAuth, FrameReader, SocketSender, StreamError, TlsSender,
-                       size_buffers)
+                       byte_views, size_buffers)
 from .handshake import Auth, PeerAuthError, clean
 from .tls import TlsConfig
 
@@ -393,8 +393,11 @@ class PeerLink:
             return
         frame = self._frame(q.take())
         if frame is not None:
-            self._unsent = out.write_now(frame)
-            self.frames_now += 1
+            try:
+                self._unsent = out.write_now(frame)
+                self.frames_now += 1
+            except OSError:         # a broken stream: the task's write meets it too, and reconnects
+                self._unsent = byte_views(frame)
         if self._unsent or not q.empty():
             q.wake()
 
