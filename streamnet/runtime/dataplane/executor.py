@@ -158,12 +158,13 @@ class Executor:
             return
         out, self.out = self.out, []
         if len(out) > 1:
-            # peers' messages first (a stable sort: each target's stay in order): their link
-            # tasks then run before the local tasks they share the event loop with, which a
-            # peer's message takes longer to reach its task. Traced on 2 worker processes
-            # (MixBP H=8), a sync task's parameters reached the remote unit 0.99 -> 0.91 ms
-            # after they were emitted (medians) and the local unit 0.21 -> 0.55 ms: the
-            # remote unit is the one the next round waits for (docs/perf-history.md).
+            # peers' messages first (a stable sort: each target's stay in order): their frames
+            # then go out (PeerLink.write_now) before the local tasks run that share the
+            # event loop, which a peer's message takes longer to reach its task. Traced on 2
+            # worker processes (MixBP H=8), a sync task's parameters reached the remote unit
+            # 0.99 -> 0.91 ms after they were emitted (medians) and the local unit 0.21 ->
+            # 0.55 ms: the remote unit is the one the next round waits for
+            # (docs/perf-history.md).
             local = self.rt.view.local
             out.sort(key=lambda item: item[0] in local)
         deliver = self.rt.deliver

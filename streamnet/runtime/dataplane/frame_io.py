@@ -123,7 +123,8 @@ class StreamError(ConnectionError):
 
 class FrameReader(asyncio.BufferedProtocol):
     """Reads whole frames (codec frame + trailer) off a stream socket and checks their
-    sequence numbers and tags; `next_frame()` hands out the good ones in order.
+    sequence numbers and tags; the good ones go, in order, to `on_frame` where the
+    consumer set one and waits with nothing queued, else out of `next_frame()`.
     It replaces the HTTP server's protocol on the transport once the stream is
     upgraded, and passes the connection's end on to it."""
 

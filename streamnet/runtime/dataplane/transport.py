@@ -70,7 +70,7 @@ from ..control.election import LOCAL_ERRNOS
 from ..messages import DataMsg, Message, from_wire, to_wire_all
 from .accept_shortage import HELP, short_of_files
 from .frame_io import (SOCKET_BUFFER, TRAILER, FrameAuth, FrameReader, SocketSender, StreamError, TlsSender,
-                       byte_views, size_buffers)
+                       size_buffers)
 from .handshake import Auth, PeerAuthError, clean
 from .tls import TlsConfig
 
@@ -201,9 +201,9 @@ class StreamServer:
         return web.Response(text="bye")
 
     async def _frames(self, reader: FrameReader, sender: str) -> str | None:
-        """Decode and dispatch the frames that _at_once left (the reader checked their
-        sequence numbers and tags) until the stream ends; the reason it must close, or
-        None at a clean end."""
+        """Decode and dispatch the frames the reader queued - every frame without a
+        dispatch_now, else what _at_once left (the reader checked their sequence numbers
+        and tags) - until the stream ends; the reason it must close, or None at a clean end."""
         while True:
             try:
                 item = await reader.next_frame()
@@ -349,7 +349,7 @@ class PeerLink:
         self.queue: asyncio.Queue = _LinkQueue(max_queue, self._queued)
         self.connected = False
         self.frames_out = self.bytes_out = self.msgs_out = self.dropped = self.reconnects = 0
-        self.frames_now = 0         # of frames_out: written from write_now(), not by the link's task
+        self.frames_now = 0         # of frames_out: those write_now() began to write (the task may finish one)
         self.last_error = ""
         self._task: asyncio.Task | None = None
         self._closing = False
@@ -363,6 +363,7 @@ class PeerLink:
         self._auth: FrameAuth | None = None
         self._seq = 0               # the stream's next frame
         self._unsent: list = []     # the rest of a frame that write_now() left to the task
+        self._broken: Exception | None = None   # what write_now() met, for the task to raise
         self.write_due = False      # messages were queued since write_now() last ran
 
     def start(self) -> None:
@@ -372,7 +373,9 @@ class PeerLink:
         await self.queue.put(msg)
 
     def _queued(self) -> None:
-        if not self.write_due:
+        if self._plain is None:         # TLS, or no stream up: the task does it all, as it always did
+            self.queue.wake()
+        elif not self.write_due:
             self.write_due = True
             asyncio.get_running_loop().call_soon(self.write_now)
 
@@ -391,14 +394,18 @@ class PeerLink:
         if out is None or q.waiter is None or q.waiter.done() or out.closed.done() or q._queue[0] is _CLOSE:
             q.wake()
             return
-        frame = self._frame(q.take())
-        if frame is not None:
-            try:
-                self._unsent = out.write_now(frame)
+        batch = q.take()
+        try:
+            frame = self._frame(batch)
+            if frame is not None:
                 self.frames_now += 1
-            except OSError:         # a broken stream: the task's write meets it too, and reconnects
-                self._unsent = byte_views(frame)
-        if self._unsent or not q.empty():
+                self._unsent = out.write_now(frame)
+        except Exception as e:  # noqa: BLE001 - never raised in the caller's turn (a bolt about to wait)
+            # the stream cannot go on (a broken socket, perhaps part of a frame written):
+            # the task raises it and reconnects; the batch is lost with the stream, as what
+            # is in flight on any broken stream is (the spouts replay it)
+            self._broken = e
+        if self._unsent or self._broken or not q.empty():
             q.wake()
 
     async def close(self, drain_s: float = 2.0) -> None:
@@ -550,11 +557,13 @@ class PeerLink:
     async def _send_frames(self, out, auth: FrameAuth) -> None:
         """Frames until the link closes; returns early (to reconnect) when `out` sees
         the peer close the stream."""
-        self._seq, self._auth, self._unsent = 0, auth, []
+        self._seq, self._auth, self._unsent, self._broken = 0, auth, [], None
         self._plain = out if isinstance(out, SocketSender) else None
         try:
             while True:
                 batch = await self._next_batch(out.closed)
+                if self._broken is not None:
+                    raise self._broken
                 if self._unsent:    # write_now() wrote part of a frame while we waited: the rest first
                     unsent, self._unsent = self._unsent, []
                     await out.send(unsent)
