@@ -32,7 +32,8 @@ Method (a shared 2-core machine, so every figure is a ratio of paired blocks):
   15 pairs each, pinned as above; 156 s on an idle 16-core machine (python 3.12,
   empty numba cache, so its compile included). Writes perf/results/kernels-final.json.
 
-Writes perf/results/kernels.json and perf/results/kernels.png (the per-layer table).
+Writes perf/results/kernels.json and perf/results/kernels.png (the per-layer table; with --out,
+the PNG goes beside the JSON).
 """
 from __future__ import annotations
 
@@ -535,8 +536,9 @@ def main() -> int:
     print(f"wrote {path} ({results['elapsed_s']:.0f} s)")
     if results.get("layers"):
         try:
-            plot_layers(results["layers"], png_path("kernels.png"))
-            print(f"wrote {png_path('kernels.png')}")
+            png = png_path(os.path.splitext(path)[0] + ".png")   # beside the JSON, as --out says
+            plot_layers(results["layers"], png)
+            print(f"wrote {png}")
         except ImportError:
             print("matplotlib not installed: no PNG (pip install -e '.[perf]')")
     return 0
