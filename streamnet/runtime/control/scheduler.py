@@ -30,7 +30,7 @@ from dataclasses import replace
 
 from .balance import Memory, decide
 from .client import spout_tasks
-from .cluster_state import RUNNING, ClusterState
+from .cluster_state import REFUSED, RUNNING, ClusterState
 from .coordinator import BadVersionError, CoordinatorError, NoNodeError
 from .election import Election, ProbeInconclusive, probe
 from .placement import NoWorkersError, plan, worker_url
@@ -63,6 +63,7 @@ class SchedulerService:
         self._grace_until = -float("inf")   # time.monotonic(): after our session expired (see the docstring)
         self._graced: set[str] = set()      # topologies whose waiting was logged in this grace
         self._finished_seen: set[str] = set()   # topologies whose finish was logged
+        self._refused: dict[str, str] = {}      # topology -> the error its spec was refused with
         self._recheck_at = float("inf")     # time.monotonic(): a pass the load balancer asked for
 
     def start(self) -> None:
@@ -196,6 +197,8 @@ class SchedulerService:
         names = self.state.topology_names()
         for gone in set(self._parsed) - set(names):
             del self._parsed[gone]
+        for gone in set(self._refused) - set(names):
+            del self._refused[gone]
         self._finished_seen &= set(names)     # a name submitted again is a new run
         for name in names:
             if self.state.status(name) not in RUNNING:
@@ -206,6 +209,28 @@ class SchedulerService:
                 log.warning("topology %s: %s", name, e)
             except (BadVersionError, NoNodeError):
                 self._wake.set()  # someone wrote first (or it went away): look again
+            except CoordinatorError:
+                raise             # the pass as a whole is retried
+            except Exception as e:  # noqa: BLE001 - one topology's spec must not stop the others'
+                self._refuse(name, e)
+            else:
+                self._refused.pop(name, None)
+
+    def _refuse(self, name: str, error: Exception) -> None:
+        """A topology that cannot be scheduled (a spec that does not parse or place: one
+        written past the submit client's checks, or by another version): the others are
+        scheduled as usual, and the reason goes to the log and - as a worker's refusal
+        does - to the topology's results, where the submitter reads it; once per reason."""
+        reason = f"{type(error).__name__}: {error}"
+        if self._refused.get(name) == reason:
+            return
+        self._refused[name] = reason
+        log.error("topology %s cannot be scheduled: %s", name, reason)
+        try:
+            self.state.publish_result(name, f"{REFUSED}scheduler", f"the scheduler cannot place it: {reason}")
+        except CoordinatorError as e:
+            del self._refused[name]      # said again on the next pass
+            log.warning("topology %s: could not publish why it cannot be scheduled: %s", name, e)
 
     def _reachable(self, workers: dict) -> dict:
         """The registered workers minus those peers report unreachable and our own probe

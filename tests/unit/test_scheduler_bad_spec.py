@@ -1,0 +1,41 @@
+"""A topology whose spec cannot be scheduled does not stop the scheduler from placing
+the others; the reason reaches the topology's results once, where the submitter reads it."""
+import time
+
+import pytest
+
+from streamnet.runtime.control.cluster_state import ClusterState
+from streamnet.runtime.control.inprocess import InProcessServer
+from streamnet.runtime.control.scheduler import SchedulerService
+from streamnet.runtime.topology import TopologyBuilder
+
+
+@pytest.fixture
+def state():
+    server = InProcessServer()
+    st = ClusterState(server.session(), "t")
+    st.register_worker("w0", {"host": "127.0.0.1", "port": 1, "threads": 2, "cores": 2, "pid": 1,
+                              "started": time.time()})
+    yield st
+    server.shutdown()
+
+
+def spec(name: str, **config) -> dict:
+    b = TopologyBuilder(name)
+    b.add_spout("s", "streamnet.examples.wordcount:SentenceSpout")
+    d = b.build().to_dict()
+    return dict(d, name=name, config=dict(d["config"], **config))
+
+
+def test_a_spec_that_does_not_parse_leaves_the_others_scheduled(state, caplog):
+    state.submit_topology("a-bad", spec("a-bad", balance="bogus"))    # sorted first: its pass comes first
+    state.submit_topology("b-good", spec("b-good"))
+    s = SchedulerService(state, "w0", auth=None, period_s=3600)
+    s.reconcile()
+    s.reconcile()
+    assert state.assignment("b-good")[0] is not None
+    assert state.assignment("a-bad")[0] is None
+    failures = state.failures("a-bad")
+    assert list(failures) == ["refused.scheduler"] and "bogus" in failures["refused.scheduler"]
+    assert caplog.text.count("topology a-bad cannot be scheduled") == 1    # once per reason, not per pass
+    assert state.failures("b-good") == {}
