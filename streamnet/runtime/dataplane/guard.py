@@ -67,9 +67,16 @@ class ConnectionGuard:
 
 
 class GuardedRunner(web.AppRunner):
-    """web.AppRunner whose connections pass the guard first."""
+    """web.AppRunner whose connections pass the guard first.
+
+    A request whose body its handler did not read is closed once it is answered
+    (`lingering_time` 0), not drained for aiohttp's default 10 s: while it drained,
+    the connection was neither half-sent nor idle, so the guard could not evict it,
+    and 3 connections a second declaring a large body it never sent held 30 slots
+    (512, the whole worker, at 51 a second) - peers' streams and probes refused."""
 
     def __init__(self, app: web.Application, guard: ConnectionGuard, **kwargs):
+        kwargs.setdefault("lingering_time", 0.0)
         super().__init__(app, **kwargs)
         self.guard = guard
 
