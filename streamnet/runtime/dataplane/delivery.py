@@ -156,12 +156,18 @@ class Delivery:
     async def _deliver_local(self, rt, ex, msg: Message) -> None:
         if self._deliver_now(rt, ex, msg):
             return
-        # a bolt's queue that is full (backpressure), or that a fenced instance handed over
+        # a bolt's queue that is full (backpressure), or that an instance fenced or ended handed over
         q = ex.inbound
         for tup in _tuples(rt, msg):
+            if ex.queue_taken and q.full():     # nobody reads it: a run longer than the queue would wait
+                await rt.hand_over_queue(ex)
             await q.put(tup)
-        if ex.queue_taken:   # a fenced instance whose queue was already dealt with
+        if ex.queue_taken:   # an instance fenced or ended, whose queue was already dealt with
             await rt.hand_over_queue(ex)
+            # a pass of the event loop: a local spout whose tuples fail at once here replays
+            # them at once, and that chain of calls never waits - without this it held the
+            # loop, and the topology's kill, for ever
+            await asyncio.sleep(0)
 
     async def _fail_roots(self, rt, msg: Message) -> None:
         """A tuple that cannot reach its task fails its trees: their spouts replay them

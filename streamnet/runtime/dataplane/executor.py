@@ -121,12 +121,19 @@ class Executor:
         try:
             await self.run()
         except asyncio.CancelledError:
-            pass
+            return
         except FencedError as e:
             log.warning("%s", e)
             self.rt.on_fenced(self)
+            return
         except Exception:  # noqa: BLE001 - a task's crash is logged, the worker lives on
             log.exception("task %s[%d] of %s crashed", self.cid, self.task, self.rt.name)
+        if not (self.stopping or self.fenced or self.crashed):
+            await self.ended()
+
+    async def ended(self) -> None:
+        """run() is over without being stopped: the component could not start, or the
+        task crashed. What still comes for it must not wait for it (a bolt's)."""
 
     async def run(self) -> None:
         raise NotImplementedError
@@ -330,7 +337,7 @@ class BoltExecutor(Executor):
         self.auto_ack = bool(getattr(self.instance, "auto_ack", False))
         self._current: Tuple | None = None
         self.holding: dict[int, Tuple] = {}   # received, neither acked nor failed yet
-        self.queue_taken = False              # fenced, and its queue handed over or failed
+        self.queue_taken = False              # fenced or ended, and its queue handed over or failed
 
     def emit(self, values, stream, anchors, direct_task):
         targets = self.rt.route(self.cid, stream, values, direct_task)
@@ -438,6 +445,15 @@ class BoltExecutor(Executor):
                 timer.cancel()
             if not (self.fenced or self.crashed):
                 bolt.close()
+
+    async def ended(self) -> None:
+        """Nothing reads this bolt's queue any more: what is queued, and what comes later,
+        is failed for replay (fencing.hand_over_queue), rather than filling the queue and
+        holding up every stream that delivers here - those of other tasks and topologies
+        from the same peer - and the topology's stop behind it."""
+        log.warning("bolt %s[%d] of %s ended without being stopped: tuples for it are failed for replay",
+                    self.cid, self.task, self.rt.name)
+        await self.rt.hand_over_queue(self)
 
     async def send_now(self) -> None:
         """BoltCollector.send_now: flush, then one pass of the event loop."""

@@ -144,8 +144,9 @@ async def restart_fenced(rt, old) -> None:
 
 
 async def hand_over_queue(rt, old) -> None:
-    """The tuples queued for a fenced bolt instance (also those that reach its queue
-    later) go to its successor on this worker, or are failed so their spouts replay them."""
+    """The tuples queued for a fenced bolt instance, or one whose task ended (also those
+    that reach its queue later), go to its successor on this worker, or are failed so
+    their spouts replay them."""
     if old.kind != "bolt":      # (by kind, not class: executor.py imports this module)
         return
     new = rt.executors.get(old.task)
@@ -158,5 +159,5 @@ async def hand_over_queue(rt, old) -> None:
         queued = await old.fail_queue()
         what = "failed for replay"
     if queued:
-        log.info("%s: task %d: %d tuple(s) queued for the fenced instance %s", rt.name, old.task,
+        log.info("%s: task %d: %d tuple(s) queued for the instance that stopped %s", rt.name, old.task,
                  len(queued), what)

@@ -167,15 +167,18 @@ class TopologyRuntime:
         return max(1, self.worker.pool.size // max(1, here))
 
     async def _stop_executor(self, ex, timeout: float = 10.0) -> None:
-        if ex._task is None:
-            return
+        if ex._task is None or ex._task.done():
+            return         # never started, or ended on its own (its start failed, or it crashed)
         ex.stopping = True
-        if isinstance(ex, BoltExecutor):
-            await ex.inbound.put(STOP)
-        else:
-            ex.wake.set()
+
+        async def stopped():
+            if isinstance(ex, BoltExecutor):
+                await ex.inbound.put(STOP)      # behind what is queued: a full queue waits for the bolt
+            else:
+                ex.wake.set()
+            await asyncio.shield(ex._task)
         try:
-            await asyncio.wait_for(asyncio.shield(ex._task), timeout)
+            await asyncio.wait_for(stopped(), timeout)
         except asyncio.TimeoutError:
             log.warning("%s: task %d did not stop within %.0f s; cancelling", self.name, ex.task, timeout)
             ex._task.cancel()
