@@ -5,6 +5,7 @@ to 224x224 would need 12 GB as float32, a batch of it a few MB.
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 
@@ -12,6 +13,8 @@ import numpy as np
 
 from ..errors import DataError
 from .idx import read_idx
+
+log = logging.getLogger(__name__)
 
 DEFAULT_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}
 FILES = {
@@ -23,6 +26,13 @@ FILES = {
 # per-dataset pixel mean and std (of x / 255) over the training set
 STATS = {"fashion-mnist": (0.2860, 0.3530), "mnist": (0.1307, 0.3081)}
 CLASSES = {"fashion-mnist": 10, "mnist": 10}
+# The most classes the generic idx dataset may infer (as its largest label + 1).
+# The class count sizes the model's last layer, so one corrupt label (2**31 - 1 in
+# an int32 file) must not set it: labels at or above this are not counted, and
+# data.quarantine removes them as out of range, as it does a named dataset's labels
+# beyond its known class count. (65,536 classes behind LeNet-5's 84 features are a
+# 5.5M-parameter layer; no IDX dataset this trainer serves comes near.)
+MAX_CLASSES = 65_536
 
 
 @dataclass(frozen=True)
@@ -112,11 +122,25 @@ def _read_split(directory: str, xkey: str, ykey: str) -> Split:
     return Split(images, labels.astype(np.int64))
 
 
+def _count_classes(directory: str, train: Split, test: Split) -> int:
+    """Largest label + 1 over both splits, counting only labels below MAX_CLASSES;
+    the others are named here (file, count, largest) and quarantined later."""
+    top = 0
+    for key, split in (("train_y", train), ("test_y", test)):
+        over = split.labels >= MAX_CLASSES
+        if over.any():
+            log.warning("%s: %d labels at or above %d (largest %d) are not counted as classes; "
+                        "they are quarantined as out of range", _find(directory, FILES[key]),
+                        int(over.sum()), MAX_CLASSES, int(split.labels.max()))
+        top = max(top, int(split.labels[~over].max(initial=0)))
+    return top + 1
+
+
 def load_idx_dir(directory: str, name: str = "idx") -> Dataset:
     train = _read_split(directory, "train_x", "train_y")
     test = _read_split(directory, "test_x", "test_y")
     # labels out of range (and NaN/Inf pixels) are quarantined, not trained on: see data.quarantine
-    classes = CLASSES.get(name) or int(max(train.labels.max(initial=0), test.labels.max(initial=0))) + 1
+    classes = CLASSES.get(name) or _count_classes(directory, train, test)
     if train.images.shape[1:] != test.images.shape[1:]:
         raise DataError(f"{directory}: train images {train.images.shape[1:]} and test images "
                         f"{test.images.shape[1:]} differ in size")
