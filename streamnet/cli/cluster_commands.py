@@ -12,20 +12,21 @@ from ..runtime.control import (ClusterTimeout, TopologyFailed, TopologyGone, Unk
                                is_done, kill_topology, wait_done)
 from ..runtime.topology import Topology, TopologyError, resolve
 from ..training.run_stats import CHECKPOINTS, EVAL_HISTORY, STOPPED_AT, STRAGGLERS
-from .common import (add_cluster_options, allowed_modules, check_writable, connect, parse_set, read_secret,
-                     write_secret)
+from .common import (add_cluster_options, allowed_modules, check_writable, connect, parse_set, positive_float,
+                     read_secret, write_secret)
 from .metrics_log import MetricsLog, add_option as add_metrics_log_option
 from .progress import ProgressLine, RunProgress, stragglers_line
-from .train_args import (DEFAULT_BALANCE, add_training_options, auto_threads, check_paths, check_set_types, given_options,
-                         naming_the_flag)
+from .train_args import (DEFAULT_BALANCE, TRAINING_FLAGS, add_training_options, auto_threads, check_paths,
+                         check_set_types, given_options, naming_the_flag)
 
 
-def build_topology(what: str, options: dict):
-    """A topology by built-in name or "module:function"; returns (topology, checker or None)."""
+def build_topology(what: str, options: dict, flags: dict | None = None):
+    """A topology by built-in name or "module:function"; returns (topology, checker or None).
+    `flags`: {option: the command-line flag it came from}, to name in an error."""
     from ..examples.registry import EXAMPLES
     from ..training.nsmap import BUILDERS as builders
     if what in EXAMPLES:
-        _check_options(what, options)
+        _check_options(what, options, flags)
         return EXAMPLES[what](**options)
     if what in builders:
         check_set_types(options)
@@ -47,9 +48,10 @@ def _is_training(what: str) -> bool:
     return what in BUILDERS
 
 
-def _check_options(example: str, options: dict) -> None:
+def _check_options(example: str, options: dict, flags: dict | None = None) -> None:
     """An example's --set options against its builder's signature: a name it does not
-    take, or a value of the wrong type, is one line listing what it does take."""
+    take, or a value of the wrong type, is one line listing what it does take, naming
+    the flag the option came from where it came from one (`flags`: {option: flag})."""
     import importlib
     import inspect
 
@@ -61,6 +63,9 @@ def _check_options(example: str, options: dict) -> None:
     for k, v in options.items():
         want = params.get(k, DEFAULT_CONFIG.get(k))
         if k not in params and k not in DEFAULT_CONFIG:
+            if k in (flags or {}):
+                raise StreamnetError(f"{example} does not take {flags[k]} (a training topology's flag); its "
+                                     f"options (--set KEY=VALUE): {', '.join(known)}")
             raise StreamnetError(f"{example} has no option {k!r} (--set {k}=...); options: {', '.join(known)}")
         if isinstance(want, bool) and not isinstance(v, bool):
             raise StreamnetError(f"--set {k} takes true or false; got {v!r}")
@@ -88,7 +93,7 @@ def cmd_submit(a) -> int:
     secret = parse(read_secret(a.secret_file))[1] if getattr(a, "resume", None) and a.secret_file else None
     try:
         with signing_with(secret):
-            topo, check = build_topology(a.topology, opts)
+            topo, check = build_topology(a.topology, opts, {f.key: f.flag for f in TRAINING_FLAGS if f.key in given})
     except ConfigError as e:
         raise naming_the_flag(e, given, opts) from None
     except TopologyError as e:
@@ -405,7 +410,7 @@ def add_commands(sub) -> None:
     s.add_argument("--wait", action="store_true", help="follow it to completion, then collect its results")
     s.add_argument("--summary", metavar="FILE", help="with --wait: write a JSON summary")
     add_metrics_log_option(s)
-    s.add_argument("--timeout", type=float, default=24 * 3600.0, help="with --wait: seconds before giving up (default 1 day)")
+    s.add_argument("--timeout", type=positive_float, default=24 * 3600.0, help="with --wait: seconds before giving up (default 1 day)")
     add_training_options(s.add_argument_group(
         "training topologies (lenet5-mixbp, alexnet-mixbp, lenet5-cumulative, lenet5-online)"))
     add_cluster_options(s)
@@ -416,7 +421,7 @@ def add_commands(sub) -> None:
     k.add_argument("--checkpoint", action="store_true",
                    help="stop cleanly: finish the round in flight and a checkpoint round, then stop "
                         "(resume with submit --resume)")
-    k.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the workers")
+    k.add_argument("--timeout", type=positive_float, default=300.0, help="seconds to wait for the workers")
     add_cluster_options(k)
     k.set_defaults(func=cmd_kill)
 

@@ -41,6 +41,11 @@ class MetricsLog:
 
 
 def read(path: str) -> list[dict]:
+    return [record for _, record in _numbered(path)]
+
+
+def _numbered(path: str) -> list[tuple[int, dict]]:
+    """(line number, record) of each record of a --metrics-log file."""
     try:
         with open(path) as f:
             lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
@@ -54,13 +59,31 @@ def read(path: str) -> list[dict]:
             raise StreamnetError(f"{path}:{i}: not a JSON line ({e.msg})") from None
         if not isinstance(record, dict) or record.get("kind") not in ("round", "epoch"):
             raise StreamnetError(f"{path}:{i}: not a --metrics-log record (no kind round or epoch)")
-        out.append(record)
+        out.append((i, record))
     return out
+
+
+#: what plot draws of each kind of record (the figures MetricsLog's writers always give)
+PLOTTED = {"round": ("loss", "samples_per_s"), "epoch": ("epoch", "test_accuracy")}
+
+
+def _check_plotted(path: str, numbered: list[tuple[int, dict]]) -> None:
+    """A record plot would draw without a figure it needs: an error naming the file and line."""
+    for i, record in numbered:
+        if record["kind"] == "round" and "elapsed_s" not in record:
+            continue            # not drawn (plot keeps the rounds that have elapsed_s)
+        for name in PLOTTED[record["kind"]]:
+            v = record.get(name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise StreamnetError(f"{path}:{i}: {record['kind']} record with "
+                                     + (f"no {name}" if v is None else f"{name} {v!r}, not a number"))
 
 
 def plot(path: str, out: str | None = None) -> str:
     """Training loss and samples/s against time, test accuracy against epochs, as one PNG."""
-    records = read(path)
+    numbered = _numbered(path)
+    _check_plotted(path, numbered)
+    records = [record for _, record in numbered]
     rounds = [r for r in records if r["kind"] == "round" and "elapsed_s" in r]
     epochs = [r for r in records if r["kind"] == "epoch"]
     if not rounds and not epochs:

@@ -8,7 +8,7 @@ import sys
 
 from ..errors import ConfigError, StreamnetError
 from .common import (ENVIRONMENT, Parser, add_common_options, check_writable, completing, error_exit, interrupted,
-                     parse_set, positive_float, positive_int)
+                     parse_set, port_number, positive_float, positive_int)
 from .metrics_log import MetricsLog, add_option as add_metrics_log_option
 from .progress import RunProgress, stragglers_line
 from .train_args import add_training_options, config_from_args, given_options, naming_the_flag
@@ -118,7 +118,7 @@ def build_parser() -> Parser:
                    help="run the units in this process without the engine (the reference trainer)")
     t.add_argument("--summary", metavar="FILE", help="write a JSON run summary")
     add_metrics_log_option(t)
-    t.add_argument("--ui", type=int, metavar="PORT",
+    t.add_argument("--ui", type=port_number, metavar="PORT",
                    help="serve the web UI (cluster, topology graph, training curves) on this port while training")
     t.add_argument("--ui-host", default="127.0.0.1", metavar="ADDRESS",
                    help="address the --ui server listens on (default 127.0.0.1: this machine only)")

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from .common import threads_option
-from ..training.config import (ALGORITHMS, DATASETS, MODELS, SETUPS, AlgorithmConfig, ModelConfig, RunConfig,
-                               with_overrides)
+from ..training.config import (ALGORITHMS, DATASETS, LENET5_MIN_INPUT, MODELS, SETUPS, AlgorithmConfig, ModelConfig,
+                               RunConfig, with_overrides)
 
 
 @dataclass(frozen=True)
@@ -52,10 +52,12 @@ TRAINING_FLAGS: tuple[Flag, ...] = (
     Flag("--momentum", "momentum", float, "momentum of the local steps"),
     Flag("--outer-momentum", "outer_momentum", float, "Nesterov momentum on the averaged change (mixbp)"),
     Flag("--lr-schedule", "lr_schedule", choices=("constant", "cosine"), help="learning-rate schedule"),
-    Flag("--input-size", "input_size", int, "AlexNet input size: 64 or 224"),
+    Flag("--input-size", "input_size", int, "images are resized to N x N for the network: LeNet-5 takes "
+         f"N >= {LENET5_MIN_INPUT} (default 28, padded to 32 as in the paper), AlexNet 64 or 224 (default 64)",
+         metavar="N"),
     Flag("--dataset", "dataset", choices=DATASETS, help="default: fashion-mnist"),
     Flag("--data", "data_dir", metavar="DIR",
-         help="IDX directory (default: the dataset's installed location or $STREAMNET_DATA)"),
+         help="IDX directory (default: $STREAMNET_DATA, else the dataset's installed location)"),
     Flag("--train-limit", "train_limit", int, "use only the first N training samples"),
     Flag("--test-limit", "test_limit", int, "evaluate on only the first N test samples"),
     Flag("--seed", "seed", int, "default: 0"),

@@ -46,6 +46,23 @@ class DataConfig:
             _require(v is None or v > 0, name, f"must be positive; got {v}")
 
 
+# LeNet-5's feature layers, (kernel, stride) as streamnet.nn.zoo.lenet5 stacks them: conv 5x5,
+# pool 2/2, conv 5x5, pool 2/2. Any input but 28x28 (padded to 32x32, as in the paper) goes in as it
+# is, and each layer needs an input at least its kernel's size: worked back from one output pixel,
+# the smallest input is 16 (tests/unit/test_cli_bounds.py builds the network at it and one below).
+_LENET5_FEATURES = ((5, 1), (2, 2), (5, 1), (2, 2))
+
+
+def _smallest_input(layers) -> int:
+    need = 1
+    for kernel, stride in reversed(layers):
+        need = (need - 1) * stride + kernel
+    return need
+
+
+LENET5_MIN_INPUT = _smallest_input(_LENET5_FEATURES)
+
+
 @dataclass(kw_only=True, frozen=True)
 class ModelConfig:
     name: str = "lenet5"
@@ -55,6 +72,9 @@ class ModelConfig:
         _require(self.name in MODELS, "model", f"must be one of {', '.join(MODELS)}; got {self.name!r}")
         _require(self.name != "alexnet" or self.input_size in (64, 224), "input_size",
                  f"must be 64 or 224 for alexnet; got {self.input_size}")
+        _require(self.name != "lenet5" or self.input_size >= LENET5_MIN_INPUT, "input_size",
+                 f"must be >= {LENET5_MIN_INPUT} for lenet5 (smaller leaves a layer an input smaller than its "
+                 f"kernel); got {self.input_size}")
 
     @property
     def input_size(self) -> int:
