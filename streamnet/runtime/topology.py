@@ -246,10 +246,24 @@ class Topology:
         balance = self.config.get("balance", "static")
         if balance not in BALANCE_MODES:
             raise TopologyError(f"balance must be one of {', '.join(BALANCE_MODES)}; got {balance!r}")
+        self._check_numbers()
         if not self.spec.get("allow_cycles"):
             self._check_acyclic()
         if check_classes:
             self._check_classes(allow)
+
+    def _check_numbers(self) -> None:
+        """The engine's settings, each a number it can run with: checked here, where
+        submit, the scheduler and every worker parse a spec, rather than when a worker
+        builds a task (queue_size "big" raised there, half-way through applying an
+        assignment; max_spout_pending 0 or a timeout <= 0 left the run waiting for ever)."""
+        def number(key: str, kind, least, what: str):
+            v = self.config.get(key, DEFAULT_CONFIG[key])
+            if isinstance(v, bool) or not isinstance(v, kind) or not least <= v < float("inf"):
+                raise TopologyError(f"{key} must be {what}; got {v!r}")
+        number("max_spout_pending", int, 1, "a whole number >= 1")
+        number("queue_size", int, 1, "a whole number >= 1 (tuples a task's queue holds)")
+        number("message_timeout_s", (int, float), 1e-3, "a number of seconds > 0")
 
     def _check_acyclic(self) -> None:
         edges = {c["id"]: [i["component"] for i in c["inputs"]] for c in self.components}

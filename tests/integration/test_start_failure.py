@@ -61,3 +61,17 @@ def test_a_clean_stop_of_a_topology_that_cannot_start_kills_it(monkeypatch):
         results = drain_topology(c.state, "wordcount", 60)
         assert any(k.startswith("failed.") for k in results)
         assert "wordcount" not in c.state.topology_names()
+
+
+def test_a_component_whose_constructor_raises_fails_its_topology_and_the_workers_go_on(monkeypatch):
+    def refuse(self, **config):
+        raise TypeError("CountBolt takes no such setting")
+    with LocalCluster(workers=2) as c:
+        with monkeypatch.context() as m:
+            m.setattr(wordcount.CountBolt, "__init__", refuse)
+            with pytest.raises(TopologyFailed) as e:
+                c.run(wordcount.topology(count=200), timeout=60)
+        assert "bolt 'count' (task " in str(e.value)
+        assert "its constructor raised TypeError: CountBolt takes no such setting" in str(e.value)
+        results = c.run(wordcount.topology(count=300), timeout=60)   # the same workers, the next topology
+        assert wordcount.merge_counts(results) == wordcount.expected_counts(300, 0)

@@ -86,3 +86,16 @@ def test_unknown_setting_and_no_spout():
     b.add_bolt("x", SPLIT)
     with pytest.raises(TopologyError, match="has no spout"):
         b.build()
+
+
+@pytest.mark.parametrize("setting,value", [("max_spout_pending", 0), ("max_spout_pending", 2.5),
+                                           ("queue_size", 0), ("queue_size", "big"), ("queue_size", True),
+                                           ("message_timeout_s", -1), ("message_timeout_s", float("nan"))])
+def test_engine_settings_it_cannot_run_with_are_refused_when_the_spec_is_parsed(setting, value):
+    b = TopologyBuilder("t")
+    b.add_spout("s", SPOUT)
+    with pytest.raises(TopologyError, match=f"{setting} must be"):
+        b.build(**{setting: value})
+    good = b.build().to_dict()
+    with pytest.raises(TopologyError, match=f"{setting} must be"):    # as a worker or the scheduler reads it
+        Topology.from_dict(dict(good, config=dict(good["config"], **{setting: value})))

@@ -91,7 +91,14 @@ class TopologyRuntime:
                 self.refresh_view()
                 await self._stop_executor(ex)
             for t in sorted(mine - set(self.executors)):
-                ex = self.make_executor(t)
+                try:
+                    ex = self.make_executor(t)
+                except Exception as e:  # noqa: BLE001 - user code: the component's constructor
+                    c = self.topology.task_component(t)
+                    log.exception("%s: task %d (%s %r) cannot be made", self.name, t, c["kind"], c["id"])
+                    self.task_failed(t, f"{c['kind']} {c['id']!r} (task {t}) on worker {self.worker.id}: "
+                                        f"its constructor raised {type(e).__name__}: {e}")
+                    continue     # the other tasks start; the client fails the run on this one
                 try:
                     await fencing.claim_state(self, ex)
                 except Exception:
@@ -100,7 +107,7 @@ class TopologyRuntime:
                     raise
                 self.executors[t] = ex
                 self.refresh_view()
-            for t in sorted(mine):
+            for t in sorted(mine & set(self.executors)):
                 ex = self.executors[t]
                 ex.session = getattr(self.worker, "sessions", 0)   # placed here in this session: current
                 if ex._task is None:
