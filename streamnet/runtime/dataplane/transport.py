@@ -310,6 +310,9 @@ class _LinkQueue(asyncio.Queue):
 
 
 CONNECT_FAILURES = 3   # refused connections in a row (about 0.35 s with the backoff) before reporting
+MAX_BACKOFF_S = 2.0    # between a link's attempts to connect, at most
+#: a peer that answers and says no: a wrong proof either way, an HTTP error status
+REFUSALS = (PeerAuthError, aiohttp.ClientResponseError)
 SMALL_FRAME = 64 << 10  # frames up to this size are joined into one buffer
 
 
@@ -351,6 +354,7 @@ class PeerLink:
         self.frames_out = self.bytes_out = self.msgs_out = self.dropped = self.reconnects = 0
         self.frames_now = 0         # of frames_out: those write_now() began to write (the task may finish one)
         self.last_error = ""
+        self._warned = ""           # the refusal last logged as a warning (once per reason)
         self._task: asyncio.Task | None = None
         self._closing = False
         #: called with (peer, error) after CONNECT_FAILURES connection attempts in a row
@@ -450,11 +454,17 @@ class PeerLink:
                         self.on_unreachable(self.peer, self.last_error)
                 else:
                     _warn_if_short(self.sender, self.peer, e)
+                if isinstance(e, REFUSALS) and self.last_error != self._warned:
+                    # refused by the peer itself (its proof or ours is wrong, an HTTP error):
+                    # no retry mends that, so say so here once, not only in /status
+                    self._warned = self.last_error
+                    log.warning("link %s -> %s: %s; retrying every %.0f s", self.sender, self.peer,
+                                self.last_error, MAX_BACKOFF_S)
                 log.debug("link %s -> %s failed: %s; retrying in %.2f s", self.sender, self.peer,
                           self.last_error, backoff)
             self.reconnects += 1
             await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     async def _stream_once(self) -> None:
         client_nonce = os.urandom(16).hex()
@@ -466,7 +476,7 @@ class PeerLink:
             self.on_unreachable(self.peer, None)
         self.connect_failures = 0
         nonce = hello.get("nonce") if isinstance(hello, dict) else None
-        if not (hello.get("worker") == self.peer and isinstance(nonce, str)
+        if not (isinstance(hello, dict) and hello.get("worker") == self.peer and isinstance(nonce, str)
                 and self.auth.check_proof(hello.get("proof"), nonce, client_nonce, self.peer)):
             raise PeerAuthError(f"{self.url} did not prove that it is worker {self.peer} of this cluster "
                                 "(wrong cluster secret, or not a streamnet worker); sending it nothing")
@@ -480,6 +490,7 @@ class PeerLink:
             else:
                 out = await TlsSender.start(sock, self.tls.client, urlsplit(self.url).hostname, HANDSHAKE_TIMEOUT_S)
             self.connected = True
+            self._warned = ""
             await self._send_frames(out, FrameAuth(self.auth.session_key(nonce, self.sender, self.peer)))
             await out.end()                 # the receiver reads to the end of the last frame
         finally:
