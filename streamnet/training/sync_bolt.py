@@ -37,7 +37,7 @@ from .epoch_clock import LossMeter, progress_record
 from .run_stats import SyncStats
 from .schedule import EpochPlans, dataset_for, make_model, schedule_for
 from .slices import bounds
-from .streams import APPLIED, CHECKPOINT, DIRECT_PARAMS, EVAL, PARAMS, STATE_REQUEST, row
+from .streams import APPLIED, CHECKPOINT, DIRECT_PARAMS, EVAL, PARAMS, STATE_REQUEST, row, whole
 from .sync_recovery import SyncRecovery, vector_problem
 from .stragglers import Arrival, Stragglers
 from .sync_state import SyncState
@@ -51,6 +51,22 @@ log = logging.getLogger(__name__)
 # ones (AlexNet-64's 7.7 M floats a unit) go to the pool and leave the loop free.
 INLINE_COMBINE_FLOATS = 1 << 18
 AHEAD_YIELDS = 16       # passes of the event loop before a save ahead starts (see SyncBolt._save_later)
+
+
+def _figures_problem(tup) -> str | None:
+    """Why a contribution's figures cannot be counted or combined, or None: its epoch,
+    round, step, samples and local steps must be counts (a negative or NaN sample count
+    became a weight of the average: NaN or skewed parameters for every unit), and its
+    learning-rate scale a finite number >= 0."""
+    for f in ("epoch", "round", "step", "samples", "steps"):
+        if not (whole(tup[f]) and tup[f] >= 0):
+            return f"{f} {tup[f]!r} is not a count"
+    scale, loss = tup["lr_scale"], tup["loss_sum"]
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 <= scale < float("inf"):
+        return f"lr_scale {scale!r} is not a finite number >= 0"
+    if isinstance(loss, bool) or not isinstance(loss, (int, float)):
+        return f"loss_sum {loss!r} is not a number"
+    return None
 
 
 class SyncBolt(SyncRecovery, Bolt):
@@ -126,6 +142,12 @@ class SyncBolt(SyncRecovery, Bolt):
         await super().tick()
 
     async def _contribution(self, tup):
+        problem = _figures_problem(tup)
+        if problem:      # before anything reads them: a step or round that is not a count, a weight that is not one
+            log.warning("sync bolt refuses a contribution from unit %r: %s", tup["unit"], problem)
+            self.agg.refused.append((tup["unit"], problem))
+            self.collector.fail(tup)
+            return
         self._maybe_new(tup)
         key = (tup["epoch"], tup["round"])
         unit = tup["unit"]

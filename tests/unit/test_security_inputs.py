@@ -173,3 +173,20 @@ def test_work_with_batches_outside_the_training_set_is_refused(caplog, batches, 
     np.testing.assert_array_equal(bolt.unit.model.params, before)       # no step was taken
     assert out.failed == [work] and out.emitted == []
     assert "unit 1 refuses its work for step 0: " + why in caplog.text
+
+
+@pytest.mark.parametrize("field, value", [("samples", -4), ("samples", float("nan")), ("samples", True),
+                                          ("steps", -1), ("step", "0"), ("round", -1), ("epoch", 1.5),
+                                          ("lr_scale", float("nan")), ("lr_scale", -1.0), ("loss_sum", "1")])
+def test_a_contribution_whose_figures_are_not_counts_is_refused_before_it_is_weighed(caplog, field, value):
+    bolt, out = _prepared(SyncBolt, "sync", 0)
+    before = bolt.agg.params.copy()
+    bad = _contribution(1, np.ones(P, np.float32))
+    bad.values[list(CONTRIBUTION).index(field)] = value
+    with caplog.at_level(logging.WARNING, "streamnet.training.sync_bolt"):
+        asyncio.run(bolt.execute(bad))
+    assert out.failed == [bad] and bolt.pending == {}            # failed: its spout replays the unit's work
+    assert f"refuses a contribution from unit 1: {field} " in caplog.text
+    asyncio.run(bolt.execute(_contribution(0, np.ones(P, np.float32))))   # the round goes on with good ones
+    asyncio.run(bolt.execute(_contribution(1, np.ones(P, np.float32))))
+    assert bolt.pending == {} and np.isfinite(bolt.agg.params).all() and not np.array_equal(bolt.agg.params, before)
