@@ -118,8 +118,9 @@ class Model:
         layers = self._seeded
         if len(steps) != len(layers):
             raise ValueError(f"random state has {len(steps)} counters for {len(layers)} seeded layers")
-        for layer, step in zip(layers, steps):
-            layer.step = int(step)
+        counters = [int(step) for step in steps]      # all, before any layer's changes
+        for layer, step in zip(layers, counters):
+            layer.step = step
 
     def set_sample_offset(self, first: int) -> None:
         """Index of this batch's first sample in a larger batch (seeded layers draw

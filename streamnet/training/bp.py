@@ -159,12 +159,15 @@ class ComputeUnit:
                 "random": self.model.random_state()}
 
     def set_state(self, state: dict) -> None:
-        if self.velocity is not None and state.get("velocity") is not None:
-            if state["velocity"].shape != self.velocity.shape:
-                raise ValueError(f"unit {self.unit}: velocity of {state['velocity'].size} values for "
-                                 f"{self.velocity.size} parameters")
-            self.velocity[...] = state["velocity"]
-        self.model.set_random_state(state.get("random", []))
+        """Take `state` (from state()); a ValueError, for a state of another model, leaves
+        this unit as it was."""
+        velocity = state.get("velocity") if self.velocity is not None else None
+        if velocity is not None and (not isinstance(velocity, np.ndarray) or velocity.shape != self.velocity.shape):
+            raise ValueError(f"unit {self.unit}: velocity of {getattr(velocity, 'size', velocity)!r} values for "
+                             f"{self.velocity.size} parameters")
+        self.model.set_random_state(state.get("random", []))     # checks its length before it changes anything
+        if velocity is not None:
+            self.velocity[...] = velocity
 
 
 class Aggregator:

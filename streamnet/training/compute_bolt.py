@@ -218,10 +218,12 @@ class ComputeBolt(Bolt):
                             tup["step"], tup.source, problem)
                 self.collector.fail(tup)
                 return
+            if tup.stream == "direct_params" and tup["unit_state"] is not None:
+                # resuming from a checkpoint; first, so that a state it refuses (ValueError:
+                # the tuple fails and is sent again) leaves the slice and its step as they were
+                self.unit.set_state(tup["unit_state"])
             self.unit.receive_slice(lo, hi, tup["params"])
             self.slice_steps[s] = tup["step"]
-            if tup.stream == "direct_params" and tup["unit_state"] is not None:
-                self.unit.set_state(tup["unit_state"])   # resuming from a checkpoint
         self.collector.ack(tup)
         if self.params_step > before:          # every slice of a newer step is in
             if self._sent_at is not None:
