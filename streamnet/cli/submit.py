@@ -7,8 +7,8 @@ import logging
 import sys
 
 from ..errors import ConfigError, StreamnetError
-from .common import (ENVIRONMENT, Parser, add_common_options, check_writable, completing, error_exit, interrupted,
-                     parse_set, port_number, positive_float, positive_int)
+from .common import (ENVIRONMENT, LOG_LEVELS, Parser, add_common_options, check_writable, completing, error_exit,
+                     interrupted, parse_set, port_number, positive_float, positive_int)
 from .metrics_log import MetricsLog, add_option as add_metrics_log_option
 from .progress import RunProgress, stragglers_line
 from .train_args import add_training_options, config_from_args, given_options, naming_the_flag
@@ -136,6 +136,9 @@ def build_parser() -> Parser:
     add_commands(sub)
     from .file_commands import add_commands as add_file_commands
     add_file_commands(sub)
+    for command in sub.choices.values():     # after the subcommand too (`list --log-level debug`)
+        command.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=argparse.SUPPRESS,
+                             help="as before the command")
     return p
 
 

@@ -96,3 +96,12 @@ def test_a_training_flag_on_an_example_is_named(capsys):
     line = one_line_error(capsys, "streamnet-submit")
     assert "wordcount does not take --workers" in line and "'units'" not in line
     assert "count" in line      # its options are still listed
+
+
+def test_log_level_goes_before_or_after_the_subcommand():
+    from streamnet.cli.submit import build_parser
+    p = build_parser()
+    assert p.parse_args(["list", "--log-level", "debug"]).log_level == "DEBUG"
+    assert p.parse_args(["--log-level", "info", "status", "x"]).log_level == "INFO"
+    assert p.parse_args(["--log-level", "info", "list", "--log-level", "error"]).log_level == "ERROR"
+    assert p.parse_args(["list"]).log_level == "WARNING"              # the default stays the top level's
