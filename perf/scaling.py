@@ -172,10 +172,11 @@ def main() -> int:
     p.add_argument("--out", default="scaling.json",
                    help="results file: a name under perf/results or a path (the PNG goes beside it)")
     p.add_argument("--balance", choices=("static", "load"), default="static",
-                   help="the engine's --balance (load, the commands' default: shares follow the units' speeds, "
-                        "and the data spout saves its position every 8 rounds)")
+                   help="the engine's --balance (default static here; load, the commands' default: shares follow "
+                        "the units' speeds, and the data spout saves its position every 8 rounds)")
     p.add_argument("--sync-tasks", type=int, default=1,
-                   help="S, the sync bolt's parallelism (submit's default is one per worker hosting a unit; capped at the units)")
+                   help="S, the sync bolt's parallelism (default 1 here; submit's default is one per worker hosting "
+                        "a unit; capped at the units)")
     p.add_argument("--engine", choices=("processes", "local"), default="processes",
                    help="workers as streamnet-worker processes on ZooKeeper (as users run them), or as threads")
     a = p.parse_args()
