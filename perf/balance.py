@@ -37,7 +37,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from perf.common import machine, pin_blas_threads, png_path, spread, started_zookeeper, write_json  # noqa: E402
+from perf.common import (machine, out_option, pin_blas_threads, png_beside, spread, started_zookeeper,  # noqa: E402
+                         write_json)
 
 pin_blas_threads(1)
 
@@ -396,8 +397,7 @@ def main() -> int:
     p.add_argument("--pairs", type=int, default=3,
                    help="static/load pairs of the co-tenant experiment, in alternating order (default 3)")
     p.add_argument("--zk-hosts", help="a running ZooKeeper (default: start one)")
-    p.add_argument("--out", default="balance.json",
-                   help="results file: a name under perf/results or a path (the PNG goes beside it)")
+    out_option(p, "balance.json")
     a = p.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         print("perf/balance.py needs at least 2 cores", file=sys.stderr)
@@ -434,7 +434,7 @@ def main() -> int:
     for k, v in result["cotenant_spread"].items():
         print(f"{k}: " + (f"median {v['median']} (IQR {v['q1']}-{v['q3']}, {v['n']} of {v['of']} pairs had one)"
                           if v else "none"))
-    path = png_path(os.path.splitext(a.out)[0] + ".png")
+    path = png_beside(a.out)
     plot(result, path)
     print("wrote", write_json(a.out, result), "and", path)
     return 0

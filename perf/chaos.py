@@ -21,7 +21,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine, png_path, started_zookeeper, write_json  # noqa: E402
+from common import machine, out_option, png_beside, started_zookeeper, write_json  # noqa: E402
 
 from streamnet.runtime import wait_for  # noqa: E402
 from streamnet.runtime.control import is_done  # noqa: E402
@@ -122,6 +122,7 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--quick", action="store_true", help="5 short trials")
     p.add_argument("--seed", type=int, default=0)
+    out_option(p, "chaos.json")
     a = p.parse_args()
     logging.basicConfig(level=logging.ERROR)
     trials = 5 if a.quick and a.trials == 20 else a.trials
@@ -149,7 +150,7 @@ def main() -> int:
                                                  f"recovered {_s(r.get('recovered_s'))}, "
                                                  f"accuracy {r['test_accuracy']:.2%}, counted once "
                                                  f"{r['each_sample_counted_once']}" if r["completed"] else r["error"]))
-            write_json("chaos.json", out)
+            write_json(a.out, out)
     finally:
         zk.stop()
     done = [r for r in out["runs"] if r["completed"]]
@@ -165,7 +166,7 @@ def main() -> int:
         "all_counted_once": all(r["each_sample_counted_once"] for r in done),
     }
     print(out["summary"])
-    print(f"wrote {write_json('chaos.json', out)}")
+    print(f"wrote {write_json(a.out, out)}")
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -180,8 +181,8 @@ def main() -> int:
         ax.axvline(0, c="k", ls="--")
         ax.set_xlabel("seconds from the SIGKILL"); ax.set_ylabel("sync rounds/s (2 s window)")
         ax.set_title("throughput around a worker kill"); ax.legend(fontsize=7)
-        fig.tight_layout(); fig.savefig(png_path("chaos.png"), dpi=100)
-        print(f"wrote {png_path('chaos.png')}")
+        fig.tight_layout(); fig.savefig(png_beside(a.out), dpi=100)
+        print(f"wrote {png_beside(a.out)}")
     except ImportError:
         pass
     return 0

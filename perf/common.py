@@ -63,6 +63,19 @@ def png_path(name: str) -> str:
     return os.path.join(RESULTS, name)
 
 
+def png_beside(out: str) -> str:
+    """The PNG that goes with the results file `out` (write_json's name or path)."""
+    return png_path(os.path.splitext(out)[0] + ".png")
+
+
+def out_option(p, default: str, png: bool = True) -> None:
+    """--out: where the results go, so that a trial run (--quick, a subset) does not
+    replace the committed figures."""
+    p.add_argument("--out", default=default,
+                   help=f"results file: a name under perf/results or a path (default {default}"
+                        + ("; the PNG goes beside it)" if png else ")"))
+
+
 class ThreadCpu:
     """Where a worker process's CPU goes, by thread, while its unit computes: samples
     /proc/PID/task/*/schedstat (nanoseconds on a core) every `every` s in a thread of

@@ -25,7 +25,7 @@ import time
 from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (machine, median, on_one_core, pin_blas_threads, started_zookeeper,  # noqa: E402
+from common import (machine, median, on_one_core, out_option, pin_blas_threads, started_zookeeper,  # noqa: E402
                     train_on_worker_processes, write_json)
 
 pin_blas_threads(1)
@@ -76,7 +76,7 @@ def main() -> int:
                    help="MixBP's H, local steps per round (1: a round per step, where the engine's per-round "
                         "cost weighs most)")
     p.add_argument("--zk-hosts", help="a running ZooKeeper (default: start one)")
-    p.add_argument("--out", default="engine.json", help="results file: a name under perf/results or a path")
+    out_option(p, "engine.json", png=False)
     a = p.parse_args()
     cfg = config(a)
     zk = None

@@ -43,7 +43,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine, median, pin_blas_threads, png_path, spread, write_json  # noqa: E402
+from common import machine, median, pin_blas_threads, png_beside, spread, write_json  # noqa: E402
 
 STEP_CASES = [("lenet5", 32), ("lenet5", 64), ("alexnet64", 32), ("alexnet64", 64), ("alexnet224", 16)]
 LAYER_CASES = [("lenet5", 64), ("alexnet64", 32)]
@@ -536,7 +536,7 @@ def main() -> int:
     print(f"wrote {path} ({results['elapsed_s']:.0f} s)")
     if results.get("layers"):
         try:
-            png = png_path(os.path.splitext(path)[0] + ".png")   # beside the JSON, as --out says
+            png = png_beside(path)   # beside the JSON, as --out says
             plot_layers(results["layers"], png)
             print(f"wrote {png}")
         except ImportError:

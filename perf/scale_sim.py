@@ -22,7 +22,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine, started_zookeeper, write_json  # noqa: E402
+from common import machine, out_option, started_zookeeper, write_json  # noqa: E402
 
 from streamnet.examples import wordcount  # noqa: E402
 from streamnet.runtime import wait_for  # noqa: E402
@@ -38,6 +38,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, default=64)
     p.add_argument("--session-timeout", type=float, default=10.0)
+    out_option(p, "scale_sim.json", png=False)
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     n = a.workers
@@ -86,7 +87,7 @@ def main() -> int:
         print(f"SIGKILL of {victim} (tasks {moved}): tasks moved after {out['reassigned_s']:.2f} s, "
               f"applied by the {n - 1} survivors after {out['reapplied_s']:.2f} s", flush=True)
         out["target_met"] = out["reassigned_s"] <= 5.0
-        path = write_json("scale_sim.json", out)
+        path = write_json(a.out, out)
         print(f"wrote {path}")
     finally:
         if state is not None:

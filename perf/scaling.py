@@ -36,7 +36,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (machine, on_one_core, pin_blas_threads, png_path, started_zookeeper,  # noqa: E402
+from common import (machine, on_one_core, out_option, pin_blas_threads, png_beside, started_zookeeper,  # noqa: E402
                     train_on_worker_processes, write_json, zookeeper_pid)
 
 MODES = {
@@ -169,8 +169,7 @@ def main() -> int:
     p.add_argument("--target", type=float)
     p.add_argument("--train-limit", type=int)
     p.add_argument("--budget-s", type=float, default=900.0, help="give up on a run after this long")
-    p.add_argument("--out", default="scaling.json",
-                   help="results file: a name under perf/results or a path (the PNG goes beside it)")
+    out_option(p, "scaling.json")
     p.add_argument("--balance", choices=("static", "load"), default="static",
                    help="the engine's --balance (default static here; load, the commands' default: shares follow "
                         "the units' speeds, and the data spout saves its position every 8 rounds)")
@@ -282,7 +281,7 @@ def _measure(a, workers, out) -> int:
         for ax in axes:
             ax.set_xticks(workers)
         fig.suptitle("LeNet-5 on Fashion-MNIST: streamnet BP modes vs PyTorch DDP (gloo)")
-        png = png_path(os.path.splitext(a.out)[0] + ".png")
+        png = png_beside(a.out)
         fig.tight_layout(); fig.savefig(png, dpi=100)
         print(f"wrote {png}")
     except ImportError:

@@ -17,7 +17,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine, pin_blas_threads, write_json  # noqa: E402
+from common import machine, out_option, pin_blas_threads, write_json  # noqa: E402
 
 
 def per_task_bytes(results: dict) -> list[dict]:
@@ -52,6 +52,7 @@ def main() -> int:
     p.add_argument("--units", type=int, default=4)
     p.add_argument("--sync-tasks", type=int, default=None, help="S to compare with S=1 (default: --units)")
     p.add_argument("--rounds", type=int, default=3, help="rounds per run (default 3)")
+    out_option(p, "sharded_sync.json", png=False)
     a = p.parse_args()
     pin_blas_threads(1)
     s = a.sync_tasks or a.units
@@ -62,7 +63,7 @@ def main() -> int:
               f"{r['rounds']} rounds; bytes in + out per round per sync task: "
               + ", ".join(f"{t['bytes_per_round'] / 1e6:.1f} MB" for t in r["tasks"]))
     print(f"busiest sync task's bytes per round, S={s} / S=1: {ratio:.3f}x (target <= 0.3x)")
-    path = write_json("sharded_sync.json", {"machine": machine(), "model": a.model, "units": a.units,
+    path = write_json(a.out, {"machine": machine(), "model": a.model, "units": a.units,
                                             "runs": [base, sharded], "ratio": ratio})
     print(f"wrote {path}", file=sys.stderr)
     return 0

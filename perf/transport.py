@@ -53,7 +53,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine, png_path, started_zookeeper, write_json  # noqa: E402
+from common import machine, out_option, png_beside, started_zookeeper, write_json  # noqa: E402
 
 from streamnet.examples import bench  # noqa: E402
 from streamnet.runtime import wait_for  # noqa: E402
@@ -220,8 +220,7 @@ def main() -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--engine", choices=("processes", "local", "both"), default="processes")
     p.add_argument("--modes", default="plain,tls", help="stream modes of the processes: plain, tls or both")
-    p.add_argument("--out", default="transport.json",
-                   help="results file: a name under perf/results or a path (the PNG goes beside it)")
+    out_option(p, "transport.json")
     a = p.parse_args()
     modes = a.modes.split(",")
     if not modes or any(m not in ("plain", "tls") for m in modes):
@@ -275,7 +274,7 @@ def main() -> int:
     axes[1].legend()
     axes[2].axhline(TARGETS["small_tuples_s"], ls="--", c="k"); axes[2].set_title("small tuples/s")
     axes[2].set_xticks(range(len(kinds)), kinds)
-    png = png_path(os.path.splitext(a.out)[0] + ".png")
+    png = png_beside(a.out)
     fig.tight_layout(); fig.savefig(png, dpi=100)
     print(f"wrote {png}")
     return 0
