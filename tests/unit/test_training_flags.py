@@ -17,6 +17,9 @@ SUBMIT_ONLY = {"-h", "--help", "--name", "--set", "--wait", "--summary", "--time
 # on both commands, but not part of the configuration: where the run's figures go
 TRAIN_ONLY |= {"--metrics-log"}
 SUBMIT_ONLY |= {"--metrics-log"}
+# on every subcommand (as before it)
+TRAIN_ONLY |= {"--log-level"}
+SUBMIT_ONLY |= {"--log-level"}
 
 
 def _options(command: str) -> set[str]:
