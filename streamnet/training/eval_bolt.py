@@ -21,7 +21,7 @@ from .config import run_config_from_dict
 from .evaluate import evaluate_counts, evaluated_size
 from .run_stats import Evaluation
 from .schedule import dataset_for, make_model
-from .slices import Gather, joined, slice_index
+from .slices import Gather, bounds, joined, slice_index
 from .streams import EVAL_PART, row, whole
 from .sync_recovery import vector_problem
 
@@ -30,6 +30,18 @@ log = logging.getLogger(__name__)
 #: a task k > 0 keeps the counts of this many of its last epoch ends, to send them again
 #: when a replay brings that epoch end's slices back (task 0 may have lost them)
 KEEP_SENT = 4
+
+
+def _slices_problem(parts: list, size: int) -> str | None:
+    """Why the slices of a parameter vector of `size` values (in slice order) cannot be
+    joined into it, or None. Each slice is checked against its own bounds: a long slice
+    beside a short one would join to the right size with the parameters after it out of
+    place."""
+    for s, (part, (lo, hi)) in enumerate(zip(parts, bounds(size, len(parts)))):
+        problem = vector_problem(part, hi - lo, finite=False)
+        if problem:
+            return f"slice {s}: {problem}"
+    return None
 
 
 class EvalBolt(Bolt):
@@ -85,14 +97,13 @@ class EvalBolt(Bolt):
             self.collector.ack(finished)       # a replay sent this slice again
         if parts is None:
             return
-        params = joined([t["params"] for t in parts])
-        problem = vector_problem(params, self.model.num_params, finite=False)
+        problem = _slices_problem([t["params"] for t in parts], self.model.num_params)
         if problem:
             log.warning("eval task %d refuses the parameters of epoch %s: %s", self.index, tup["epoch"], problem)
             for t in parts:
                 self.collector.fail(t)
             return
-        counts = await self.ctx.compute(self._evaluate, params)
+        counts = await self.ctx.compute(self._evaluate, joined([t["params"] for t in parts]))
         stale = self.gather.finish(key)
         if self.index == 0:
             await self._join(key, 0, counts, parts)

@@ -212,3 +212,16 @@ def test_a_part_that_reaches_a_task_other_than_0_is_refused():
     asyncio.run(second.execute(Tup("part", name="astray", epoch=1, step=23, task=1, correct=0, loss_sum=0.0,
                                    count=16)))
     assert out1.failed == ["astray"] and out1.emitted == []
+
+
+def test_slices_that_join_to_the_right_size_but_not_each_its_own_are_refused(caplog):
+    params = make_model(CFG, dataset_for(CFG).num_classes).params
+    bolt, ctx, out = _bolt(EvalBolt, "eval")
+    half = (params.size + 1) // 2 + 1                          # one value too many in slice 0, one too few in 1
+    long_first = Tup("eval", name="s0", epoch=1, step=23, slice=0, params=params[:half].copy())
+    short_second = Tup("eval", name="s1", epoch=1, step=23, slice=1, params=params[half:].copy())
+    with caplog.at_level("WARNING"):
+        asyncio.run(bolt.execute(long_first))
+        asyncio.run(bolt.execute(short_second))
+    assert sorted(out.failed) == ["s0", "s1"] and out.acked == [] and ctx.saved is None
+    assert "refuses the parameters of epoch 1: slice 0: shape" in caplog.text
