@@ -281,3 +281,27 @@ def test_closing_a_session_is_bounded_while_zookeeper_does_not_answer(zk):
 def _sends_and_is_held(coord, relay) -> bool:
     coord.zk.exists_async("/")       # a request that gets no answer while the relay holds
     return relay.bytes_held > 0
+
+
+def test_a_watch_whose_callback_raises_is_not_lost_and_does_not_raise_into_the_caller(zk, caplog):
+    """kazoo runs a data watch's first call inside its constructor and re-raised its error
+    there: a worker's loop over the topologies stopped at a bad node, and the topologies
+    after it were never watched."""
+    import uuid
+    coord = ZkCoordinator(zk, os.urandom(24).hex().encode(), session_timeout=10)
+    path = "/sn-watch-" + uuid.uuid4().hex[:8]
+    seen = []
+
+    def callback(data, version):
+        seen.append(data)
+        data.decode()                                     # raises on the first value
+
+    try:
+        coord.create(path, b"\xff", makepath=True)
+        coord.watch_data(path, callback)                  # raised UnicodeDecodeError here
+        coord.set(path, b"ok")
+        wait_for(lambda: seen[-1:] == [b"ok"], 10, "the watch to see the next value")
+        assert seen[0] == b"\xff" and "a watch on " + path in caplog.text
+    finally:
+        coord.zk.delete(path, recursive=True)
+        coord.close()

@@ -39,3 +39,12 @@ def test_a_spec_that_does_not_parse_leaves_the_others_scheduled(state, caplog):
     assert list(failures) == ["refused.scheduler"] and "bogus" in failures["refused.scheduler"]
     assert caplog.text.count("topology a-bad cannot be scheduled") == 1    # once per reason, not per pass
     assert state.failures("b-good") == {}
+
+
+def test_a_status_node_that_is_not_text_leaves_the_others_scheduled(state):
+    state.submit_topology("a-bad", spec("a-bad"))
+    state.coord.put(state.path("topologies", "a-bad", "status"), b"\xff\xfe")    # written by hand, say
+    state.submit_topology("b-good", spec("b-good"))
+    SchedulerService(state, "w0", auth=None, period_s=3600).reconcile()
+    assert state.assignment("b-good")[0] is not None
+    assert state.assignment("a-bad")[0] is None          # a status no one knows: not running

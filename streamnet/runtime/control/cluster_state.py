@@ -21,6 +21,14 @@ from .coordinator import (BadVersionError, ConnectionLostError, Coordinator, NoN
 from ...errors import StreamnetError
 
 
+def _status_text(data: bytes) -> str:
+    """A topology's status node as text. Bytes that are not UTF-8 (a node written by
+    hand or by another program) read as a status no one knows - not running - rather
+    than raising in the leader's pass or a worker's watch, which once stopped every
+    topology's scheduling."""
+    return data.decode("utf-8", "replace")
+
+
 class TopologyExistsError(StreamnetError):
     pass
 
@@ -244,7 +252,7 @@ class ClusterState:
 
     def status(self, name: str) -> str | None:
         try:
-            return self.coord.get(self.path("topologies", name, "status"))[0].decode()
+            return _status_text(self.coord.get(self.path("topologies", name, "status"))[0])
         except NoNodeError:
             return None
 
@@ -253,7 +261,7 @@ class ClusterState:
 
     def watch_status(self, name: str, callback: Callable[[str | None], None]):
         return self.coord.watch_data(self.path("topologies", name, "status"),
-                                     lambda data, _v: callback(None if data is None else data.decode()))
+                                     lambda data, _v: callback(None if data is None else _status_text(data)))
 
     def remove_topology(self, name: str) -> None:
         for p in (self.path("assignments", name), self.path("topologies", name)):

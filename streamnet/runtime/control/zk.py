@@ -16,6 +16,7 @@ callbacks to re-create them and resynchronise.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -35,6 +36,17 @@ from .coordinator import (BadVersionError, ConnectionLostError, Coordinator, Coo
                           NodeExistsError, NotEmptyError, SessionClosedError)
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _logged(path: str):
+    """A watch callback's error is logged here, not raised into kazoo: a watch's first
+    call runs inside its constructor, which re-raised it to the caller (a worker's loop
+    over the topologies stopped there, and those after it were never watched)."""
+    try:
+        yield
+    except Exception:  # noqa: BLE001 - the callback's own fault; the watch stays
+        log.exception("a watch on %s failed in its callback (the watch goes on)", path)
 
 
 class UnauthorisedError(CoordinatorError):
@@ -454,7 +466,8 @@ class ZkCoordinator(Coordinator):
         def fn(data, stat):
             if stopped.is_set():
                 return False
-            callback(data if stat is not None else None, stat.version if stat is not None else -1)
+            with _logged(path):
+                callback(data if stat is not None else None, stat.version if stat is not None else -1)
         self.zk.DataWatch(path, fn)
         return stopped.set
 
@@ -465,7 +478,8 @@ class ZkCoordinator(Coordinator):
         def fn(children):
             if stopped.is_set():
                 return False
-            callback(sorted(children))
+            with _logged(path):
+                callback(sorted(children))
         self.zk.ChildrenWatch(path, fn)
         return stopped.set
 
