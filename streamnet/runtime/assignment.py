@@ -30,6 +30,11 @@ class AssignmentError(StreamnetError):
     pass
 
 
+#: the most compute threads an assignment gives one worker (a rebalance asks for them):
+#: far above any host's cores, far below what starting them would cost the worker
+MAX_THREADS = 1024
+
+
 @dataclass(frozen=True)
 class Assignment:
     tasks: Mapping[int, str] = field(default_factory=dict)       # task -> worker

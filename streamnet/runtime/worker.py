@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from . import codec, monitor
-from .assignment import Assignment
+from .assignment import MAX_THREADS, Assignment
 from .dataplane import accept_shortage
 from .dataplane.delivery import Delivery
 from .dataplane.executor import Wake
@@ -308,6 +308,10 @@ class Worker:
             self.runtimes[name] = rt
             rt.stop_requested = status == "stopping"
         threads = assignment.threads.get(self.id)
+        if threads is not None and not 1 <= threads <= MAX_THREADS:     # the leader checks; an older one did not
+            log.warning("worker %s: assignment v%d asks for %r compute threads; keeping %d (1..%d)", self.id,
+                        version, threads, self.pool.size, MAX_THREADS)
+            threads = None
         if threads and threads != self.pool.size:
             log.info("worker %s: compute threads %d -> %d (assignment)", self.id, self.pool.size, threads)
             self.pool.resize(int(threads))

@@ -65,6 +65,16 @@ def test_plan_threads_request_is_written_then_cleared():
     assert plan(SPEC, W, step.assignment, {"threads": {"a": 3}}, set(), 2.0).request == {}
 
 
+def test_plan_refuses_thread_counts_no_worker_could_run_and_carries_out_the_rest():
+    from streamnet.runtime.assignment import MAX_THREADS
+    current = plan(SPEC, W, None, None, set(), 0.0).assignment
+    step = plan(SPEC, W, current, {"threads": {"a": -3, "b": 2}}, set(), 1.0)
+    assert step.assignment.threads == {"a": 1, "b": 2} and step.request == {}
+    assert any("compute threads {'a': -3} refused" in n for n in step.notes)
+    step = plan(SPEC, W, current, {"threads": {"a": MAX_THREADS + 1, "b": True}}, set(), 2.0)
+    assert step.assignment is None and step.request == {} and "refused" in step.notes[0]
+
+
 def test_plan_parallelism_change_is_two_phase():
     current = plan(SPEC, W, None, None, set(), 0.0).assignment
     request = {"parallelism": {"split": 4}, "threads": {"a": 2}}

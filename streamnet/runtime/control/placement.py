@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from ...errors import StreamnetError
-from ..assignment import DRAIN_TIMEOUT_S, DRAINING, Assignment
+from ..assignment import DRAIN_TIMEOUT_S, DRAINING, MAX_THREADS, Assignment
 from ..topology import Topology
 
 
@@ -99,9 +99,14 @@ def plan(spec: dict, workers: dict[str, dict], current: Assignment | None, reque
             return Step()          # phase 1 still running
         current = None             # phase 2: place everything afresh under the new spec
     new = assign(topology or Topology.from_dict(spec), workers, current)
-    threads = dict(new.threads)
+    threads, notes = dict(new.threads), []
     if request.get("threads"):
-        threads.update({w: int(n) for w, n in request["threads"].items() if w in workers})
+        asked = {w: n for w, n in request["threads"].items() if w in workers}
+        bad = {w: n for w, n in asked.items() if isinstance(n, bool) or not isinstance(n, int)
+               or not 1 <= n <= MAX_THREADS}
+        if bad:     # a request written past the client's checks: the rest of it is carried out
+            notes.append(f"compute threads {bad} refused: each must be a whole number 1..{MAX_THREADS}")
+        threads.update({w: n for w, n in asked.items() if w not in bad})
     # work shares are the load balancer's (balance.py): kept for the tasks that still exist
     shares = {t: w for t, w in current.shares.items() if t in new.tasks} if current is not None else {}
     new = replace(new, threads=threads, spec_version=spec.get("version", 0), shares=shares)
@@ -109,6 +114,7 @@ def plan(spec: dict, workers: dict[str, dict], current: Assignment | None, reque
     # during a drain waits for the next pass
     done = {} if request and not request.get("parallelism") else None
     if current is not None and current.placement() == new.placement():
-        return Step(request=done)
-    notes = [f"compute threads now {threads} (rebalance request)"] if request.get("threads") else []
+        return Step(request=done, notes=notes)
+    if request.get("threads"):
+        notes.append(f"compute threads now {threads} (rebalance request)")
     return Step(assignment=new, request=done, notes=notes)
