@@ -48,3 +48,18 @@ def test_a_status_node_that_is_not_text_leaves_the_others_scheduled(state):
     SchedulerService(state, "w0", auth=None, period_s=3600).reconcile()
     assert state.assignment("b-good")[0] is not None
     assert state.assignment("a-bad")[0] is None          # a status no one knows: not running
+
+
+def test_a_balancer_that_fails_leaves_the_topology_placed_and_its_run_going(state, monkeypatch, caplog):
+    from streamnet.runtime.control import scheduler
+
+    def decide(*args):
+        raise TypeError("foreign_busy 'x' is not a number")     # a worker's load record it cannot read
+    monkeypatch.setattr(scheduler, "decide", decide)
+    state.submit_topology("b-good", spec("b-good", balance="load"))
+    s = SchedulerService(state, "w0", auth=None, period_s=3600)
+    s.reconcile()
+    s.reconcile()
+    assert state.assignment("b-good")[0] is not None
+    assert state.failures("b-good") == {}                   # not refused: the run goes on unbalanced
+    assert caplog.text.count("the load balancer failed") == 1

@@ -64,6 +64,7 @@ class SchedulerService:
         self._graced: set[str] = set()      # topologies whose waiting was logged in this grace
         self._finished_seen: set[str] = set()   # topologies whose finish was logged
         self._refused: dict[str, str] = {}      # topology -> the error its spec was refused with
+        self._balance_errors: dict[str, str] = {}   # topology -> the balancer's last error
         self._recheck_at = float("inf")     # time.monotonic(): a pass the load balancer asked for
 
     def start(self) -> None:
@@ -280,7 +281,14 @@ class SchedulerService:
             log.info("topology %s: %s", name, note)
         assignment = step.assignment
         if step.spec is None:
-            assignment = self._balance(name, topology, assignment or current, workers) or assignment
+            try:
+                assignment = self._balance(name, topology, assignment or current, workers) or assignment
+            except CoordinatorError:
+                raise
+            except Exception as e:  # noqa: BLE001 - load records from workers: the placement goes on without
+                self._balance_failed(name, e)
+            else:
+                self._balance_errors.pop(name, None)
         if step.spec is not None:
             self.state.update_topology(name, step.spec)
         if assignment is not None:
@@ -318,6 +326,14 @@ class SchedulerService:
         if kept is None or kept[0] != text:
             kept = self._parsed[name] = (text, Topology.from_dict(spec))
         return kept[1]
+
+    def _balance_failed(self, name: str, error: Exception) -> None:
+        """The load balancer could not decide (a worker's load record it cannot read):
+        this pass places the topology without it, and says why once per reason."""
+        reason = f"{type(error).__name__}: {error}"
+        if self._balance_errors.get(name) != reason:
+            self._balance_errors[name] = reason
+            log.exception("topology %s: the load balancer failed (%s); placing it without balancing", name, reason)
 
     def _balance(self, name: str, topology: Topology, base: Assignment | None, workers: dict) -> Assignment | None:
         """The load balancer's decision (balance.py) applied to `base`, or None: no change."""
