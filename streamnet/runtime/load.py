@@ -65,7 +65,9 @@ class SpeedWindow:
         self.spread_floor = 0.0   # after a step: the relative spread of the reports before it
 
     def add(self, items: float, seconds: float) -> None:
-        if not (items > 0 and seconds >= 0):
+        # a report of no time is no speed (its median of 0 s an item has no error to
+        # give, which stopped the worker's load loop), nor one of infinite or NaN figures
+        if not (0 < items < math.inf and 0 < seconds < math.inf):
             return
         if self.skip > 0:
             self.skip -= 1

@@ -520,3 +520,11 @@ def test_a_unit_faster_at_a_smaller_share_is_balanced_between_the_shares_it_turn
     # is forgotten, and so is the move to between: the new speeds get one of their own
     decide(NAME, topology(), a, workers_with({"w1": {1: 23700.0}, "w2": {2: 1.5 * slow(share)}}), memory, 31.0)
     assert "compute" not in memory.aimed_at
+
+
+def test_a_report_of_no_time_or_no_finite_figure_is_no_speed():
+    meter = LoadMeter()
+    for items, seconds in [(32, 0.0), (32, -1.0), (32, float("nan")), (float("inf"), 1.0), (0, 1.0)] * WINDOW:
+        meter.report_work("t", 0, items, seconds)
+    rec = meter.record(0.5, 1, False)        # raised TypeError (round(None)): the load loop stopped
+    assert rec["seconds_per_item"] == {} and rec["speed_error"] == {}
