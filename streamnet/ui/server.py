@@ -115,12 +115,12 @@ def make_app(sampler: Sampler) -> web.Application:
 
     async def topologies(_request):
         s = snap()
-        return web.json_response({"topologies": [views.topology_view(s, n) for n in sorted(s.topologies)]})
+        return web.json_response({"topologies": views.each(views.topology_view, s, sorted(s.topologies))})
 
     async def training(_request):
         s = snap()
         names = [n for n in sorted(s.topologies) if views.is_training(s, n)]
-        return web.json_response({"runs": [views.training_view(s, n) for n in names]})
+        return web.json_response({"runs": views.each(views.training_view, s, names)})
 
     app = web.Application()
     app.add_routes([web.get("/", index), web.get("/static/{name}", static), web.get("/api/cluster", cluster),

@@ -7,11 +7,14 @@ Every figure here comes from /status or the results, and so is also on /metrics.
 """
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..runtime.control.cluster_state import FAILED, REFUSED
 from ..training.run_stats import EVAL_HISTORY, PROGRESS, STRAGGLERS
+
+log = logging.getLogger(__name__)
 
 DECISIONS = 12       # scheduler decisions shown on the cluster page
 SUMMED = {"training_sync_received_bytes_total", "training_sync_sent_bytes_total"}   # over the sync tasks
@@ -111,6 +114,18 @@ def failures(results: dict) -> list[dict]:
             if key.startswith(prefix):
                 out.append({"kind": prefix.rstrip("."), "where": f"{what} {key[len(prefix):]}",
                             "error": str(results[key])})
+    return out
+
+
+def each(view, snap: Snapshot, names) -> list[dict]:
+    """view(snap, name) for each name, leaving out (and logging) one whose stored spec or
+    results it cannot read, so that one such topology does not take the whole page with it."""
+    out = []
+    for name in names:
+        try:
+            out.append(view(snap, name))
+        except Exception as e:  # noqa: BLE001 - what clients stored: the other topologies are shown
+            log.warning("ui: topology %s left out of %s: %s: %s", name, view.__name__, type(e).__name__, e)
     return out
 
 

@@ -100,3 +100,17 @@ def test_a_topology_that_cannot_run_shows_why():
         {"kind": "failed", "where": "task 3",
          "error": "bolt 'sync' (task 3) on worker w0 failed to start: ValueError: no slice"},
         {"kind": "refused", "where": "worker w1", "error": "component class 'evil:Bolt' is outside the allowed modules"}]
+
+
+def test_a_topology_whose_stored_spec_or_results_cannot_be_read_is_left_out_not_the_page(caplog):
+    snap = _snapshot([_fig("training_loss", 0.5)])
+    good = snap.topologies["run"]
+    broken_spec = {**good, "spec": {"components": [{"id": "x"}]}}               # no kind: KeyError
+    broken_history = {**good, "results": {"eval.0.history": [{"epoch": 1}]}}    # no test_accuracy
+    snap.topologies.update({"a-spec": broken_spec, "b-history": broken_history})
+    shown = views.each(views.topology_view, snap, sorted(snap.topologies))
+    assert [t["name"] for t in shown] == ["b-history", "run"]
+    runs = views.each(views.training_view, snap, ["b-history", "run"])
+    assert len(runs) == 1 and runs[0]["accuracy"] == [[1, 0.6], [2, 0.8]]
+    assert "topology a-spec left out of topology_view" in caplog.text
+    assert "topology b-history left out of training_view" in caplog.text

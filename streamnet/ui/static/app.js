@@ -149,7 +149,7 @@ function graphSvg(t) {
       `<circle cx="${p.x + 12 + i * 12}" cy="${p.y + H - 9}" r="4" fill="${workerColour(w)}"><title>task ${esc(task)} on ${esc(w)}</title></circle>`).join("");
     nodes += `<g class="node ${esc(n.kind)}" data-id="${esc(n.id)}">
       <rect x="${p.x}" y="${p.y}" width="${W}" height="${H}"/>
-      <text x="${p.x + 10}" y="${p.y + 17}" font-weight="600">${esc(n.id)} ×${n.parallelism}</text>
+      <text x="${p.x + 10}" y="${p.y + 17}" font-weight="600">${esc(n.id)} ×${num(n.parallelism)}</text>
       <text x="${p.x + 10}" y="${p.y + 31}" class="muted" fill="#7a8394">${esc(n.class)}</text>${dots}</g>`;
   }
   const legend = t.workers.map((w, i) => `<circle cx="${PAD + i * 70}" cy="${height - 12}" r="5" fill="${workerColour(w)}"/>
@@ -197,7 +197,7 @@ function lineChart(id, title, points, opt) {
   }
   const line = points.map((p, i) => `${i ? "L" : "M"}${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" ");
   const dots = points.length <= 60 ? points.map((p) =>
-    `<circle class="point" cx="${sx(p[0])}" cy="${sy(p[1])}" r="3" fill="#3b6fd1"><title>${esc(opt.xLabel)} ${p[0]}: ${fmt(p[1])}</title></circle>`).join("") : "";
+    `<circle class="point" cx="${sx(p[0])}" cy="${sy(p[1])}" r="3" fill="#3b6fd1"><title>${esc(opt.xLabel)} ${Number(p[0])}: ${fmt(p[1])}</title></circle>`).join("") : "";
   const last = points.length ? fmt(points[points.length - 1][1]) : "no point yet";
   return `<svg class="chart" data-chart="${id}" data-points="${points.length}" width="${W}" height="${H}">
     <text x="${L}" y="16" font-weight="600">${esc(title)}: ${esc(last)}</text>${grid}
@@ -210,7 +210,7 @@ function lineChart(id, title, points, opt) {
 function stragglers(s) {
   if (!s || !s.top || !s.top.length) return '<p class="muted" data-stragglers="none">no straggler yet</p>';
   const rows = s.top.map((t) => `<tr><td>unit ${num(t.unit)}</td><td>${esc(t.worker)}</td><td>${num(t.rounds)}</td>
-    <td>${secs(t.held_s)}</td><td>${Object.entries(t.reasons).filter(([, n]) => n).map(([r, n]) => `${esc(r)} ${n}`).join(", ")}</td></tr>`);
+    <td>${secs(t.held_s)}</td><td>${Object.entries(t.reasons).filter(([, n]) => n).map(([r, n]) => `${esc(r)} ${num(n)}`).join(", ")}</td></tr>`);
   return `<table class="stragglers" data-stragglers="${s.top.length}"><caption>stragglers over ${num(s.rounds_judged)} rounds
     (the unit that arrived last, and why)</caption>
     <thead><tr><th>unit</th><th>worker</th><th>rounds held</th><th>others waited</th><th>why</th></tr></thead>
