@@ -75,3 +75,23 @@ def test_a_component_whose_constructor_raises_fails_its_topology_and_the_workers
         assert "its constructor raised TypeError: CountBolt takes no such setting" in str(e.value)
         results = c.run(wordcount.topology(count=300), timeout=60)   # the same workers, the next topology
         assert wordcount.merge_counts(results) == wordcount.expected_counts(300, 0)
+
+
+def test_a_task_whose_saved_state_cannot_be_read_fails_its_topology_and_the_workers_go_on(monkeypatch):
+    from streamnet.runtime import codec
+    from streamnet.runtime.control.cluster_state import ClusterState
+    real = ClusterState.load_state
+
+    def load_state(self, name, key):
+        if name == "wordcount" and key == "count.0":
+            raise codec.CodecError("malformed frame header: ExtraData")      # a node written by something else
+        return real(self, name, key)
+    with LocalCluster(workers=2) as c:
+        with monkeypatch.context() as m:
+            m.setattr(ClusterState, "load_state", load_state)
+            with pytest.raises(TopologyFailed) as e:
+                c.run(wordcount.topology(count=200), timeout=60)     # before: waited the 60 s, then ClusterTimeout
+        assert "bolt 'count' (task " in str(e.value)
+        assert "its saved state (count.0) cannot be read: malformed frame header" in str(e.value)
+        results = c.run(wordcount.topology(count=300), timeout=60)
+        assert wordcount.merge_counts(results) == wordcount.expected_counts(300, 0)

@@ -11,6 +11,7 @@ import logging
 import zlib
 
 from ..assignment import Assignment
+from ..codec import CodecError
 from ..control.cluster_state import FAILED
 from ..component import Context
 from ..messages import DataMsg, Message
@@ -101,6 +102,12 @@ class TopologyRuntime:
                     continue     # the other tasks start; the client fails the run on this one
                 try:
                     await fencing.claim_state(self, ex)
+                except CodecError as e:       # its saved state cannot be read: it cannot start, as if prepare() raised
+                    key = fencing.state_key(ex)
+                    log.error("%s: task %d cannot start: its saved state %s cannot be read: %s", self.name, t, key, e)
+                    self.task_failed(t, f"{ex.kind} {ex.cid!r} (task {t}) on worker {self.worker.id}: its saved "
+                                        f"state ({key}) cannot be read: {e}")
+                    continue
                 except Exception:
                     self.version = -1  # not converged: the next assignment event applies it again
                     self.refresh_view()
