@@ -63,3 +63,15 @@ def test_a_balancer_that_fails_leaves_the_topology_placed_and_its_run_going(stat
     assert state.assignment("b-good")[0] is not None
     assert state.failures("b-good") == {}                   # not refused: the run goes on unbalanced
     assert caplog.text.count("the load balancer failed") == 1
+
+
+def test_a_result_node_that_does_not_decode_is_named_and_the_topology_can_be_killed(state, caplog):
+    from streamnet.runtime.control.client import kill_topology
+    state.submit_topology("t", spec("t"))
+    state.publish_result("t", "failed.3", "bolt 'x' (task 3): prepare() raised")
+    state.coord.put(state.path("topologies", "t", "results", "failed.4"), b"\x00garbage")
+    assert state.failures("t")["failed.4"].startswith("<undecodable result failed.4: ")
+    results = kill_topology(state, "t", timeout=5)             # raised CodecError, and t stayed behind
+    assert results["failed.3"] == "bolt 'x' (task 3): prepare() raised"
+    assert "t" not in state.topology_names()
+    assert "its result failed.4 cannot be decoded" in caplog.text

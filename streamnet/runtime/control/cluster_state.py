@@ -12,6 +12,7 @@ use the frame codec so they may carry arrays.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Callable
 
 from .. import codec
@@ -19,6 +20,18 @@ from ..assignment import Assignment
 from .coordinator import (BadVersionError, ConnectionLostError, Coordinator, NoNodeError, NodeExistsError,
                           retry_while_lost)
 from ...errors import StreamnetError
+
+log = logging.getLogger(__name__)
+
+def _result(name: str, key: str, data: bytes):
+    """One result node, decoded; one that does not decode (written by something other
+    than a worker) reads as a line saying so, not an error that stops the reader - a
+    kill, after which the topology could not be removed, or a status."""
+    try:
+        return codec.decode(data)
+    except codec.CodecError as e:
+        log.warning("topology %s: its result %s cannot be decoded (%s)", name, key, e)
+        return f"<undecodable result {key}: {e}>"
 
 
 def _status_text(data: bytes) -> str:
@@ -310,7 +323,10 @@ class ClusterState:
         except NoNodeError:
             return out
         for k in keys:
-            out[k] = codec.decode(self.coord.get(self.path("topologies", name, "results", k))[0])
+            try:
+                out[k] = _result(name, k, self.coord.get(self.path("topologies", name, "results", k))[0])
+            except NoNodeError:
+                pass            # removed while we listed (the topology is being killed)
         return out
 
     def failures(self, name: str) -> dict[str, str]:
@@ -322,7 +338,7 @@ class ClusterState:
         out = {}
         for k in sorted(k for k in keys if k.startswith((FAILED, REFUSED))):
             try:
-                out[k] = codec.decode(self.coord.get(self.path("topologies", name, "results", k))[0])
+                out[k] = _result(name, k, self.coord.get(self.path("topologies", name, "results", k))[0])
             except NoNodeError:
                 pass
         return out
