@@ -358,6 +358,13 @@ def cmd_rebalance(a) -> int:
                 raise StreamnetError(f"topology {a.topology!r} has no component {cid!r}; known: {', '.join(sorted(known))}")
             if not isinstance(n, int) or n < 1:
                 raise StreamnetError(f"parallelism of {cid!r} must be an integer >= 1; got {n!r}")
+        if request["parallelism"]:          # the spec it would make, checked as the leader will
+            after = {**spec, "components": [{**c, "parallelism": request["parallelism"].get(c["id"], c["parallelism"])}
+                                            for c in spec["components"]]}
+            try:
+                Topology.from_dict(after, check_classes=False)
+            except TopologyError as e:
+                raise StreamnetError(f"topology {a.topology!r} cannot run with that parallelism: {e}") from None
         workers = state.workers()
         for w, n in request["threads"].items():
             if w not in workers:

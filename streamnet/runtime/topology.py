@@ -30,6 +30,10 @@ DEFAULT_CONFIG = {
     "balance": "static",           # "load": the leader sets work shares and threads by measured speed
 }
 BALANCE_MODES = ("static", "load")
+#: tasks in one topology, all components together: its assignment (a worker per task)
+#: is one ZooKeeper node, which holds at most 1 MB; 50,000 tasks passed that, and the
+#: leader's write of it failed on every pass
+MAX_TASKS = 10_000
 
 
 #: the project's own packages: what a worker runs unless its operator allows more
@@ -228,6 +232,10 @@ class Topology:
             raise TopologyError(f"duplicate component ids in {ids}")
         if not any(c["kind"] == "spout" for c in self.components):
             raise TopologyError(f"topology {self.name!r} has no spout; add one with add_spout()")
+        total = sum(c["parallelism"] for c in self.components if isinstance(c["parallelism"], int))
+        if total > MAX_TASKS:
+            raise TopologyError(f"topology {self.name!r} has {total} tasks; at most {MAX_TASKS} "
+                                "(its assignment must fit a ZooKeeper node)")
         for c in self.components:
             if c["kind"] not in ("spout", "bolt"):
                 raise TopologyError(f"component {c['id']!r}: kind must be spout or bolt")

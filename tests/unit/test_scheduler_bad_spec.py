@@ -75,3 +75,16 @@ def test_a_result_node_that_does_not_decode_is_named_and_the_topology_can_be_kil
     assert results["failed.3"] == "bolt 'x' (task 3): prepare() raised"
     assert "t" not in state.topology_names()
     assert "its result failed.4 cannot be decoded" in caplog.text
+
+
+def test_a_rebalance_request_that_would_make_a_spec_that_cannot_run_is_dropped_and_the_run_goes_on(state, caplog):
+    from streamnet.runtime.topology import MAX_TASKS
+    state.submit_topology("t", spec("t"))
+    s = SchedulerService(state, "w0", auth=None, period_s=3600)
+    s.reconcile()
+    before = state.assignment("t")[0]
+    state.request_rebalance("t", {"parallelism": {"s": MAX_TASKS + 1}, "threads": {}})
+    s.reconcile()
+    assert state.rebalance_request("t") is None and state.failures("t") == {}
+    assert state.assignment("t")[0] == before and state.topology("t")["components"][0]["parallelism"] == 1
+    assert "rebalance request" in caplog.text and "refused" in caplog.text

@@ -99,3 +99,13 @@ def test_engine_settings_it_cannot_run_with_are_refused_when_the_spec_is_parsed(
     good = b.build().to_dict()
     with pytest.raises(TopologyError, match=f"{setting} must be"):    # as a worker or the scheduler reads it
         Topology.from_dict(dict(good, config=dict(good["config"], **{setting: value})))
+
+
+def test_a_topology_of_more_tasks_than_an_assignment_can_hold_is_refused():
+    from streamnet.runtime.topology import MAX_TASKS
+    b = TopologyBuilder("t")
+    b.add_spout("s", SPOUT, parallelism=MAX_TASKS)
+    assert b.build().num_tasks == MAX_TASKS
+    b.add_bolt("x", SPLIT, parallelism=1).shuffle("s")
+    with pytest.raises(TopologyError, match=f"has {MAX_TASKS + 1} tasks; at most {MAX_TASKS}"):
+        b.build()

@@ -35,7 +35,7 @@ from .coordinator import BadVersionError, CoordinatorError, NoNodeError
 from .election import Election, ProbeInconclusive, probe
 from .placement import NoWorkersError, plan, worker_url
 from ..assignment import Assignment, moved_tasks
-from ..topology import Topology
+from ..topology import Topology, TopologyError
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +276,17 @@ class SchedulerService:
         if current is not None and topology is not None and self._finished(name, topology):
             return
         stopped = self.state.applied_workers(name, version) if current and current.draining else set()
-        step = plan(spec, workers, current, self.state.rebalance_request(name), stopped, time.time(), topology)
+        request = self.state.rebalance_request(name)
+        try:
+            step = plan(spec, workers, current, request, stopped, time.time(), topology)
+        except TopologyError as e:
+            if not (request and request.get("parallelism")):
+                raise
+            # the spec the request would make cannot run (written past the client's checks):
+            # the request goes, the topology runs on as it was
+            log.error("topology %s: rebalance request %s refused: %s", name, request, e)
+            self.state.clear_rebalance(name)
+            return
         for note in step.notes:
             log.info("topology %s: %s", name, note)
         assignment = step.assignment
