@@ -28,6 +28,7 @@ from .control.coordinator import CoordinatorError
 from .prometheus import CONTENT_TYPE as PROMETHEUS_TYPE, prometheus
 from .control.publisher import ResultPublisher
 from .control.scheduler import SchedulerService
+from .json_reply import json_reply
 from .load import LoadMeter
 from .dataplane.topology_runtime import TopologyRuntime
 from .topology import DEFAULT_ALLOWED_MODULES, TopologyError, resolve
@@ -389,7 +390,7 @@ class Worker:
     async def _status_handler(self, request: web.Request) -> web.Response:
         if (refused := monitor.refusal(request, self.monitor_token)) is not None:
             return refused
-        return web.json_response(self.status())
+        return json_reply(self.status())
 
     async def _metrics_handler(self, request: web.Request) -> web.Response:
         if (refused := monitor.refusal(request, self.monitor_token)) is not None:

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from ..errors import StreamnetError
 from ..runtime import monitor
+from ..runtime.json_reply import json_reply
 from ..runtime.control.cluster_state import ClusterState
 from ..runtime.dataplane.compute import ComputePool
 from . import views
@@ -111,16 +112,16 @@ def make_app(sampler: Sampler) -> web.Application:
         return web.Response(text=f.read_text(), content_type=kinds[suffix])
 
     async def cluster(_request):
-        return web.json_response(views.cluster_view(snap()))
+        return json_reply(views.cluster_view(snap()))
 
     async def topologies(_request):
         s = snap()
-        return web.json_response({"topologies": views.each(views.topology_view, s, sorted(s.topologies))})
+        return json_reply({"topologies": views.each(views.topology_view, s, sorted(s.topologies))})
 
     async def training(_request):
         s = snap()
         names = [n for n in sorted(s.topologies) if views.is_training(s, n)]
-        return web.json_response({"runs": views.each(views.training_view, s, names)})
+        return json_reply({"runs": views.each(views.training_view, s, names)})
 
     app = web.Application()
     app.add_routes([web.get("/", index), web.get("/static/{name}", static), web.get("/api/cluster", cluster),

@@ -8,6 +8,7 @@ Every figure here comes from /status or the results, and so is also on /metrics.
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -211,7 +212,8 @@ def record_loss(snap: Snapshot, previous: dict[str, list], keep: int = 5000) -> 
         for _w, _task, m in _tasks(snap, name):
             f = figures(m)
             rounds, loss = f.get(("training_sync_rounds_total",)), f.get(("training_loss",))
-            if rounds is not None and loss is not None and (not curve or rounds > curve[-1][0]):
+            finite = isinstance(loss, (int, float)) and math.isfinite(loss)    # a diverged run's is not drawn
+            if rounds is not None and finite and (not curve or rounds > curve[-1][0]):
                 curve.append([rounds, loss])
         if curve:
             snap.loss_curves[name] = curve[-keep:]

@@ -114,3 +114,18 @@ def test_a_topology_whose_stored_spec_or_results_cannot_be_read_is_left_out_not_
     assert len(runs) == 1 and runs[0]["accuracy"] == [[1, 0.6], [2, 0.8]]
     assert "topology a-spec left out of topology_view" in caplog.text
     assert "topology b-history left out of training_view" in caplog.text
+
+
+def test_a_diverged_runs_figures_go_out_as_json_a_browser_reads():
+    import json
+    import math
+
+    from streamnet.runtime.json_reply import json_reply
+    snap = _snapshot([_fig("training_loss", float("nan")), _fig("training_sync_rounds_total", 7)])
+    views.record_loss(snap, {"run": [[5, 0.9]]})
+    r = views.training_view(snap, "run")
+    assert r["loss"] == [[5, 0.9]]                                 # the NaN round is not drawn
+    reply = json_reply({"run": r, "loss": float("nan"), "rates": [float("inf"), 1.5]})
+    body = json.loads(reply.text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))   # NaN: not JSON
+    assert body["loss"] is None and body["rates"] == [None, 1.5]
+    assert not math.isnan(body["run"]["loss"][0][1])
