@@ -92,13 +92,19 @@ def resume_point(cfg: RunConfig, checkpoint_dir: str | None, name: str, path: st
         ck = load_checkpoint(path)
         if not ck.get("state"):
             raise CheckpointError(f"{path} holds parameters only (not a resumable checkpoint)")
-    saved, now = ck["state"]["config"], run_config_to_dict(cfg)
+    state = ck["state"]
+    position = state.get("position") if isinstance(state, dict) else None
+    if not (isinstance(state, dict) and isinstance(state.get("config"), dict) and isinstance(position, dict)
+            and all(isinstance(position.get(k), int) for k in ("step", "epoch", "round"))):
+        raise CheckpointError(f"{path} holds no run configuration and position to resume from "
+                              "(not a checkpoint of a training run)")
+    saved, now = state["config"], run_config_to_dict(cfg)
     free = {"epochs", "threads", "sync_tasks"}    # may change; everything else decides the arithmetic
     differ = sorted(k for k in set(saved) | set(now) if k not in free and saved.get(k) != now.get(k))
     if differ:
         raise CheckpointError(f"{path} was written by a run with different {', '.join(differ)}: "
                               f"{ {k: saved.get(k) for k in differ} }; resume with the same settings")
-    pos = ck["state"]["position"]
+    pos = position
     return {"path": os.path.abspath(path), "sha256": ck["sha256"], "step": pos["step"], "epoch": pos["epoch"],
             "round": pos["round"], "shares": pos.get("shares")}    # the load balancer's, with --balance load
 

@@ -68,3 +68,14 @@ def test_latest_skips_corrupt_and_params_only_checkpoints(tmp_path, caplog):
     assert "run-00000004.ckpt is corrupt" in messages and "parameters only" in messages
     with pytest.raises(CheckpointError, match="no checkpoint of 'none'"):
         latest_checkpoint(str(tmp_path), "none")
+
+
+@pytest.mark.parametrize("state", [{"config": {}}, {"position": {"step": 1, "epoch": 0, "round": 1}},
+                                   {"config": {}, "position": {"step": "1", "epoch": 0, "round": 1}}])
+def test_resuming_from_a_checkpoint_without_a_run_position_is_a_clear_error(tmp_path, state):
+    from streamnet.training.checkpoint import CheckpointError, write_checkpoint
+    from streamnet.training.config import lenet5_mixbp
+    from streamnet.training.nsmap import resume_point
+    p = write_checkpoint(str(tmp_path), "run", 1, np.zeros(4, np.float32), state, key=b"k" * 32)["path"]
+    with pytest.raises(CheckpointError, match="holds no run configuration and position"):   # was a KeyError
+        resume_point(lenet5_mixbp(), None, "run", path=p)
