@@ -88,3 +88,13 @@ def test_a_rebalance_request_that_would_make_a_spec_that_cannot_run_is_dropped_a
     assert state.rebalance_request("t") is None and state.failures("t") == {}
     assert state.assignment("t")[0] == before and state.topology("t")["components"][0]["parallelism"] == 1
     assert "rebalance request" in caplog.text and "refused" in caplog.text
+
+
+@pytest.mark.parametrize("garbage", [b"{not json", b'{"tasks": []}'])
+def test_an_assignment_node_that_cannot_be_read_is_placed_afresh_over(state, garbage):
+    state.submit_topology("t", spec("t"))
+    state.coord.put(state.path("assignments", "t"), garbage)
+    assert state.assignment("t")[0] is None                 # counts as none (JSONDecodeError, AssignmentError)
+    SchedulerService(state, "w0", auth=None, period_s=3600).reconcile()
+    placed, _ = state.assignment("t")
+    assert placed is not None and set(placed.tasks.values()) == {"w0"} and state.failures("t") == {}

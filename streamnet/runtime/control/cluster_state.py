@@ -16,7 +16,7 @@ import logging
 from typing import Callable
 
 from .. import codec
-from ..assignment import Assignment
+from ..assignment import Assignment, AssignmentError
 from .coordinator import (BadVersionError, ConnectionLostError, Coordinator, NoNodeError, NodeExistsError,
                           retry_while_lost)
 from ...errors import StreamnetError
@@ -75,8 +75,15 @@ def _unj(data: bytes | None):
 
 
 def _assignment(data: bytes | None) -> Assignment | None:
-    d = _unj(data)
-    return None if d is None else Assignment.from_json(d)
+    """An assignment node, parsed; None where there is none, or where it cannot be read
+    (written by something other than the leader): the leader then places the topology
+    afresh over it - it is never refused for that - and a worker waits for that write."""
+    try:
+        d = _unj(data)
+        return None if d is None else Assignment.from_json(d)
+    except (ValueError, AssignmentError) as e:       # json's errors are ValueErrors
+        log.warning("an assignment node cannot be read (%s: %s); it counts as none", type(e).__name__, e)
+        return None
 
 
 class ClusterState:
