@@ -1,5 +1,8 @@
-"""A topology whose spec cannot be scheduled does not stop the scheduler from placing
-the others; the reason reaches the topology's results once, where the submitter reads it."""
+"""What the coordinator holds for a topology and cannot be read or placed - its spec, its
+status, its assignment, a result, a rebalance request, the balancer's inputs - stops
+nothing else: the scheduler places the other topologies, the reason reaches the log (and,
+for a spec, the topology's results, where the submitter reads it), and readers go on."""
+import json
 import time
 
 import pytest
@@ -98,3 +101,16 @@ def test_an_assignment_node_that_cannot_be_read_is_placed_afresh_over(state, gar
     SchedulerService(state, "w0", auth=None, period_s=3600).reconcile()
     placed, _ = state.assignment("t")
     assert placed is not None and set(placed.tasks.values()) == {"w0"} and state.failures("t") == {}
+
+
+def test_done_markers_and_balance_log_entries_of_another_shape_are_left_out(state):
+    state.submit_topology("t", spec("t"))
+    for kid in ("3", "x", "-1"):
+        state.coord.put(state.path("topologies", "t", "done", kid), b"")
+    assert state.done_tasks("t") == {3}                        # raised ValueError on "x"
+    good = {"time": 1.5, "decision": "shares 1.1:0.9"}
+    state.coord.put(state.path("topologies", "t", "balance"),
+                    json.dumps([{"decision": "no time"}, "text", good]).encode())
+    assert state.balance_log("t") == [good]                    # `status` raised KeyError 'time'
+    state.coord.put(state.path("topologies", "t", "balance"), b"{not json")
+    assert state.balance_log("t") == []

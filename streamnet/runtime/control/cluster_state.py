@@ -187,10 +187,14 @@ class ClusterState:
         self.coord.put(self.path("topologies", name, "balance"), _j(history))
 
     def balance_log(self, name: str) -> list[dict]:
+        """The leader's last balancing decisions ({time, decision, ...} each); entries of
+        another shape, or a node that does not parse, are left out."""
         try:
-            return _unj(self.coord.get(self.path("topologies", name, "balance"))[0])
-        except NoNodeError:
+            entries = _unj(self.coord.get(self.path("topologies", name, "balance"))[0])
+        except (NoNodeError, ValueError):      # none, or not JSON
             return []
+        return [d for d in entries if isinstance(d, dict) and isinstance(d.get("time"), (int, float))
+                and "decision" in d] if isinstance(entries, list) else []
 
     def mark_applied(self, name: str, worker: str, version: int) -> None:
         """A worker reports the assignment version it has converged to."""
@@ -300,9 +304,10 @@ class ClusterState:
 
     def done_tasks(self, name: str) -> set[int]:
         try:
-            return {int(t) for t in self.coord.children(self.path("topologies", name, "done"))}
+            kids = self.coord.children(self.path("topologies", name, "done"))
         except NoNodeError:
             return set()
+        return {int(t) for t in kids if t.isdigit()}     # only workers write here: a task number each
 
     def mark_stopped(self, name: str, worker: str) -> None:
         try:
