@@ -11,8 +11,13 @@ status, never from neural-network code.
 """
 from __future__ import annotations
 
+import logging
+
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+log = logging.getLogger(__name__)
+_clashes: set[str] = set()      # figure families left out of /metrics, each logged once
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -49,50 +54,56 @@ class StatusCollector:
 
     def collect(self):
         s = self.status()
-        w = [str(s["worker"])]
-        yield _gauge("streamnet_compute_threads", "Compute threads of the worker", s["threads"], w)
-        yield _gauge("streamnet_compute_busy_ratio", "Fraction of the compute threads' time spent computing",
-                     s["busy_fraction"], w)
-        yield _gauge("streamnet_leader", "1 if this worker's scheduler is the cluster's leader",
-                     1 if s.get("leader") else 0, w)
-        load = s.get("load") or {}
-        if "foreign_busy" in load:
-            yield _gauge("streamnet_host_foreign_busy_cores", "Cores of this worker's host kept busy by other "
-                         "processes (last published load record)", load["foreign_busy"], w)
-        if "steal" in load:
-            yield _gauge("streamnet_host_steal_ratio", "Fraction of CPU time stolen by the hypervisor",
-                         load["steal"], w)
-        tr = s["transport"]
-        for key, name, doc in (("rejected", "streamnet_rejected_connections", "Inbound connections refused"),
-                               ("frames_in", "streamnet_frames_received", "Frames received from peers"),
-                               ("bytes_in", "streamnet_received_bytes", "Bytes of frames received from peers"),
-                               ("dropped", "streamnet_dropped_tuples", "Tuples dropped by delivery (replayed)")):
-            if key in tr:
-                yield _counter(name, doc, tr[key], w)
-        yield _gauge("streamnet_open_streams", "Inbound peer streams open", tr.get("open_streams", 0), w)
-        sent = CounterMetricFamily("streamnet_link_sent_bytes", "Bytes sent to a peer worker",
-                                   labels=["worker", "peer"])
-        for peer, link in s["links"].items():
-            sent.add_metric(w + [str(peer)], link.get("bytes_out", 0))
-        yield sent
         rows = list(_task_rows(s))
-        for key, (name, doc) in TASK_COUNTERS.items():
-            fam = CounterMetricFamily(name, doc, labels=TASK_LABELS)
-            for labels, m in rows:
-                if key in m:
-                    fam.add_metric(labels, m[key])
-            yield fam
-        for key, (name, doc, cap) in TASK_GAUGES.items():
-            fam = GaugeMetricFamily(name, doc, labels=TASK_LABELS)
-            ratio = GaugeMetricFamily(f"{name}_fill_ratio", f"{doc}, as a fraction of its bound", labels=TASK_LABELS)
-            for labels, m in rows:
-                if key in m:
-                    fam.add_metric(labels, m[key])
-                    ratio.add_metric(labels, m[key] / m[cap] if m.get(cap) else 0.0)
-            yield fam
-            yield ratio
-        yield _execute_summary(rows)
-        yield from _figures(rows)
+        engine = list(_engine_families(s, rows))
+        yield from engine
+        yield from _figures(rows, {f.name for f in engine})
+
+
+def _engine_families(s: dict, rows: list):
+    """The engine's own families (all but the tasks' figures) of one status dict."""
+    w = [str(s["worker"])]
+    yield _gauge("streamnet_compute_threads", "Compute threads of the worker", s["threads"], w)
+    yield _gauge("streamnet_compute_busy_ratio", "Fraction of the compute threads' time spent computing",
+                 s["busy_fraction"], w)
+    yield _gauge("streamnet_leader", "1 if this worker's scheduler is the cluster's leader",
+                 1 if s.get("leader") else 0, w)
+    load = s.get("load") or {}
+    if "foreign_busy" in load:
+        yield _gauge("streamnet_host_foreign_busy_cores", "Cores of this worker's host kept busy by other "
+                     "processes (last published load record)", load["foreign_busy"], w)
+    if "steal" in load:
+        yield _gauge("streamnet_host_steal_ratio", "Fraction of CPU time stolen by the hypervisor",
+                     load["steal"], w)
+    tr = s["transport"]
+    for key, name, doc in (("rejected", "streamnet_rejected_connections", "Inbound connections refused"),
+                           ("frames_in", "streamnet_frames_received", "Frames received from peers"),
+                           ("bytes_in", "streamnet_received_bytes", "Bytes of frames received from peers"),
+                           ("dropped", "streamnet_dropped_tuples", "Tuples dropped by delivery (replayed)")):
+        if key in tr:
+            yield _counter(name, doc, tr[key], w)
+    yield _gauge("streamnet_open_streams", "Inbound peer streams open", tr.get("open_streams", 0), w)
+    sent = CounterMetricFamily("streamnet_link_sent_bytes", "Bytes sent to a peer worker",
+                               labels=["worker", "peer"])
+    for peer, link in s["links"].items():
+        sent.add_metric(w + [str(peer)], link.get("bytes_out", 0))
+    yield sent
+    for key, (name, doc) in TASK_COUNTERS.items():
+        fam = CounterMetricFamily(name, doc, labels=TASK_LABELS)
+        for labels, m in rows:
+            if key in m:
+                fam.add_metric(labels, m[key])
+        yield fam
+    for key, (name, doc, cap) in TASK_GAUGES.items():
+        fam = GaugeMetricFamily(name, doc, labels=TASK_LABELS)
+        ratio = GaugeMetricFamily(f"{name}_fill_ratio", f"{doc}, as a fraction of its bound", labels=TASK_LABELS)
+        for labels, m in rows:
+            if key in m:
+                fam.add_metric(labels, m[key])
+                ratio.add_metric(labels, m[key] / m[cap] if m.get(cap) else 0.0)
+        yield fam
+        yield ratio
+    yield _execute_summary(rows)
 
 
 def _gauge(name, doc, value, labels):
@@ -121,14 +132,23 @@ def _execute_summary(rows) -> Metric:
     return m
 
 
-def _figures(rows):
-    """Context.figure's numbers: one family per name, the task's labels and its own."""
+def _figures(rows, taken: set[str] = frozenset()):
+    """Context.figure's numbers: one family per name, the task's labels and its own. A
+    figure whose family is one of the engine's (`taken`), or already a family of the other
+    type (a gauge x beside a counter x_total), is left out - logged once - since a scrape
+    with two families of one name is refused whole."""
     families: dict[str, Metric] = {}
     for labels, t in rows:
         base = dict(zip(TASK_LABELS, labels))
         for f in t.get("figures", ()):
             family = "streamnet_" + (f["name"][:-len("_total")] if f["type"] == "counter" else f["name"])
             m = families.get(family)
+            if family in taken or (m is not None and m.type != f["type"]):
+                if family not in _clashes:
+                    _clashes.add(family)
+                    log.warning("/metrics leaves out the figure %r of task %s: its family %s is %s", f["name"],
+                                base.get("task"), family, "the engine's" if family in taken else "of another type")
+                continue
             if m is None:
                 m = families[family] = Metric(family, f["help"] or f["name"], f["type"])
             sample = family + ("_total" if f["type"] == "counter" else "")

@@ -62,3 +62,19 @@ def test_a_figure_keeps_its_last_value_per_labels_and_names_are_checked():
     with pytest.raises(ValueError):      # known as a gauge: reported as a counter it is checked again
         ctx.figure("training_epoch", 4, counter=True, help="epoch")
     assert ctx.figures[("training_epoch", ())].value == 3.0
+
+
+def test_figures_that_would_take_an_engine_family_or_one_of_another_type_are_left_out(caplog):
+    ctx = _ctx()
+    ctx.figure("task_executed_total", 99, counter=True, help="named like the engine's")
+    ctx.figure("x", 1.0, help="a gauge")
+    ctx.figure("x_total", 2.0, counter=True, help="a counter of the same family")
+    ctx.figure("training_loss", 0.5, help="loss")
+    text = prometheus(_status(ctx.figures_status()))
+    families = {f.name: f for f in text_string_to_metric_families(text)}   # a duplicate family fails to parse
+    assert text.count("# TYPE streamnet_task_executed_total counter") == 1
+    assert [s.value for s in families["streamnet_task_executed"].samples] == [10]     # the engine's, not 99
+    assert families["streamnet_x"].type == "gauge" and "streamnet_x_total" not in text
+    assert families["streamnet_training_loss"].samples[0].value == 0.5
+    assert "leaves out the figure 'task_executed_total'" in caplog.text
+    assert "leaves out the figure 'x_total'" in caplog.text
