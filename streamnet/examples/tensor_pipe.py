@@ -8,7 +8,7 @@ import hashlib
 
 import numpy as np
 
-from ..runtime import Bolt, Spout, TopologyBuilder
+from ..runtime import Bolt, Spout, TopologyBuilder, TopologyError
 
 
 def make_array(seed: int, i: int, size: int) -> np.ndarray:
@@ -79,6 +79,8 @@ class ChecksumBolt(Bolt):
 
 def topology(name: str = "tensor_pipe", count: int = 10, size: int = 1024, seed: int = 0,
              transformers: int = 2, sinks: int = 1, **config):
+    if count < 0 or size < 1:
+        raise TopologyError(f"tensor_pipe takes count >= 0 and size >= 1; got count {count}, size {size}")
     b = TopologyBuilder(name)
     b.add_spout("arrays", "streamnet.examples.tensor_pipe:ArraySpout", count=count, size=size, seed=seed)
     b.add_bolt("transform", "streamnet.examples.tensor_pipe:TransformBolt", parallelism=transformers).shuffle("arrays")

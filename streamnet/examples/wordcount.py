@@ -18,7 +18,7 @@ import random
 import time
 from collections import Counter
 
-from ..runtime import Bolt, Spout, TopologyBuilder
+from ..runtime import Bolt, Spout, TopologyBuilder, TopologyError
 
 WORDS = ("storm stream bolt spout tuple worker acker anchor replay shuffle fields global "
          "zookeeper leader network gradient").split()
@@ -142,6 +142,9 @@ class CountBolt(Bolt):
 
 def topology(name: str = "wordcount", count: int = 1000, seed: int = 0, split: int = 2, counters: int = 3,
              fail_every: int = 0, delay_s: float = 0.0, **config):
+    for option, value in (("count", count), ("fail_every", fail_every), ("delay_s", delay_s)):
+        if value < 0:
+            raise TopologyError(f"wordcount's {option} must be >= 0; got {value}")
     b = TopologyBuilder(name)
     b.add_spout("sentences", "streamnet.examples.wordcount:SentenceSpout", count=count, seed=seed)
     b.add_bolt("split", "streamnet.examples.wordcount:SplitBolt", parallelism=split).shuffle("sentences")

@@ -105,3 +105,13 @@ def test_log_level_goes_before_or_after_the_subcommand():
     assert p.parse_args(["--log-level", "info", "status", "x"]).log_level == "INFO"
     assert p.parse_args(["--log-level", "info", "list", "--log-level", "error"]).log_level == "ERROR"
     assert p.parse_args(["list"]).log_level == "WARNING"              # the default stays the top level's
+
+
+@pytest.mark.parametrize("args, why", [
+    (["run-example", "wordcount", "--set", "count=-5"], "wordcount's count must be >= 0; got -5"),
+    (["describe", "wordcount", "--set", "delay_s=-1"], "wordcount's delay_s must be >= 0; got -1"),
+    (["run-example", "tensor_pipe", "--set", "size=0"], "tensor_pipe takes count >= 0 and size >= 1"),
+])
+def test_an_example_option_out_of_range_is_refused(args, why, capsys):
+    assert run_main(submit.main, args) == 2                    # count=-5 ran, and said "OK: 0 words counted"
+    assert why in one_line_error(capsys, "streamnet-submit")
