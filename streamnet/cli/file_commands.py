@@ -31,7 +31,8 @@ def add_commands(sub) -> None:
     x.add_argument("--format", choices=FORMATS, default="safetensors",
                    help="safetensors (default; needs nothing) or torch (torch.save of a state_dict; needs PyTorch)")
     x.add_argument("--model", choices=("lenet5", "alexnet"),
-                   help="the network, for a checkpoint that holds parameters only (others record it)")
+                   help="the network, for a checkpoint that holds parameters only (others record it, and "
+                        "a --model that disagrees is refused)")
     x.add_argument("--input-size", type=int, metavar="N", help="with --model alexnet: 64 or 224")
     x.set_defaults(func=cmd_export)
 

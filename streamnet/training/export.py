@@ -62,6 +62,10 @@ def load_for_export(path: str, model: str | None = None, input_size: int | None 
     if config is not None:
         cfg = run_config_from_dict(config)
         name, options, dataset = cfg.model.name, dict(cfg.model.options), cfg.data.dataset
+        recorded = cfg.model.input_size
+        if (model is not None and model != name) or (input_size is not None and input_size != recorded):
+            raise ExportError(f"{path} records its network, {name} with input size {recorded}; --model "
+                              f"{model or name} --input-size {input_size or recorded} disagrees (leave them out)")
     elif model is not None:
         name, options, dataset = model, ({"input_size": input_size} if input_size else {}), None
     else:

@@ -153,3 +153,13 @@ def test_export_mistakes_are_one_line(tmp_path, capsys):
     assert "argument --format: invalid choice" in one_line_error(capsys, "streamnet-submit")
     assert run_main(submit.main, ["export", path, str(tmp_path / "w.safetensors")]) == 0
     assert "wrote 61,706 parameters" in capsys.readouterr().err
+
+
+def test_a_model_that_disagrees_with_the_recorded_one_is_refused_not_ignored(tmp_path):
+    path, net = _checkpoint(tmp_path, "lenet5", {})
+    out = str(tmp_path / "w.safetensors")
+    with pytest.raises(ExportError, match="records its network, lenet5 with input size 28; --model alexnet"):
+        export(path, out, model="alexnet", input_size=64)
+    with pytest.raises(ExportError, match="--input-size 32 disagrees"):
+        export(path, out, model="lenet5", input_size=32)
+    assert export(path, out, model="lenet5").num_params == net.num_params     # the same: fine
