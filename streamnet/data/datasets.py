@@ -119,6 +119,11 @@ def _read_split(directory: str, xkey: str, ykey: str) -> Split:
         raise DataError(f"{ypath}: expected a 1-dimensional label file, got shape {labels.shape}")
     if len(labels) != len(images):
         raise DataError(f"{ypath}: {len(labels)} labels for {len(images)} images in {xpath}")
+    if labels.dtype.kind == "f":           # a float label file: each label must be a whole number (not 3.7, not NaN)
+        bad = np.flatnonzero(~(np.isfinite(labels) & (labels == np.round(labels))))
+        if bad.size:
+            raise DataError(f"{ypath}: {bad.size} labels are not whole numbers (the first, at index {bad[0]}: "
+                            f"{float(labels[bad[0]]):g}); a label is a class number")
     return Split(images, labels.astype(np.int64))
 
 

@@ -135,3 +135,13 @@ def test_named_datasets_quarantine_labels_outside_their_classes(tmp_path):
     assert ds.num_classes == 10
     assert ds.quarantined["train"]["label out of range"]["first"] == [1, 2, 4]
     np.testing.assert_array_equal(ds.train.labels, [0, 9])
+
+
+@pytest.mark.parametrize("labels, first", [([0.0, 1.0, 3.7, 2.0], "index 2: 3.7"), ([1.0, float("nan")], "index 1")])
+def test_a_float_label_file_whose_labels_are_not_whole_numbers_is_refused(tmp_path, labels, first):
+    _label_dir(tmp_path, [0] * len(labels))
+    write_idx(tmp_path / "train-labels-idx1-ubyte", np.array(labels, ">f4"))     # 3.7 was trained as class 3
+    with pytest.raises(DataError, match=f"train-labels-idx1-ubyte: 1 labels are not whole numbers .*{first}"):
+        _load(tmp_path, "idx")
+    write_idx(tmp_path / "train-labels-idx1-ubyte", np.array([0.0, 1.0, 3.0, 2.0][:len(labels)], ">f4"))
+    assert _load(tmp_path, "idx").train.labels.tolist() == [0, 1, 3, 2][:len(labels)]    # whole: fine
