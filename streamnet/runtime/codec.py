@@ -181,7 +181,8 @@ def decode_body(header: bytes | memoryview, payload: bytes | memoryview, limits:
     except CodecError:
         raise
     except Exception as e:  # noqa: BLE001 - msgpack raises many types on garbage
-        raise CodecError(f"malformed frame header: {type(e).__name__}: {e}") from None
+        why = str(e) or ("nested too deep" if type(e).__name__ == "StackError" else "no reason given")
+        raise CodecError(f"malformed frame header: {type(e).__name__}: {why}") from None
     if used != plen:
         raise CodecError(f"payload of {plen} bytes, but its arrays take {used}")
     return obj

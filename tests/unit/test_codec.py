@@ -96,3 +96,9 @@ def test_fuzz_decoder_with_random_and_mutated_frames():
         except CodecError:
             outcomes["error"] += 1
     assert outcomes["error"] > 3000 and outcomes["ok"] > 0
+
+
+def test_a_header_nested_too_deep_says_so():
+    header = b"\x91" * 5000 + b"\xc0"                  # 5,000 lists, each in the one before
+    with pytest.raises(CodecError, match="malformed frame header: StackError: nested too deep"):
+        decode(PREFIX.pack(MAGIC, len(header), 0) + header)      # the message was empty after "StackError: "
