@@ -156,8 +156,7 @@ class Executor:
         except Exception as e:  # noqa: BLE001 - user code
             self.metrics.errors += 1
             log.exception("%s %s[%d] of %s: %s() failed", self.kind, self.cid, self.task, self.rt.name, step)
-            self.rt.task_failed(self.task, f"{self.kind} {self.cid!r} (task {self.task}) on worker "
-                                           f"{self.rt.worker.id}: {step}() raised {type(e).__name__}: {e}")
+            self.rt.task_failed(self.task, f"{step}() raised {type(e).__name__}: {e}")
             return False
 
     async def flush(self) -> None:

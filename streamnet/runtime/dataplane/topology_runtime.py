@@ -95,18 +95,15 @@ class TopologyRuntime:
                 try:
                     ex = self.make_executor(t)
                 except Exception as e:  # noqa: BLE001 - user code: the component's constructor
-                    c = self.topology.task_component(t)
-                    log.exception("%s: task %d (%s %r) cannot be made", self.name, t, c["kind"], c["id"])
-                    self.task_failed(t, f"{c['kind']} {c['id']!r} (task {t}) on worker {self.worker.id}: "
-                                        f"its constructor raised {type(e).__name__}: {e}")
+                    log.exception("%s: task %d cannot be made", self.name, t)
+                    self.task_failed(t, f"its constructor raised {type(e).__name__}: {e}")
                     continue     # the other tasks start; the client fails the run on this one
                 try:
                     await fencing.claim_state(self, ex)
                 except CodecError as e:       # its saved state cannot be read: it cannot start, as if prepare() raised
                     key = fencing.state_key(ex)
                     log.error("%s: task %d cannot start: its saved state %s cannot be read: %s", self.name, t, key, e)
-                    self.task_failed(t, f"{ex.kind} {ex.cid!r} (task {t}) on worker {self.worker.id}: its saved "
-                                        f"state ({key}) cannot be read: {e}")
+                    self.task_failed(t, f"its saved state ({key}) cannot be read: {e}")
                     continue
                 except Exception:
                     self.version = -1  # not converged: the next assignment event applies it again
@@ -250,9 +247,12 @@ class TopologyRuntime:
     def task_done(self, task: int) -> None:
         self.worker.mark_done(self.name, task)
 
-    def task_failed(self, task: int, error: str) -> None:
-        """A task could not start: its reason goes where clients look (client.wait_done)."""
-        self.worker.publish(self.name, f"{FAILED}{task}", error)
+    def task_failed(self, task: int, why: str) -> None:
+        """A task could not start: `why`, after the component, task and worker, goes where
+        clients look (client.wait_done)."""
+        c = self.topology.task_component(task)
+        self.worker.publish(self.name, f"{FAILED}{task}",
+                            f"{c['kind']} {c['id']!r} (task {task}) on worker {self.worker.id}: {why}")
 
     MAX_PARKED = 10_000
 
