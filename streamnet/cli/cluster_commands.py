@@ -10,7 +10,7 @@ import urllib.request
 from ..errors import ConfigError, StreamnetError
 from ..runtime.control import (ClusterTimeout, TopologyFailed, TopologyGone, UnknownTopologyError, drain_topology,
                                is_done, kill_topology, wait_done)
-from ..runtime.assignment import MAX_THREADS
+from ..runtime.assignment import MAX_THREADS, threads_ok
 from ..runtime.topology import Topology, TopologyError, resolve
 from ..training.run_stats import CHECKPOINTS, EVAL_HISTORY, STOPPED_AT, STRAGGLERS
 from .common import (add_cluster_options, allowed_modules, check_writable, connect, parse_set, positive_float,
@@ -369,7 +369,7 @@ def cmd_rebalance(a) -> int:
         for w, n in request["threads"].items():
             if w not in workers:
                 raise StreamnetError(f"no worker {w!r}; workers: {', '.join(sorted(workers))}")
-            if not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
+            if not threads_ok(n):
                 raise StreamnetError(f"threads of {w!r} must be an integer from 1 to {MAX_THREADS}; got {n!r}")
         state.request_rebalance(a.topology, request)
         print(f"rebalance of {a.topology} requested: {request}")

@@ -35,6 +35,11 @@ class AssignmentError(StreamnetError):
 MAX_THREADS = 1024
 
 
+def threads_ok(n) -> bool:
+    """Whether `n` is a number of compute threads an assignment may give a worker."""
+    return isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_THREADS
+
+
 @dataclass(frozen=True)
 class Assignment:
     tasks: Mapping[int, str] = field(default_factory=dict)       # task -> worker

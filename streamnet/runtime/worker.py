@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from . import codec, monitor
-from .assignment import MAX_THREADS, Assignment
+from .assignment import MAX_THREADS, Assignment, threads_ok
 from .dataplane import accept_shortage
 from .dataplane.delivery import Delivery
 from .dataplane.executor import Wake
@@ -309,7 +309,7 @@ class Worker:
             self.runtimes[name] = rt
             rt.stop_requested = status == "stopping"
         threads = assignment.threads.get(self.id)
-        if threads is not None and not 1 <= threads <= MAX_THREADS:     # the leader checks; an older one did not
+        if threads is not None and not threads_ok(threads):     # the leader checks; an older one did not
             log.warning("worker %s: assignment v%d asks for %r compute threads; keeping %d (1..%d)", self.id,
                         version, threads, self.pool.size, MAX_THREADS)
             threads = None

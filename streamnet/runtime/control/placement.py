@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from ...errors import StreamnetError
-from ..assignment import DRAIN_TIMEOUT_S, DRAINING, MAX_THREADS, Assignment
+from ..assignment import DRAIN_TIMEOUT_S, DRAINING, MAX_THREADS, Assignment, threads_ok
 from ..topology import Topology
 
 
@@ -102,8 +102,7 @@ def plan(spec: dict, workers: dict[str, dict], current: Assignment | None, reque
     threads, notes = dict(new.threads), []
     if request.get("threads"):
         asked = {w: n for w, n in request["threads"].items() if w in workers}
-        bad = {w: n for w, n in asked.items() if isinstance(n, bool) or not isinstance(n, int)
-               or not 1 <= n <= MAX_THREADS}
+        bad = {w: n for w, n in asked.items() if not threads_ok(n)}
         if bad:     # a request written past the client's checks: the rest of it is carried out
             notes.append(f"compute threads {bad} refused: each must be a whole number 1..{MAX_THREADS}")
         threads.update({w: n for w, n in asked.items() if w not in bad})
