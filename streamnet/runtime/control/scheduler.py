@@ -42,6 +42,16 @@ log = logging.getLogger(__name__)
 MIN_GAP_S = 0.05    # between two passes, however many watches fire
 
 
+def _new_reason(said: dict[str, str], name: str, error: Exception) -> str | None:
+    """`error` as a reason about topology `name`, or None where it is the one last said
+    about it (kept in `said`): each reason is said once, not every pass."""
+    reason = f"{type(error).__name__}: {error}"
+    if said.get(name) == reason:
+        return None
+    said[name] = reason
+    return reason
+
+
 class SchedulerService:
     def __init__(self, state: ClusterState, worker_id: str, auth, period_s: float = 1.0):
         """`auth`: this worker's transport Auth, with which the liveness probe checks
@@ -198,8 +208,9 @@ class SchedulerService:
         names = self.state.topology_names()
         for gone in set(self._parsed) - set(names):
             del self._parsed[gone]
-        for gone in set(self._refused) - set(names):
-            del self._refused[gone]
+        for said in (self._refused, self._balance_errors):
+            for gone in set(said) - set(names):
+                del said[gone]
         self._finished_seen &= set(names)     # a name submitted again is a new run
         for name in names:
             if self.state.status(name) not in RUNNING:
@@ -222,10 +233,9 @@ class SchedulerService:
         written past the submit client's checks, or by another version): the others are
         scheduled as usual, and the reason goes to the log and - as a worker's refusal
         does - to the topology's results, where the submitter reads it; once per reason."""
-        reason = f"{type(error).__name__}: {error}"
-        if self._refused.get(name) == reason:
+        reason = _new_reason(self._refused, name, error)
+        if reason is None:
             return
-        self._refused[name] = reason
         log.error("topology %s cannot be scheduled: %s", name, reason)
         try:
             self.state.publish_result(name, f"{REFUSED}scheduler", f"the scheduler cannot place it: {reason}")
@@ -340,9 +350,8 @@ class SchedulerService:
     def _balance_failed(self, name: str, error: Exception) -> None:
         """The load balancer could not decide (a worker's load record it cannot read):
         this pass places the topology without it, and says why once per reason."""
-        reason = f"{type(error).__name__}: {error}"
-        if self._balance_errors.get(name) != reason:
-            self._balance_errors[name] = reason
+        reason = _new_reason(self._balance_errors, name, error)
+        if reason is not None:
             log.exception("topology %s: the load balancer failed (%s); placing it without balancing", name, reason)
 
     def _balance(self, name: str, topology: Topology, base: Assignment | None, workers: dict) -> Assignment | None:
