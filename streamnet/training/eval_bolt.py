@@ -97,13 +97,14 @@ class EvalBolt(Bolt):
             self.collector.ack(finished)       # a replay sent this slice again
         if parts is None:
             return
-        problem = _slices_problem([t["params"] for t in parts], self.model.num_params)
+        vectors = [t["params"] for t in parts]
+        problem = _slices_problem(vectors, self.model.num_params)
         if problem:
             log.warning("eval task %d refuses the parameters of epoch %s: %s", self.index, tup["epoch"], problem)
             for t in parts:
                 self.collector.fail(t)
             return
-        counts = await self.ctx.compute(self._evaluate, joined([t["params"] for t in parts]))
+        counts = await self.ctx.compute(self._evaluate, joined(vectors))
         stale = self.gather.finish(key)
         if self.index == 0:
             await self._join(key, 0, counts, parts)

@@ -104,9 +104,9 @@ def resume_point(cfg: RunConfig, checkpoint_dir: str | None, name: str, path: st
     if differ:
         raise CheckpointError(f"{path} was written by a run with different {', '.join(differ)}: "
                               f"{ {k: saved.get(k) for k in differ} }; resume with the same settings")
-    pos = position
-    return {"path": os.path.abspath(path), "sha256": ck["sha256"], "step": pos["step"], "epoch": pos["epoch"],
-            "round": pos["round"], "shares": pos.get("shares")}    # the load balancer's, with --balance load
+    return {"path": os.path.abspath(path), "sha256": ck["sha256"], "step": position["step"],
+            "epoch": position["epoch"], "round": position["round"],
+            "shares": position.get("shares")}    # the load balancer's, with --balance load
 
 
 def check_recorded(spec: dict, pointer: dict | None) -> None:

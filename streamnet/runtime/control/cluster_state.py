@@ -23,6 +23,7 @@ from ...errors import StreamnetError
 
 log = logging.getLogger(__name__)
 
+
 def _result(name: str, key: str, data: bytes):
     """One result node, decoded; one that does not decode (written by something other
     than a worker) reads as a line saying so, not an error that stops the reader - a
