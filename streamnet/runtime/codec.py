@@ -105,6 +105,21 @@ def encode(obj, limits: Limits = DEFAULT_LIMITS) -> list:
     return out
 
 
+def array_bytes(obj) -> int:
+    """The bytes of the arrays inside obj (lists, tuples and dicts, at any depth):
+    what a decoded value holds of its frame's payload (its arrays are views of it)."""
+    total, todo = 0, [obj]
+    while todo:        # not recursive: a header may nest deeper than Python's recursion limit
+        value = todo.pop()
+        if isinstance(value, np.ndarray):
+            total += value.nbytes
+        elif isinstance(value, (list, tuple)):
+            todo.extend(value)
+        elif isinstance(value, dict):
+            todo.extend(value.values())
+    return total
+
+
 def encode_bytes(obj, limits: Limits = DEFAULT_LIMITS) -> bytes:
     return b"".join(bytes(b) if isinstance(b, memoryview) else b for b in encode(obj, limits))
 

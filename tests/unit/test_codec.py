@@ -4,7 +4,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from streamnet.runtime.codec import ARRAY_EXT, MAGIC, PREFIX, CodecError, Limits, decode, encode_bytes
+from streamnet.runtime.codec import ARRAY_EXT, MAGIC, PREFIX, CodecError, Limits, array_bytes, decode, encode_bytes
 
 
 @pytest.mark.parametrize("dtype", ["<f2", "<f4", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4",
@@ -102,3 +102,12 @@ def test_a_header_nested_too_deep_says_so():
     header = b"\x91" * 5000 + b"\xc0"                  # 5,000 lists, each in the one before
     with pytest.raises(CodecError, match="malformed frame header: StackError: nested too deep"):
         decode(PREFIX.pack(MAGIC, len(header), 0) + header)      # the message was empty after "StackError: "
+
+
+def test_array_bytes_counts_the_arrays_at_any_depth():
+    value = [np.zeros(3, np.float32), {"a": [np.zeros((2, 2), np.float64)], "b": "x"}, (np.zeros(1, np.int8),), 7]
+    assert array_bytes(value) == 12 + 32 + 1
+    deep = [np.zeros(2, np.float32)]
+    for _ in range(5000):                            # deeper than Python's recursion limit
+        deep = [deep]
+    assert array_bytes(deep) == 8 and array_bytes([]) == 0

@@ -3,11 +3,14 @@ trees, so the spout replays them at once (not after the message timeout); one fr
 a sender on a newer assignment is parked until this worker applies it. Exercised
 on the real Delivery with the view a TopologyRuntime holds."""
 import asyncio
+import types
+
+import numpy as np
 
 from streamnet.runtime.dataplane.acker import ROOT_BITS
 from streamnet.runtime.dataplane.delivery import Delivery
 from streamnet.runtime.dataplane.routing import View
-from streamnet.runtime.messages import DataMsg, FailMsg
+from streamnet.runtime.messages import DataMsg, DataRun, FailMsg
 
 
 class Runtime:
@@ -50,3 +53,36 @@ def test_a_tuple_from_a_newer_assignment_waits_for_it_instead():
     msg = DataMsg("train", 3, "default", 2, [1.0], [[5, 1]], 2)                   # sender at v2
     asyncio.run(d.receive(msg, sender="w3"))
     assert rt.parked == [msg] and d.sent == [] and d.dropped == 0
+
+
+def _parking_runtime():
+    """A real TopologyRuntime's parking, with small bounds."""
+    from streamnet.examples import bench
+    from streamnet.runtime.dataplane.topology_runtime import TopologyRuntime
+    worker = types.SimpleNamespace(id="w1")
+    rt = TopologyRuntime(worker, "ping", bench.ping(10, 1).to_dict())
+    rt.MAX_PARKED, rt.MAX_PARKED_BYTES = 5, 3000
+    return rt
+
+
+def test_parking_is_bounded_by_the_bytes_of_the_arrays_it_holds():
+    rt = _parking_runtime()
+    big = DataMsg("ping", 3, "default", 2, [np.zeros(250, np.float32), {"v": np.zeros(250, np.float32)}], [], 2)
+    rt.park(big)                                     # 2,000 bytes
+    rt.park(big)                                     # 4,000 would be past 3,000: dropped
+    assert rt.parked == [big] and rt.dropped == 1 and rt.parked_bytes == 2000
+    small = DataMsg("ping", 3, "default", 2, [1.0], [], 2)
+    rt.park(small)                                   # the count bound still has room
+    assert rt.parked == [big, small] and rt.dropped == 1
+
+
+def test_parking_counts_the_tuples_of_a_run_and_unpark_empties_it():
+    rt = _parking_runtime()
+    run = DataRun("ping", 3, "default", 2, [[1.0]] * 4, [[]] * 4, 2)
+    rt.park(run)
+    rt.park(run)                                     # 8 tuples past the bound of 5: all 4 dropped
+    assert rt.parked == [run] and rt.parked_tuples == 4 and rt.dropped == 4
+    assert rt.unpark() == [run]
+    assert rt.parked == [] and rt.parked_tuples == rt.parked_bytes == 0
+    rt.park(run)                                     # room again
+    assert rt.parked == [run] and rt.dropped == 4

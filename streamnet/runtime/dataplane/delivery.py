@@ -121,8 +121,7 @@ class Delivery:
 
     async def deliver_parked(self, rt) -> None:
         """Tuples that arrived for tasks of an assignment we had not applied yet."""
-        parked, rt.parked = rt.parked, []
-        for msg in parked:
+        for msg in rt.unpark():
             decision = routing.parked(msg, rt.view)
             if decision == routing.DELIVER:
                 await self._deliver_local(rt, rt.executors[msg.target], msg)

@@ -11,10 +11,10 @@ import logging
 import zlib
 
 from ..assignment import Assignment
-from ..codec import CodecError
+from ..codec import CodecError, array_bytes
 from ..control.cluster_state import FAILED
 from ..component import Context
-from ..messages import DataMsg, Message
+from ..messages import DataMsg, DataRun, Message
 from . import fencing
 from .executor import STOP, BoltExecutor, SpoutExecutor
 from .grouping import make_chooser
@@ -41,7 +41,9 @@ class TopologyRuntime:
         self.version = -1
         self.dropped = 0
         self.stale = 0        # tuples refused from superseded task instances (fencing)
-        self.parked: list = []   # tuples for tasks of an assignment not applied here yet
+        self.parked: list = []   # tuples for tasks of an assignment not applied here yet (park)
+        self.parked_tuples = self.parked_bytes = 0
+        self.dropped_parking = False     # park() dropped since the last unpark (warned once)
         self.stop_requested = False   # the topology is stopping cleanly: its spouts get drain()
         self.lock = asyncio.Lock()
         self.view = View(worker.id, -1, frozenset(), {}, {})
@@ -254,13 +256,31 @@ class TopologyRuntime:
         self.worker.publish(self.name, f"{FAILED}{task}",
                             f"{c['kind']} {c['id']!r} (task {task}) on worker {self.worker.id}: {why}")
 
-    MAX_PARKED = 10_000
+    MAX_PARKED = 10_000             # tuples
+    MAX_PARKED_BYTES = 1 << 30      # the bytes of their arrays (views that keep the frames they came in)
 
-    def park(self, msg: DataMsg) -> None:
-        if len(self.parked) >= self.MAX_PARKED:
-            self.dropped += 1    # bounded: the spout replays what is lost
-        else:
-            self.parked.append(msg)
+    def park(self, msg: DataMsg | DataRun) -> None:
+        """Hold tuples for tasks of an assignment this worker has not applied yet; past
+        either bound they are dropped (the spout replays them at their trees' timeout)."""
+        tuples, size = (len(msg) if isinstance(msg, DataRun) else 1), array_bytes(msg.values)
+        if self.parked_tuples + tuples > self.MAX_PARKED or self.parked_bytes + size > self.MAX_PARKED_BYTES:
+            if not self.dropped_parking:
+                log.warning("%s: %d tuples (%d bytes) are held for an assignment not applied here yet; "
+                            "dropping more (their trees are replayed)", self.name, self.parked_tuples,
+                            self.parked_bytes)
+            self.dropped_parking = True
+            self.dropped += tuples
+            return
+        self.parked.append(msg)
+        self.parked_tuples += tuples
+        self.parked_bytes += size
+
+    def unpark(self) -> list:
+        """The held messages, in arrival order; none are held after."""
+        parked, self.parked = self.parked, []
+        self.parked_tuples = self.parked_bytes = 0
+        self.dropped_parking = False
+        return parked
 
     async def deliver(self, target: int, msg: Message) -> None:
         await self.worker.delivery.send(self, target, msg)
