@@ -18,6 +18,9 @@ from typing import Any, Awaitable, Callable, NamedTuple
 _FIGURE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 #: labels /metrics puts on every task's family itself
 _TASK_LABELS = frozenset({"worker", "topology", "component", "task", "quantile"})
+#: figures (name and label set) one task keeps: a label whose values grow with the
+#: data (a label per sample or per round) would grow /status and /metrics without end
+MAX_FIGURES = 1000
 
 
 class Figure(NamedTuple):
@@ -152,6 +155,7 @@ class Context:
         self._report_work, self._work_shares = report_work, work_shares
         #: (name, labels) -> Figure: the named numbers this task reports (see `figure`)
         self.figures: dict[tuple, Figure] = {}
+        self._figures_full = False      # a figure past MAX_FIGURES was left out (warned once)
         #: True when this task saved state before (it starts again after a failure or a
         #: move): restore(state) follows prepare(), which can skip what the state replaces
         self.restarting = False
@@ -248,6 +252,13 @@ class Context:
             if _TASK_LABELS & set(labels):
                 raise ValueError(f"figure {name!r}: labels {sorted(_TASK_LABELS & set(labels))} are set by the "
                                  "engine")
+            if known is None and len(self.figures) >= MAX_FIGURES:
+                if not self._figures_full:
+                    self.log.warning("task %s of %s reports more than %d figures: %s%s and others like it are left "
+                                "out of /status and /metrics", self.task, self.component, MAX_FIGURES, name,
+                                labels)
+                self._figures_full = True
+                return
             self.figures[key] = Figure(name, float(value), kind, help, dict(labels))
         else:
             self.figures[key] = Figure(name, float(value), kind, help, known.labels)

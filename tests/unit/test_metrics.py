@@ -1,7 +1,10 @@
 """/metrics by the book: prometheus_client's own parser reads what StatusCollector writes."""
+import logging
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from streamnet.runtime import component
 from streamnet.runtime.component import Context
 from streamnet.runtime.prometheus import prometheus
 
@@ -78,3 +81,15 @@ def test_figures_that_would_take_an_engine_family_or_one_of_another_type_are_lef
     assert families["streamnet_training_loss"].samples[0].value == 0.5
     assert "leaves out the figure 'task_executed_total'" in caplog.text
     assert "leaves out the figure 'x_total'" in caplog.text
+
+
+def test_a_task_keeps_at_most_max_figures_and_warns_once(caplog, monkeypatch):
+    monkeypatch.setattr(component, "MAX_FIGURES", 3)
+    ctx = _ctx()
+    with caplog.at_level(logging.WARNING):
+        for r in range(10):                          # a label whose values grow with the data
+            ctx.figure("round_seconds", r, help="s", round=str(r))
+    assert [f["labels"] for f in ctx.figures_status()] == [{"round": "0"}, {"round": "1"}, {"round": "2"}]
+    ctx.figure("round_seconds", 7.5, help="s", round="1")        # a known one still takes its new value
+    assert ctx.figures[("round_seconds", (("round", "1"),))].value == 7.5
+    assert sum("more than 3 figures" in r.getMessage() for r in caplog.records) == 1
