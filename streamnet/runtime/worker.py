@@ -100,7 +100,8 @@ class Worker:
         self.port = site._server.sockets[0].getsockname()[1]
         await asyncio.to_thread(self.state.register_worker, self.id, self.info())
         self.state.coord.on_session_restart(self._session_restarted)
-        self._unwatch.append(self.state.watch_topologies(self._threadsafe(self._on_topologies)))
+        on_topologies = self._threadsafe(self._on_topologies)
+        self._unwatch.append(await asyncio.to_thread(self.state.watch_topologies, on_topologies))
         if self.scheduler:
             await asyncio.to_thread(self.scheduler.start)
         self._spawn(self._measure_load())
@@ -273,13 +274,24 @@ class Worker:
         for name in names:
             if name not in self._watched:
                 self._watched.add(name)
-                self._unwatch.append(self.state.watch_assignment(
-                    name, self._threadsafe(lambda a, v, n=name: self._spawn(self._on_assignment(n, a, v)))))
-                self._unwatch.append(self.state.watch_status(
-                    name, self._threadsafe(lambda s, n=name: self._spawn(self._on_status(n, s)))))
+                self._spawn(self._watch_topology(name))
         for name in list(self.runtimes):
             if name not in names:
                 self._spawn(self._drop_runtime(name))
+
+    async def _watch_topology(self, name: str) -> None:
+        """Watch a new topology's assignment and status. From a thread: a watch reads its
+        node as it is set, and kazoo retries that read for as long as the coordinator is
+        away, which on the event loop stopped the worker meanwhile (its heartbeats, its
+        links, every other topology's tuples)."""
+        on_assignment = lambda a, v: self._spawn(self._on_assignment(name, a, v))    # noqa: E731
+        on_status = lambda s: self._spawn(self._on_status(name, s))                   # noqa: E731
+        for watch, callback in ((self.state.watch_assignment, on_assignment), (self.state.watch_status, on_status)):
+            cancel = await asyncio.to_thread(watch, name, self._threadsafe(callback))
+            if self.closing:        # stopped meanwhile: its watches were cancelled without this one
+                cancel()
+                return
+            self._unwatch.append(cancel)
 
     def _spawn(self, coro) -> None:
         task = self.loop.create_task(coro)
