@@ -501,7 +501,8 @@ def markdown(report: dict) -> str:
              f"{'streamnet-worker processes on a real ZooKeeper, pinned to cores' if p['engine'] == 'processes' else 'threads of one process (LocalCluster)'}"
              f"; {p['repeats']} repetition(s) per figure, interleaved (the tables give each figure's median and "
              f"its range over them). Regenerate with "
-             f"`make report` (or `python perf/report.py --profile full`); every number is in `report.json`.", ""]
+             f"`make report REPORT_ARGS='--profile {report['profile_name']}'` (plain `make report` runs the quick "
+             f"profile); every number is in `report.json`.", ""]
     if "rerun" in report:
         r = report["rerun"]
         lines[-1:-1] = ["", f"Section(s) {', '.join(r['sections'])} re-run on {r['date']} at commit {r['commit']} "
