@@ -177,7 +177,7 @@ def add_cluster_options(p: argparse.ArgumentParser, zk_required: bool = True) ->
     p.add_argument("--secret-file", default=os.environ.get("STREAMNET_SECRET_FILE") or None,
                    help="file holding the cluster secret (default: $STREAMNET_SECRET_FILE)")
     p.add_argument("--session-timeout", type=positive_float, default=10.0,
-                   help="ZooKeeper session timeout in seconds: how long until a dead worker is declared dead")
+                   help="ZooKeeper session timeout in seconds: how long until a dead worker is declared dead (default: 10)")
 
 
 def add_allow_option(p: argparse.ArgumentParser) -> None:

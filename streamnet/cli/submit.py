@@ -127,7 +127,7 @@ def build_parser() -> Parser:
     e.add_argument("name", help="example: wordcount or tensor_pipe")
     e.add_argument("--local", action="store_true", default=True, help="on an embedded local cluster (default)")
     e.add_argument("--workers", type=positive_int, default=2, help="local workers (default 2)")
-    e.add_argument("--threads", type=positive_int, default=2, help="compute threads per worker")
+    e.add_argument("--threads", type=positive_int, default=2, help="compute threads per worker (default: 2)")
     e.add_argument("--timeout", type=positive_float, default=300.0, help="seconds before giving up")
     e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="example option, e.g. count=5000 or fail_every=7")

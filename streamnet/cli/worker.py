@@ -40,9 +40,9 @@ def build_parser() -> Parser:
     p = Parser(prog="streamnet-worker", description=__doc__.split("\n\n")[0], epilog=ENVIRONMENT)
     add_common_options(p, "INFO")
     add_cluster_options(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this host only)")
     p.add_argument("--advertise-host", help="address peers use to reach this worker (default: --host)")
-    p.add_argument("--port", type=port_number, default=7700, help="port to listen on (0: any free port)")
+    p.add_argument("--port", type=port_number, default=7700, help="port to listen on (default: 7700; 0: any free port)")
     p.add_argument("--threads", type=threads_option, default=len(os.sched_getaffinity(0)),
                    help="compute threads (default: one per core it may run on), or 'auto': start with one per "
                         "core and let the leader's load balancing set them to the cores other processes leave "
@@ -62,7 +62,7 @@ def build_parser() -> Parser:
                         "(repeatable; 'none': nothing; default: " + ",".join(DEFAULT_PRELOAD) + ", which loads "
                         "the compiled kernels so that the first round does not wait for them, where "
                         "--allow-module allows it)")
-    p.add_argument("--stop-grace", type=positive_float, default=120.0, help="seconds to wait for a clean stop")
+    p.add_argument("--stop-grace", type=positive_float, default=120.0, help="seconds to wait for a clean stop (default: 120)")
     tls = p.add_argument_group("TLS for tuple streams (all three, or none: frames then carry a MAC only)")
     tls.add_argument("--tls-cert", metavar="PEM", help="this worker's certificate (its subjectAltName names "
                                                        "the --advertise-host peers dial)")
