@@ -92,9 +92,10 @@ def test_a_spout_started_from_an_older_position_sends_those_rounds_again(monkeyp
     saves = []
     first, out = _spout(saves)
     sent = [_round(first, out) for _ in range(3)]
+    assert saves[-1]["step"] == 1                # the position it left: older than its 3 rounds (SAVE_S)
     again, out2 = _spout([], state=saves[-1])    # the first spout's worker died after 3 rounds
     resent = _round(again, out2)
-    assert saves[-1]["step"] == 1
+    assert len(resent) == len(sent[1]) == CFG.units
     for a, b in zip(sent[1], resent):            # round 1 again: the same work, step and batches
         assert (a["epoch"], a["round"], a["step"], a["unit"]) == (b["epoch"], b["round"], b["step"], b["unit"])
         assert all(np.array_equal(x, y) for x, y in zip(a["batches"], b["batches"]))

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from streamnet.runtime import FencedError, Spout
 from streamnet.runtime.component import Context
 from streamnet.runtime.dataplane.executor import SpoutExecutor
+from streamnet.testing import until
 
 REFUSED = "task data.0 of t was taken over by another instance"
 
@@ -47,17 +48,16 @@ async def _run(refuse_before_stop: bool):
     ex = SpoutExecutor(rt, 0, {"id": "data"}, spout, ctx)
     ctx._on_saved = ex.saved
     run = asyncio.ensure_future(ex.run())
-    while spout.__dict__.get("saving") is None:
-        await asyncio.sleep(0.001)
+    await until(lambda: spout.__dict__.get("saving") is not None, "the save to start")
     if refuse_before_stop:
         answer.set_exception(FencedError(REFUSED))
-        await asyncio.sleep(0.01)
+        await until(lambda: ex.refused is not None, "the refusal")
     ex.stopping = True
     ex.wake.set()
     await asyncio.wait_for(run, 5)
     if not refuse_before_stop:
         answer.set_exception(FencedError(REFUSED))
-        await asyncio.sleep(0.01)
+        await until(lambda: ex.refused is not None, "the refusal")
     return spout
 
 

@@ -26,7 +26,11 @@ class Auth:
         if not secret:
             raise ValueError("a cluster secret is required")
         self._secret, self.worker_id = secret, worker_id
-        self._nonce_key = hmac.new(secret, b"streamnet challenge", hashlib.sha256).digest()
+        # a key of this process's own: only the process that issued a nonce verifies it, and
+        # the nonces it has taken live in its memory; one derived from the secret let a
+        # stream recorded before a restart (within NONCE_TTL_S of the monotonic clock, which
+        # goes on across a restart and starts again at a reboot) be played to its successor
+        self._nonce_key = os.urandom(32)
         self._used: dict[str, float] = {}   # nonces streams authenticated with -> expiry
 
     def _mac(self, *parts: str) -> str:
