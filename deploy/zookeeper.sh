@@ -100,7 +100,7 @@ sys.exit(0 if ok else 1)
 make_tls() {  # the CA, the servers' and the clients' keys and certificates, where missing
   command -v openssl >/dev/null || { echo "zookeeper.sh: --tls-dir needs openssl" >&2; exit 1; }
   mkdir -p "$tls_dir"; chmod 700 "$tls_dir"
-  local t=$tls_dir san="subjectAltName=IP:127.0.0.1,DNS:localhost"
+  local t=$tls_dir san="subjectAltName=IP:127.0.0.1,DNS:localhost" ext
   [ "$bind" != 127.0.0.1 ] && [ "$bind" != 0.0.0.0 ] && san="$san,IP:$bind"
   ( umask 077
     if [ ! -f "$t/ca.pem" ]; then
@@ -111,8 +111,12 @@ make_tls() {  # the CA, the servers' and the clients' keys and certificates, whe
       [ -f "$t/$who.pem" ] && continue
       openssl req -newkey rsa:2048 -nodes -subj "/CN=streamnet-$who" -keyout "$t/$who-key.pem" \
         -out "$t/$who.csr" 2>/dev/null
+      # a server's certificate names the addresses clients dial and serves only as a server; a
+      # client's names none and serves only as a client: a host holding client.pem cannot pose
+      # as the ensemble to the other clients (streamnet checks the name and the purpose)
+      if [ "$who" = server ]; then ext="$san"$'\n'"extendedKeyUsage=serverAuth"; else ext="extendedKeyUsage=clientAuth"; fi
       openssl x509 -req -in "$t/$who.csr" -CA "$t/ca.pem" -CAkey "$t/ca-key.pem" -CAcreateserial -days 825 \
-        -extfile <(echo "$san") -out "$t/$who-cert.pem" 2>/dev/null
+        -extfile <(echo "$ext") -out "$t/$who-cert.pem" 2>/dev/null
       rm -f "$t/$who.csr"
       if [ "$who" = server ]; then   # ZooKeeper's PEM key store: the key and the certificate in one file
         cat "$t/server-key.pem" "$t/server-cert.pem" > "$t/server.pem"; rm -f "$t/server-key.pem" "$t/server-cert.pem"

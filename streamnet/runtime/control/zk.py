@@ -71,8 +71,11 @@ TLS_FILES = {"ca": "ca.pem", "certfile": "client.pem", "keyfile": "client-key.pe
 
 def tls_options(directory: str) -> dict:
     """KazooClient's TLS arguments for a --zk-tls directory: the ensemble's CA (the
-    server's certificate must be signed by it) and this client's certificate and key
-    (the ensemble refuses clients without one). The key must be private to this user."""
+    server's certificate must be signed by it, and name the host the connection string
+    dials) and this client's certificate and key (the ensemble refuses clients without
+    one). The key must be private to this user. Without the name check, a host holding
+    a client certificate of the same CA (every submitter and UI host does) could pose
+    as the ensemble and read the clients' digest credentials."""
     from ...private_file import read_private
     paths = {arg: os.path.join(directory, name) for arg, name in TLS_FILES.items()}
     for arg, path in paths.items():
@@ -80,7 +83,7 @@ def tls_options(directory: str) -> dict:
             raise CoordinatorError(f"ZooKeeper TLS: {path} does not exist; a --zk-tls directory holds "
                                    f"{', '.join(TLS_FILES.values())} (deploy/zookeeper.sh --tls-dir makes them)")
     read_private(paths["keyfile"], "ZooKeeper TLS key")
-    return {"use_ssl": True, "verify_certs": True, **paths}
+    return {"use_ssl": True, "verify_certs": True, "check_hostname": True, **paths}
 
 
 #: servers kazoo is given at least, the list repeated: it waits session_timeout /
