@@ -382,3 +382,19 @@ def test_send_buffers_writes_everything_in_order_through_a_full_socket():
         return bytes(received), b"".join(parts)
     got, want = asyncio.run(go())
     assert got == want
+
+
+def test_a_stream_is_never_taken_for_a_connection_stuck_on_its_answer():
+    secret = os.urandom(32)
+
+    async def go():
+        async with _streaming(secret) as (rx, link):
+            rx.guard.max_connections, rx.guard.stuck_after_s = 1, 0.0     # the stream holds the only slot
+            r, w = await asyncio.open_connection("127.0.0.1", rx.port)
+            answer = await asyncio.wait_for(r.read(), 10)                  # refused: closed unanswered
+            w.close()
+            await link.send(AckMsg("t", 0, 2, 2))
+            await until(lambda: len(rx.got) == 2, "a message on the stream after the refusal")
+            return answer, rx.guard.status()
+    answer, status = asyncio.run(go())
+    assert answer == b"" and status["refused"] == 1 and status["evicted"] == 0

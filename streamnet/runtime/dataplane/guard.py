@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from aiohttp import web
 
@@ -20,14 +21,21 @@ class ConnectionGuard:
     """Bounds the worker's HTTP connections: at most MAX_CONNECTIONS at once and
     MAX_PER_ADDRESS from one address. A connection over a limit makes room by closing
     the oldest one (of that address, for the per-address limit) that has not finished
-    sending its request headers, or else one idle between requests; if there is none
-    it is refused. So 1,100 half-sent requests cost at most the limits in descriptors
-    and each at most HEADER_TIMEOUT_S (aiohttp's keep-alive timer, which runs from
-    the connection's start), while a client that sends its request at once - the
-    monitoring, a peer - is served. Peers' streams are long requests, never idle."""
+    sending its request headers, or else one idle between requests, or else one that
+    is not a stream and has been open for `stuck_after_s`; if there is none it is
+    refused. So 1,100 half-sent requests cost at most the limits in descriptors and
+    each at most HEADER_TIMEOUT_S (aiohttp's keep-alive timer, which runs from the
+    connection's start), while a client that sends its request at once - the
+    monitoring, a peer - is served. Peers' streams are long requests, never idle, and
+    never evicted. The last rule is for a client that pipelines requests and never
+    reads the answers: its handler waits on a full socket for good (aiohttp has no
+    write timeout), neither half-sent nor idle, and without the secret 2 x 256 such
+    connections held a worker's every slot."""
 
-    def __init__(self, max_connections: int = MAX_CONNECTIONS, max_per_address: int = MAX_PER_ADDRESS):
+    def __init__(self, max_connections: int = MAX_CONNECTIONS, max_per_address: int = MAX_PER_ADDRESS,
+                 stuck_after_s: float = HEADER_TIMEOUT_S):
         self.max_connections, self.max_per_address = max_connections, max_per_address
+        self.stuck_after_s = stuck_after_s
         self.open: dict["_Guarded", None] = {}          # in order of arrival
         self.by_address: dict[str, dict["_Guarded", None]] = {}
         self.evicted = self.refused = 0
@@ -39,7 +47,8 @@ class ConnectionGuard:
         mine = self.by_address.setdefault(conn.address, {})
         for pool, limit in ((mine, self.max_per_address), (self.open, self.max_connections)):
             if len(pool) >= limit:
-                victim = next((c for c in pool if c.pending), None) or next((c for c in pool if c.idle()), None)
+                victim = (next((c for c in pool if c.pending), None) or next((c for c in pool if c.idle()), None)
+                          or next((c for c in pool if c.stuck(self.stuck_after_s)), None))
                 if victim is None:
                     self.refused += 1
                     log.warning("refusing a connection from %s: %d open (limit %d), none half-sent or idle",
@@ -105,9 +114,11 @@ class _Guarded(asyncio.Protocol):
         self.guard, self.inner = guard, inner
         self.pending, self.admitted = True, False
         self.address, self.transport, self._tail = "?", None, b""
+        self.opened = 0.0
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.opened = time.monotonic()
         peer = transport.get_extra_info("peername")
         self.address = str(peer[0]) if peer else "?"
         if not self.guard.admit(self):
@@ -142,6 +153,11 @@ class _Guarded(asyncio.Protocol):
         # aiohttp's handler waits on _waiter between requests (its keep-alive check uses it)
         waiter = getattr(self.inner, "_waiter", None)
         return not self.pending and waiter is not None and not waiter.done()
+
+    def stuck(self, after_s: float) -> bool:
+        """Open for `after_s` and not a stream: a stream's handler takes the connection's
+        protocol over (transport.py), so the transport no longer reports this one."""
+        return time.monotonic() - self.opened >= after_s and self.transport.get_protocol() is self
 
     def close(self) -> None:
         """Evicted: out of the counts now (the transport reports its loss later)."""

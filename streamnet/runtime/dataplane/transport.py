@@ -135,7 +135,11 @@ class StreamServer:
             if not (clean(client_nonce) and 16 <= len(client_nonce) <= 64):
                 return web.Response(status=400, text="client nonce: 16 to 64 ASCII characters")
             answer["proof"] = self.auth.hello_proof(nonce, client_nonce, self.auth.worker_id)
-        return web.json_response(answer)
+        resp = web.json_response(answer)
+        # one answer a connection: a client (anyone: this comes before the secret) that
+        # pipelines thousands of requests gets one, and the connection closes once it is sent
+        resp.force_close()
+        return resp
 
     def _count(self, peer: str, reason: str) -> None:
         self.rejected += 1
