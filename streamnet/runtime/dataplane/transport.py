@@ -72,6 +72,7 @@ from .accept_shortage import HELP, short_of_files
 from .frame_io import (SOCKET_BUFFER, TRAILER, FrameAuth, FrameReader, SocketSender, StreamError, TlsSender,
                        size_buffers)
 from .handshake import Auth, PeerAuthError, clean
+from .log_budget import LogBudget
 from .tls import TlsConfig
 
 __all__ = ["Auth", "FrameAuth", "PeerAuthError", "PeerLink", "StreamServer", "TRAILER"]
@@ -118,6 +119,7 @@ class StreamServer:
         self.dispatch_now = dispatch_now
         self.protocol = PROTOCOL if tls is None else PROTOCOL_TLS
         self.rejected = 0
+        self.log_budget = LogBudget()
         self.frames_in = 0
         self.bytes_in = 0
         self.open_streams = 0
@@ -143,7 +145,9 @@ class StreamServer:
 
     def _count(self, peer: str, reason: str) -> None:
         self.rejected += 1
-        log.warning("closing stream from %s: %s", peer, reason)
+        suffix = self.log_budget.allow()     # anyone can have streams refused: at most 20 lines a minute
+        if suffix is not None:
+            log.warning("closing stream from %s: %s%s", peer, reason, suffix)
 
     def _reject(self, peer: str, reason: str, status: int = 400) -> web.Response:
         self._count(peer, reason)

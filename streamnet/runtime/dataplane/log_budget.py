@@ -1,0 +1,33 @@
+"""A budget of log lines for what strangers can cause.
+
+Anyone who reaches a worker's port can have a stream refused (no secret, a bad MAC, a
+garbled frame), and each refusal is worth a line - until a client sends thousands a
+second and the lines fill the disk or the journal. `LogBudget` lets `burst` lines
+through per `window_s` and counts the rest; the next line that goes through says how
+many were left out. The refusals are all counted elsewhere (`/status`) regardless.
+"""
+from __future__ import annotations
+
+import time
+
+
+class LogBudget:
+    def __init__(self, burst: int = 20, window_s: float = 60.0, clock=time.monotonic):
+        self.burst, self.window_s, self.clock = burst, window_s, clock
+        self._window_start = -float("inf")
+        self._said = 0
+        self.unsaid = 0          # lines left out since the last one said
+
+    def allow(self) -> str | None:
+        """None if this line is left out (counted), else a suffix for it ("" or the count
+        of the lines left out before it)."""
+        now = self.clock()
+        if now - self._window_start >= self.window_s:
+            self._window_start, self._said = now, 0
+        if self._said >= self.burst:
+            self.unsaid += 1
+            return None
+        self._said += 1
+        suffix = f" ({self.unsaid} more like it not logged before this)" if self.unsaid else ""
+        self.unsaid = 0
+        return suffix
