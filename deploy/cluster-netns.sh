@@ -32,7 +32,7 @@ py="$root/.venv/bin/python"; [ -x "$py" ] || py=python3
 case "$cmd" in
   up)
     mkdir -p "$run"
-    if [ -z "$secret" ]; then secret="$run/secret"; head -c 32 /dev/urandom | base64 > "$secret"; chmod 600 "$secret"; fi
+    if [ -z "$secret" ]; then secret="$run/secret"; ( umask 077; head -c 32 /dev/urandom | base64 > "$secret" ); fi
     ip link add "$bridge" type bridge 2>/dev/null || true
     ip addr add "$prefix.1/24" dev "$bridge" 2>/dev/null || true
     ip link set "$bridge" up

@@ -96,3 +96,13 @@ def test_a_sender_without_tls_is_refused_by_a_receiver_that_requires_it(pki):
 def test_missing_tls_files_are_one_clear_error(tmp_path, pki):
     with pytest.raises(TlsError, match="--tls-key .*nope.key: no such file"):
         TlsConfig(cert=pki("w0").cert, key=str(tmp_path / "nope.key"), ca=pki("w0").ca)
+
+
+def test_a_key_others_may_read_is_refused_with_the_fix(tmp_path, pki):
+    key = tmp_path / "open.key"
+    key.write_bytes(open(pki("w0").key, "rb").read())
+    key.chmod(0o644)
+    with pytest.raises(TlsError, match=r"--tls-key .*open.key has mode 0644.*chmod 600"):
+        TlsConfig(cert=pki("w0").cert, key=str(key), ca=pki("w0").ca)
+    key.chmod(0o600)
+    assert TlsConfig(cert=pki("w0").cert, key=str(key), ca=pki("w0").ca).server is not None

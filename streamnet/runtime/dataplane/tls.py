@@ -20,6 +20,7 @@ import ssl
 from dataclasses import dataclass, field
 
 from ...errors import StreamnetError
+from ...private_file import read_private
 
 
 class TlsError(StreamnetError):
@@ -40,6 +41,10 @@ class TlsConfig:
             path = getattr(self, name)
             if not os.path.isfile(path):
                 raise TlsError(f"--tls-{name} {path}: no such file")
+        try:        # the key is held to the secret's rules: this user's, closed to everyone else
+            read_private(self.key, "--tls-key")
+        except StreamnetError as e:
+            raise TlsError(str(e)) from None
         try:
             server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)   # checks the peer's name and chain
