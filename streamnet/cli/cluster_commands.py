@@ -5,7 +5,6 @@ import json
 import os
 import sys
 import time
-import urllib.request
 
 from ..errors import ConfigError, StreamnetError
 from ..runtime.control import (ClusterTimeout, TopologyFailed, TopologyGone, UnknownTopologyError, drain_topology,
@@ -259,12 +258,11 @@ def cmd_list(a) -> int:
 
 
 def _get_status(url: str) -> dict | None:
+    """A worker's /status, or None where it cannot be read or is not one."""
     from ..runtime import monitor
-    request = urllib.request.Request(url + "/status", headers=monitor.headers(monitor.token_from_environment()))
     try:
-        with urllib.request.urlopen(request, timeout=3) as r:
-            return json.load(r)
-    except OSError:
+        return monitor.get_status(url, monitor.token_from_environment())
+    except (OSError, ValueError):
         return None
 
 
@@ -284,7 +282,9 @@ def cmd_status(a) -> int:
         for w, info in sorted(workers.items()):
             st = statuses[w] = _get_status(f"http://{info['host']}:{info['port']}")
             lead = " leader" if st and st.get("leader") else ""
-            busy = f"busy {st['busy_fraction']:.0%}" if st else "unreachable"
+            fraction = st.get("busy_fraction") if st else None
+            busy = "unreachable" if not st else f"busy {fraction:.0%}" if isinstance(fraction, (int, float)) \
+                else "busy ?"
             load = info.get("load") or {}
             other = f"  other processes busy {load['foreign_busy']:.2f} of {load['cores']} cores" \
                 if "foreign_busy" in load else ""

@@ -15,8 +15,11 @@ the user) and must hold at least MIN_TOKEN_CHARS characters.
 from __future__ import annotations
 
 import hmac
+import json
 import os
+import urllib.request
 
+import aiohttp
 from aiohttp import web
 
 from ..errors import StreamnetError
@@ -24,6 +27,9 @@ from ..private_file import read_private
 
 MIN_TOKEN_CHARS = 16
 ENV = "STREAMNET_MONITOR_TOKEN_FILE"
+#: the most of a /status reply a reader takes: the address it asks comes from a worker's
+#: record, and whoever answers there (a program that took a dead worker's port) is a stranger
+MAX_STATUS_BYTES = 64 << 20
 
 
 def read_token(path: str) -> str:
@@ -61,3 +67,36 @@ def refusal(request: web.Request, token: str | None) -> web.Response | None:
     return web.Response(status=401, headers={"WWW-Authenticate": 'Bearer realm="streamnet"'},
                         text=f"401: {request.path} needs the monitor token: send 'Authorization: Bearer TOKEN' "
                              "with the worker's --monitor-token-file\n")
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib follows a redirect with the request's headers, the token included, to
+    wherever it points: a reader follows none (a redirect is an HTTPError)."""
+
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def _status(body: bytes, url: str) -> dict:
+    if len(body) > MAX_STATUS_BYTES:
+        raise ValueError(f"{url}/status answered more than {MAX_STATUS_BYTES} bytes")
+    status = json.loads(body)
+    if not isinstance(status, dict):
+        raise ValueError(f"{url}/status answered a JSON {type(status).__name__}, not an object")
+    return status
+
+
+def get_status(url: str, token: str | None, timeout: float = 3.0) -> dict:
+    """A worker's /status at `url` (http://host:port), sending the token and following no
+    redirect; OSError if it cannot be read, ValueError if it is not a status."""
+    request = urllib.request.Request(url + "/status", headers=headers(token))
+    with urllib.request.build_opener(_NoRedirects).open(request, timeout=timeout) as r:
+        return _status(r.read(MAX_STATUS_BYTES + 1), url)
+
+
+async def fetch_status(session: aiohttp.ClientSession, url: str, token: str | None) -> dict:
+    """get_status on an aiohttp session: aiohttp.ClientError or ValueError if it fails."""
+    async with session.get(url + "/status", headers=headers(token), allow_redirects=False) as r:
+        if r.status != 200:
+            raise aiohttp.ClientResponseError(r.request_info, r.history, status=r.status, message=r.reason or "")
+        return _status(await r.content.read(MAX_STATUS_BYTES + 1), url)

@@ -33,7 +33,7 @@ class Sampler:
     def __init__(self, state: ClusterState, poll_s: float = 1.0, token: str | None = None):
         """`token`: the workers' monitor token (runtime/monitor.py), sent with every /status read."""
         self.state, self.poll_s = state, poll_s
-        self.headers = monitor.headers(token)
+        self.token = token
         self.snapshot = views.Snapshot(taken=time.time(), workers={}, statuses={}, unreachable={}, topologies={})
         self.updated = asyncio.Event()
         # Coordinator reads run on a daemon thread of this pool, never through asyncio.to_thread:
@@ -67,9 +67,7 @@ class Sampler:
 
         async def status(w, rec):
             try:
-                async with session.get(f"http://{rec['host']}:{rec['port']}/status", headers=self.headers) as r:
-                    r.raise_for_status()
-                    return w, await r.json(), None
+                return w, await monitor.fetch_status(session, f"http://{rec['host']}:{rec['port']}", self.token), None
             except Exception as e:  # noqa: BLE001 - an unreachable worker is shown, not fatal
                 return w, None, f"{type(e).__name__}: {e}"
         answers = await asyncio.gather(*(status(w, rec) for w, rec in workers.items()))

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import os
 import socket
@@ -83,6 +84,7 @@ HELLO, STREAM = "/hello", "/stream"
 PROTOCOL = "streamnet-frames/3"    # what /stream upgrades to (3: runs of tuples, messages.py)
 PROTOCOL_TLS = PROTOCOL + "+tls"   # ... and then runs TLS inside
 HANDSHAKE_TIMEOUT_S = 10.0         # /hello, connecting, and the answer to the upgrade
+MAX_HELLO_BYTES = 4096             # of a /hello answer read (a worker's is about 250)
 HEARTBEAT_S = 5.0                  # an idle sender's empty frame
 READ_TIMEOUT_S = 30.0              # no byte for this long while reading: the peer stalled
 MAX_BATCH_MSGS = 512
@@ -476,10 +478,14 @@ class PeerLink:
 
     async def _stream_once(self) -> None:
         client_nonce = os.urandom(16).hex()
-        async with self.session.get(self.url + HELLO, params={"c": client_nonce},
+        async with self.session.get(self.url + HELLO, params={"c": client_nonce}, allow_redirects=False,
                                     timeout=aiohttp.ClientTimeout(total=HANDSHAKE_TIMEOUT_S)) as r:
             r.raise_for_status()
-            hello = await r.json()
+            body = await r.content.read(MAX_HELLO_BYTES + 1)   # whoever answers at a peer's address: bounded
+        try:
+            hello = json.loads(body) if len(body) <= MAX_HELLO_BYTES else None
+        except ValueError:
+            hello = None
         if self.connect_failures >= CONNECT_FAILURES and self.on_unreachable:
             self.on_unreachable(self.peer, None)
         self.connect_failures = 0
