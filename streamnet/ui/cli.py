@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=port_number, default=8080, help="port to listen on (default 8080; 0: any free port)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a name besides localhost and this machine's that browsers may reach the UI by (its "
+                        "Host header; repeatable): other names are refused, against DNS rebinding")
     p.add_argument("--poll", type=positive_float, default=1.0, metavar="SECONDS",
                    help="how often the UI reads the cluster, in seconds (default 1)")
     p.add_argument("--monitor-token-file", metavar="FILE", default=os.environ.get(ENV) or None,
@@ -31,11 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _serve(state, host: str, port: int, poll_s: float, token: str | None = None) -> None:
+async def _serve(state, host: str, port: int, poll_s: float, token: str | None = None, allow_hosts=()) -> None:
     from ..runtime.dataplane import accept_shortage
     from .server import serve
     accept_shortage.install(asyncio.get_running_loop())     # out of descriptors: a line a minute, not a flood
-    runner, port = await serve(state, host, port, poll_s, token)
+    runner, port = await serve(state, host, port, poll_s, token, allow_hosts)
     print(f"streamnet-ui: serving cluster {state.cluster!r} on http://{host}:{port}/", file=sys.stderr)
     try:
         await asyncio.Event().wait()
@@ -55,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)   # a service manager's stop: end as Ctrl-C does
     faulthandler.register(signal.SIGUSR1, all_threads=True)     # `kill -USR1`: every thread's stack on stderr
     try:
-        asyncio.run(_serve(state, a.host, a.port, a.poll, token))
+        asyncio.run(_serve(state, a.host, a.port, a.poll, token, a.allow_host))
     except StreamnetError as e:
         return error_exit("streamnet-ui", e)
     except KeyboardInterrupt:

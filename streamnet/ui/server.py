@@ -8,7 +8,9 @@ the number of browsers: a page's poll reads the last snapshot, never the cluster
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -93,7 +95,40 @@ class Sampler:
             self.close()
 
 
-def make_app(sampler: Sampler) -> web.Application:
+def host_allowed(host_header: str, names: frozenset[str]) -> bool:
+    """Whether a request's Host header names this UI: an IP address (a page cannot make
+    one its own origin), or one of `names` (any port). A page of another site whose name
+    is made to resolve to this host (DNS rebinding) sends its own name, and would read
+    every /api reply - the workers' /status, fetched with the monitor token - as its own."""
+    host = host_header.strip().lower()
+    if host.startswith("["):                         # [IPv6]:port
+        host = host[1:host.find("]")] if "]" in host else host
+    elif host.count(":") == 1:
+        host = host.rpartition(":")[0]
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return host.rstrip(".") in names
+
+
+def default_names(extra=()) -> frozenset[str]:
+    """localhost, this machine's names, and `extra` (streamnet-ui --allow-host)."""
+    names = {"localhost", socket.gethostname(), socket.getfqdn(), *extra}
+    return frozenset(n.lower().rstrip(".") for n in names if n)
+
+
+def make_app(sampler: Sampler, names: frozenset[str] | None = None) -> web.Application:
+    names = default_names() if names is None else names
+
+    @web.middleware
+    async def check_host(request, handler):
+        if not host_allowed(request.headers.get("Host", ""), names):
+            return web.Response(status=403, text=f"403: this UI answers to {', '.join(sorted(names))} or an IP "
+                                                 "address, not to the name in this request's Host header "
+                                                 "(streamnet-ui --allow-host NAME adds one)\n")
+        return await handler(request)
+
     def snap() -> views.Snapshot:
         return sampler.snapshot
 
@@ -121,7 +156,7 @@ def make_app(sampler: Sampler) -> web.Application:
         names = [n for n in sorted(s.topologies) if views.is_training(s, n)]
         return json_reply({"runs": views.each(views.training_view, s, names)})
 
-    app = web.Application()
+    app = web.Application(middlewares=[check_host])
     app.add_routes([web.get("/", index), web.get("/static/{name}", static), web.get("/api/cluster", cluster),
                     web.get("/api/topologies", topologies), web.get("/api/training", training)])
 
@@ -138,10 +173,12 @@ def make_app(sampler: Sampler) -> web.Application:
 
 
 async def serve(state: ClusterState, host: str, port: int, poll_s: float = 1.0,
-                token: str | None = None) -> tuple[web.AppRunner, int]:
-    """Start the UI on host:port; returns the runner (await runner.cleanup() to stop) and the port."""
+                token: str | None = None, allow_hosts=()) -> tuple[web.AppRunner, int]:
+    """Start the UI on host:port; returns the runner (await runner.cleanup() to stop) and the port.
+    `allow_hosts`: names besides localhost and this machine's that the UI answers to."""
     # a stop waits at most 1 s for requests in flight (aiohttp's default, 60 s, held Ctrl-C that long)
-    runner = web.AppRunner(make_app(Sampler(state, poll_s, token)), access_log=None, shutdown_timeout=1.0)
+    runner = web.AppRunner(make_app(Sampler(state, poll_s, token), default_names(allow_hosts)), access_log=None,
+                           shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     try:
