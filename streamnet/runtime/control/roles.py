@@ -19,7 +19,8 @@ carries an ACL of digest ids. Workers create the cluster's top nodes with the AC
 of `permissions` and record every role's id in the cluster node (`ids_record`);
 every node below a top node gets that top node's ACL, so a submitter's topology
 node grants the workers what they need (the submitter reads their id from the
-record, and checks its own there: a credential of another cluster is refused). The digest password crosses the network in clear
+record, and checks its own there: a credential of another cluster is refused), except
+what workers write under a topology (WORKER_WRITTEN). The digest password crosses the network in clear
 on every connect: it is derived per role, so a sniffed one is that role's
 credential, never the cluster secret.
 """
@@ -47,8 +48,19 @@ ALL = Permissions.ALL
 _SUBMIT = {"topologies": R | W | C | D, "assignments": R | D}    # kill removes the assignment
 
 
-def permissions(node: str) -> dict[str, int]:
-    """{role: permissions} on top node `node` ("" is the cluster node itself)."""
+#: what workers write under a topology's node - task state (the fencing tokens of task
+#: instances), done and stopped marks, the assignment versions they applied, results,
+#: the leader's balance log: submitters read it and delete it with the topology (DELETE
+#: on these nodes lets them remove their children), but cannot write it (a submitter
+#: forged another topology's state, or that workers had applied an assignment)
+WORKER_WRITTEN = frozenset({"state", "done", "applied", "stopped", "results", "balance"})
+
+
+def permissions(node: str, below: tuple[str, ...] | list[str] = ()) -> dict[str, int]:
+    """{role: permissions} on top node `node` ("" is the cluster node itself), or on the
+    node at path `below` under it (the parts after the top node's name)."""
+    if node == "topologies" and len(below) >= 2 and below[1] in WORKER_WRITTEN:
+        return {WORKER: ALL, SUBMIT: R | D, OBSERVER: R}
     return {WORKER: ALL, SUBMIT: _SUBMIT.get(node, R), OBSERVER: R}
 
 

@@ -262,12 +262,13 @@ class ZkCoordinator(Coordinator):
                 delay = min(delay * 2, 0.5)
 
     def _acl_for(self, path: str) -> list:
-        """A new node's ACL: that of its top node's roles (roles.permissions) inside a
-        cluster this session has secured; only its own role's outside one."""
+        """A new node's ACL: its top node's roles' (roles.permissions; narrower for what
+        workers write under a topology) inside a cluster this session has secured; only
+        its own role's outside one."""
         for base, ids in self._clusters.items():
             if path == base or path.startswith(base + "/"):
-                top = path[len(base) + 1:].split("/", 1)[0]
-                return [ACL(perms, ids[role]) for role, perms in roles.permissions(top).items()]
+                top, *below = path[len(base) + 1:].split("/")
+                return [ACL(perms, ids[role]) for role, perms in roles.permissions(top, below).items()]
         return [ACL(Permissions.ALL, self.credential.id)]
 
     def _create(self, path, data, **kw):
