@@ -419,9 +419,23 @@ def running_cluster(zk_hosts: str, workers: int = 3, threads: int = 1, session_t
         print(c.dump_logs())
         raise
     finally:
-        if state is not None:
-            state.coord.close()
         c.close()
+        if state is not None:
+            _remove_cluster(state, c.root)
+            state.coord.close()
+
+
+def _remove_cluster(state, root: str) -> None:
+    """Remove a stopped cluster's nodes, and its root if nothing else is left there, so
+    that an ensemble that outlives the tests ($STREAMNET_TEST_ZK) does not collect them.
+    Best effort: a node it cannot remove is logged, not an error of the test."""
+    import logging
+    try:
+        state.coord.delete(state.base, recursive=True)
+        if not state.coord.children(root):
+            state.coord.delete(root)
+    except Exception as e:  # noqa: BLE001 - the test's outcome stands
+        logging.getLogger(__name__).warning("could not remove cluster %s from ZooKeeper: %s", state.base, e)
 
 
 class LocalHandle:

@@ -27,7 +27,11 @@ def test_a_bolt_that_never_started_does_not_block_the_stream_or_its_own_kill(mon
         wait_for(lambda: len(c.state.failures("broken")) == 2, 60, "both sink tasks' failure to be published")
         results = c.run(wordcount.topology(count=300, split=2, counters=2), timeout=60)
         assert wordcount.merge_counts(results) == wordcount.expected_counts(300, 0)
+        # the behaviour under test: the kill is not held by the dead task's full queue (before the
+        # fix its put(STOP) blocked for good and the kill timed out); a kill takes well under a
+        # second here, so 20 s is no timing claim, only "promptly" with room for a loaded machine
         t0 = time.monotonic()
         c.kill("broken", timeout=30)
-        assert time.monotonic() - t0 < 20
+        took = time.monotonic() - t0
+        assert took < 20, f"the kill took {took:.1f} s"
         assert "broken" not in c.state.topology_names()

@@ -4,6 +4,7 @@ import os
 import shutil
 import subprocess
 import time
+import uuid
 
 import pytest
 
@@ -20,22 +21,29 @@ FASHION = "/usr/share/datasets/fashion-mnist"
 ZK_ADDRESS = "10.77.0.1"      # cluster-netns.sh's ZooKeeper, on the bridge
 
 
-def _netns_usable() -> bool:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        return False
-    probe = subprocess.run(["ip", "netns", "add", "snprobe"], capture_output=True)
-    subprocess.run(["ip", "netns", "del", "snprobe"], capture_output=True)
-    return probe.returncode == 0
-
-
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not zookeeper_installed(), reason="needs Debian's zookeeper package"),
-              pytest.mark.skipif(not os.path.isdir(FASHION), reason="needs dataset-fashion-mnist"),
-              pytest.mark.skipif(not _netns_usable(), reason="needs root and network namespaces")]
+              pytest.mark.skipif(not os.path.isdir(FASHION), reason="needs dataset-fashion-mnist")]
+
+
+@pytest.fixture(scope="session")
+def netns_usable():
+    """Skips unless this process may make network namespaces (root and iproute2): probed
+    once, when a test here runs (not when the tests are collected), with a namespace of a
+    name of its own that is removed again whatever happened."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and network namespaces (iproute2)")
+    name = f"snprobe-{uuid.uuid4().hex[:8]}"
+    try:
+        probe = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True, timeout=30)
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"needs root and network namespaces: ip netns add failed: {probe.stderr.strip()}")
 
 
 @pytest.fixture
-def netns_cluster(tmp_path, zk_root):
+def netns_cluster(netns_usable, tmp_path, zk_root):
     from streamnet.runtime.control.cluster_state import ClusterState
     from streamnet.runtime.control.zk import ZkCoordinator
     env = dict(os.environ, STREAMNET_NETNS_DIR=str(tmp_path / "netns"))

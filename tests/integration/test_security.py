@@ -345,10 +345,12 @@ def test_a_root_made_by_a_worker_is_its_clusters_and_nobody_else_creates_below_i
     from streamnet.runtime.control.cluster_state import ClusterState
     from streamnet.runtime.control.zk import ZkCoordinator
     root = "/sn" + uuid.uuid4().hex[:8]
+    other = _secret(tmp_path, "other")      # made before the try: the cleanup reads it
     anon = _anonymous(zk)
     coord = None
     try:
-        secret = open(_secret(tmp_path, "owner"), "rb").read().strip()
+        with open(_secret(tmp_path, "owner"), "rb") as f:
+            secret = f.read().strip()
         coord = ZkCoordinator(zk, secret, session_timeout=10)
         ClusterState(coord, "first", root=root)
         assert sorted(coord.zk.get_acls(root)[0]) == sorted(
@@ -360,7 +362,6 @@ def test_a_root_made_by_a_worker_is_its_clusters_and_nobody_else_creates_below_i
                 attack()
         assert anon.get_children(root) == ["first"]
         # a cluster of another secret: refused with what to do, and it starts under its own root
-        other = _secret(tmp_path, "other")
         r = _worker_cli(zk, root, "second", other)
         assert r.returncode == 2, r.stderr
         assert f"cannot create {root}/second: the root {root} belongs to another cluster's workers" in r.stderr
@@ -370,14 +371,22 @@ def test_a_root_made_by_a_worker_is_its_clusters_and_nobody_else_creates_below_i
         assert r.returncode == 0 and "no topologies" in r.stdout, r.stderr
         assert anon.get_children(f"{root}-second") == ["second"]
     finally:
-        if coord is not None:
-            coord.delete(root, recursive=True)
-            coord.close()
-        seconds = ZkCoordinator(zk, open(tmp_path / "other", "rb").read().strip(), session_timeout=10)
-        seconds.delete(f"{root}-second", recursive=True)
-        seconds.close()
-        anon.stop()
-        anon.close()
+        try:
+            try:
+                if coord is not None:
+                    try:
+                        coord.delete(root, recursive=True)
+                    finally:
+                        coord.close()
+            finally:
+                seconds = ZkCoordinator(zk, (tmp_path / "other").read_bytes().strip(), session_timeout=10)
+                try:
+                    seconds.delete(f"{root}-second", recursive=True)    # absent if it failed before
+                finally:
+                    seconds.close()
+        finally:
+            anon.stop()
+            anon.close()
 
 
 def _secret(tmp_path, name: str) -> str:

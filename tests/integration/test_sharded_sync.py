@@ -1,6 +1,7 @@
 """Sharded synchronisation: S sync tasks, each owning one slice of the parameters,
 give exactly the parameters of one sync task; checkpoints stay whole and resumable;
 and the fault scenarios of test_training_faults.py finish exactly with S = 2."""
+import json
 import os
 from dataclasses import replace
 
@@ -106,16 +107,29 @@ def test_training_survives_sigkill_with_two_sync_tasks(mode, zk_hosts, victim):
     faults.test_training_survives_sigkill(mode, zk_hosts, victim)
 
 
+def _ran_with_two_sync_tasks(summary_path) -> None:
+    """The scenarios below check their runs by the summary of `submit --wait --summary`,
+    not by _finished_exactly: that the run had S = 2 is checked here. (On a cluster S = 2
+    is also submit's default for these two units; the scenario is what is under test.)"""
+    s = json.loads(summary_path.read_text())
+    assert s["sync_tasks"] == 2, f"the run had {s['sync_tasks']} sync task(s), not the 2 asked for"
+
+
 @fault_scenario
 @pytest.mark.usefixtures("two_sync_tasks")
 def test_kill_checkpoint_then_submit_resume_with_two_sync_tasks(zk, tmp_path):
     faults.test_kill_checkpoint_then_submit_resume(zk, tmp_path)
+    _ran_with_two_sync_tasks(tmp_path / "summary.json")       # where the scenario's resumed run wrote it
 
 
 @fault_scenario
 @pytest.mark.usefixtures("two_sync_tasks")
 def test_sigterm_to_the_workers_stops_with_a_checkpoint_with_two_sync_tasks(zk, tmp_path, monkeypatch):
+    # the resumed run (submit --wait) writes a summary; the first submit does not wait and ignores it
+    summary = tmp_path / "summary.json"
+    monkeypatch.setattr(faults, "TRAIN_ARGS", faults.TRAIN_ARGS + ["--summary", str(summary)])
     faults.test_sigterm_to_the_workers_stops_with_a_checkpoint(zk, tmp_path, monkeypatch)
+    _ran_with_two_sync_tasks(summary)
 
 
 @pytest.mark.parametrize("victim", ["compute", "sync"])

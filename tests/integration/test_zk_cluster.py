@@ -1,5 +1,6 @@
 """The engine as a real cluster: streamnet-worker processes on a real ZooKeeper."""
 import os
+import threading
 import time
 
 import pytest
@@ -266,16 +267,30 @@ def test_closing_a_session_is_bounded_while_zookeeper_does_not_answer(zk):
     if host not in ("127.0.0.1", "localhost"):
         pytest.skip("needs a local ZooKeeper to relay to")
     healthy = ZkCoordinator(zk, os.urandom(24).hex().encode(), session_timeout=30)
-    t0 = time.monotonic()
-    assert healthy.close(timeout=10) is True and time.monotonic() - t0 < 10
+    assert healthy.close(timeout=10) is True                 # closed within the bound: it answers
+    closed = None
     with Relay(int(port)) as relay:
         coord = ZkCoordinator(relay.address, os.urandom(24).hex().encode(), session_timeout=30)
-        coord.exists("/")
-        relay.hold()
-        wait_for(lambda: _sends_and_is_held(coord, relay), 10, "a call the relay holds", interval=0.05)
-        t0 = time.monotonic()
-        assert coord.close(timeout=1.0) is False
-        assert time.monotonic() - t0 < 3.0
+        try:
+            coord.exists("/")
+            relay.hold()
+            wait_for(lambda: _sends_and_is_held(coord, relay), 10, "a call the relay holds", interval=0.05)
+            before = set(threading.enumerate())
+            t0 = time.monotonic()
+            closed = coord.close(timeout=1.0)
+            took = time.monotonic() - t0
+            abandoned = [t for t in threading.enumerate() if t not in before and t.name == "zk-close"]
+        finally:
+            if closed is None:       # failed before the close under test: close it here
+                relay.heal()
+                coord.close(timeout=10)
+    # it gave up at its bound; unbounded, kazoo's stop waits max(session timeout, 10 s) = 30 s
+    # here for the answer the relay holds, so a bound well below that is no timing claim
+    assert closed is False, "close() waited for kazoo's stop to finish while ZooKeeper did not answer"
+    # the relay closed: the held connection is cut, and the stop that close() left behind ends
+    wait_for(lambda: not any(t.is_alive() for t in abandoned), 40, "the abandoned close of the session to end",
+             interval=0.1)
+    assert took < 15, f"close(timeout=1.0) took {took:.1f} s"
 
 
 def _sends_and_is_held(coord, relay) -> bool:
