@@ -37,6 +37,17 @@ def spread(xs, method: str = "exclusive") -> dict:
     return {"median": statistics.median(xs), "q1": q[0], "q3": q[2], "n": len(xs)}
 
 
+def every_sample_once(cfg, summary) -> bool:
+    """The run's own verdict (each_sample_counted_once) and, which that verdict leaves out
+    (it judges the epochs it saw finished: a last epoch short of samples is not one),
+    every epoch 1..cfg.epochs holding exactly the training set's samples."""
+    from streamnet.training.schedule import dataset_for
+    size = len(dataset_for(cfg).train)
+    counts = summary.extra["epoch_samples"]
+    return bool(summary.extra["each_sample_counted_once"]) and \
+        all(counts.get(str(e)) == size for e in range(1, cfg.epochs + 1))
+
+
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 

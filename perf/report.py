@@ -28,7 +28,7 @@ from dataclasses import replace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import pin_blas_threads, started_zookeeper, train_on_worker_processes  # noqa: E402
+from common import every_sample_once, pin_blas_threads, started_zookeeper, train_on_worker_processes  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 PUBLISHED_SPEEDUP = 3.68
@@ -234,11 +234,11 @@ def recovery(p, run: Runner) -> dict:
             results = finish(state, topo.name, timeout=1800)
         s = summarise(cfg, results, workers=3)
         out["trials"].append({"victim": victim, "detection_s": round(detected, 2), "test_accuracy": s.test_accuracy,
-                              "each_sample_counted_once": s.extra["each_sample_counted_once"],
+                              "each_sample_counted_once": every_sample_once(cfg, s),
                               "samples_replayed": s.extra["samples_replayed"]})
         print(f"  recovery trial {i + 1}: killed {victim}, tasks moved after {detected:.2f} s, accuracy "
-              f"{s.test_accuracy:.2%}, each sample once: {s.extra['each_sample_counted_once']}", flush=True)
-    ok = all(t["each_sample_counted_once"] for t in out["trials"])
+              f"{s.test_accuracy:.2%}, each sample once: {out['trials'][-1]['each_sample_counted_once']}", flush=True)
+    ok = bool(out["trials"]) and all(t["each_sample_counted_once"] for t in out["trials"])
     gap = max((abs(t["test_accuracy"] - base.test_accuracy) * 100 for t in out["trials"]), default=0.0)
     slow = max((t["detection_s"] for t in out["trials"]), default=0.0)
     out["accuracy_gap_pp_max"], out["detection_s_max"] = round(gap, 2), round(slow, 2)
