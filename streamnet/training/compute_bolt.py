@@ -79,6 +79,9 @@ class ComputeBolt(Bolt):
         self._sent_at: float | None = None
         self._asked_at = -float("inf")
         self._computed_step: int | None = None    # the step of the last work computed
+        # ((epoch, round, step), its batches, (contribution, seconds, started)) of the last round
+        # computed: the same work again at the same parameters is answered from here (_result)
+        self._last: tuple | None = None
 
     @property
     def params_step(self) -> int:
@@ -116,10 +119,11 @@ class ComputeBolt(Bolt):
                 return
             received = time.perf_counter()
             self._computed_step = step
-            c, seconds, started = await self.ctx.compute(self._round, tup["batches"], tup["lr_scale"])
+            (c, seconds, started), again = await self._result(tup)
             timing = {"compute_s": seconds, "queue_s": max(0.0, started - received), "worker": self.ctx.worker}
-            self.compute_s += seconds
-            self.samples += c.samples
+            if not again:
+                self.compute_s += seconds
+                self.samples += c.samples
             state = self.unit.state() if tup["checkpoint"] else None   # for a checkpoint that resumes exactly
             # the unit's verdict on its whole vector, so that every slice drops a diverged unit
             # as the whole would; with one slice the sync task's own check is that verdict
@@ -136,10 +140,30 @@ class ComputeBolt(Bolt):
             self.collector.ack(tup)
             # the contribution leaves before the figures are written and the load loop wakes
             await self.collector.send_now()
-            self.ctx.report_work(c.samples, seconds, share=tup["share"])   # this unit's speed, for load balancing
-            self._report()
+            if not again:
+                self.ctx.report_work(c.samples, seconds, share=tup["share"])   # this unit's speed, for load balancing
+                self._report()
             return
         self.collector.ack(tup)
+
+    async def _result(self, work) -> tuple[tuple, bool]:
+        """((contribution, seconds, started), whether it was computed before) of `work`,
+        whose step is the parameters': computed on the compute threads, or - for the
+        round computed last, sent again (a replay after a failed tree, a spout that
+        started anew, a copy sent ahead twice) while the parameters of its step have
+        not moved - its result again. Computing it again would start from the
+        parameters and inner state the first computation moved on: MixBP's local steps
+        (and dropout's random stream) taken twice, the round's samples trained twice."""
+        key = (work["epoch"], work["round"], work["step"])
+        last = self._last
+        if last is not None and last[0] == key and len(last[1]) == len(work["batches"]) \
+                and all(np.array_equal(a, b) for a, b in zip(last[1], work["batches"])):
+            log.info("unit %d: step %d's work came again; sending the result computed for it", self.ctx.task_index,
+                     work["step"])
+            return last[2], True
+        result = await self.ctx.compute(self._round, work["batches"], work["lr_scale"])
+        self._last = (key, work["batches"], result)
+        return result, False
 
     def _contribute(self, work, s: int, **result) -> None:
         """Slice s of this unit's result for the round of `work`, to its sync task;

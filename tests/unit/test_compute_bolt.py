@@ -3,6 +3,7 @@ collector)): work ahead of its parameters is held and the request for them repea
 until they come; work already applied is answered by field name; with sharded
 synchronisation, a round is computed only once every slice of its parameters came."""
 import asyncio
+from dataclasses import replace
 
 import numpy as np
 
@@ -43,9 +44,9 @@ async def _compute(fn, *args):
     return fn(*args)
 
 
-def _bolt(sync_tasks=1):
+def _bolt(sync_tasks=1, cfg=CFG):
     """A compute bolt for unit 1 (task 7), as topology_runtime.make_executor makes it."""
-    bolt = ComputeBolt(run=run_config_to_dict(CFG))
+    bolt = ComputeBolt(run=run_config_to_dict(cfg))
     recorder = Recorder()
     tasks = {"compute": range(6, 8), "sync": range(8, 8 + sync_tasks)}
     ctx = Context(topology="t", component="compute", task=7, task_index=1, parallelism=2, worker="w0", config={},
@@ -55,8 +56,8 @@ def _bolt(sync_tasks=1):
     return bolt, recorder
 
 
-def _work(step: int) -> Tuple:
-    batches = UnitSchedule(CFG, 64).epoch(0)[0][1][step]      # unit 1's batches of round `step`
+def _work(step: int, cfg=CFG) -> Tuple:
+    batches = UnitSchedule(cfg, 64).epoch(0)[0][1][step]      # unit 1's batches of round `step`
     values = row(WORK, unit=1, epoch=0, round=step, step=step, lr_scale=1.0,
                  batches=[b.astype(np.int32) for b in batches], checkpoint=False, share=1.0)
     return Tuple(values, list(WORK), "default", "data", 0, {})
@@ -216,3 +217,20 @@ def test_with_one_slice_the_sync_task_judges_finiteness_and_still_drops_a_diverg
     agg.combine([Contribution(1, sent["samples"], sent["steps"], sent["loss_sum"], diverged, sent["finite"])])
     assert agg.refused == [(1, "non-finite")]
     np.testing.assert_array_equal(agg.params, before)
+
+
+def test_the_round_computed_last_sent_again_gets_the_same_result_not_a_second_computation():
+    """Its tree failed (a worker left, a message timed out, the spout started anew) and the
+    work came again while the unit still holds that step's parameters: computing it again
+    would start from the parameters its first local steps moved, MixBP's samples trained
+    twice (a vector of two rounds' progress, which replaces the first at the sync task)."""
+    mixbp = replace(CFG, algorithm=AlgorithmConfig(name="mixbp", batch=4, sync_period=2))
+    bolt, out = _bolt(cfg=mixbp)
+    asyncio.run(bolt.execute(_work(0, mixbp)))
+    moved = bolt.unit.model.params.copy()
+    asyncio.run(bolt.execute(_work(0, mixbp)))
+    first, again = [dict(zip(CONTRIBUTION, v)) for s, v in out.emitted if s == "default"]
+    assert first["samples"] == again["samples"] == 8 and first["status"] == again["status"] == OK
+    assert np.array_equal(first["vector"], again["vector"]) and np.abs(first["vector"]).max() > 0
+    assert np.array_equal(bolt.unit.model.params, moved)          # no second round of local steps
+    assert bolt.samples == 8 and len(out.acked) == 2                 # counted once, both copies acked
