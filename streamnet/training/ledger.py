@@ -37,6 +37,8 @@ class SampleLedger:
         missed, doubled = [], []
         for u, unit_rounds in enumerate(plan):
             for r in range(len(unit_rounds)):
+                if not len(unit_rounds[r]):
+                    continue        # no batch of this unit in that round (load balancing's last round)
                 n = counts[r * self.units + u] if r * self.units + u < len(counts) else 0
                 if n == 0:
                     missed.append([r, u])
@@ -62,7 +64,7 @@ class SampleLedger:
             plan = plan_of(epoch)
             entry = {}
             for kind in ("missed", "doubled"):
-                idx = [np.concatenate(plan[u][r]) for r, u in f[kind]]
+                idx = [np.concatenate(plan[u][r]) for r, u in f[kind] if len(plan[u][r])]
                 flat = np.concatenate(idx) if idx else np.zeros(0, np.int64)
                 entry[f"{kind}_samples"] = int(flat.size)
                 entry[f"{kind}_first"] = np.sort(flat)[:SHOWN].tolist()
