@@ -4,6 +4,7 @@ import logging
 
 from streamnet.runtime.dataplane import accept_shortage
 from streamnet.runtime.dataplane.accept_shortage import MESSAGE, AcceptShortage
+from streamnet.testing import until
 
 
 def _context():
@@ -65,14 +66,16 @@ def test_the_ui_daemon_reports_a_shortage_the_same_way(monkeypatch):
         async def cleanup(self):
             pass
 
-    async def serve(state, host, port, poll_s, token=None):
+    async def serve(state, host, port, poll_s, *options):     # token, allowed hosts, ...: not looked at
         served.set()
         return Runner(), 1234
     monkeypatch.setattr(server, "serve", serve)
 
     async def run():
         daemon = asyncio.ensure_future(cli._serve(SimpleNamespace(cluster="c"), "127.0.0.1", 0, 1.0))
-        await asyncio.wait_for(served.wait(), 10)
+        await until(lambda: served.is_set() or daemon.done(), "the daemon to serve")
+        if daemon.done():
+            daemon.result()             # what it raised
         handler = asyncio.get_running_loop().get_exception_handler()
         daemon.cancel()
         await asyncio.gather(daemon, return_exceptions=True)
@@ -123,11 +126,15 @@ def test_a_real_descriptor_shortage_is_reported_once():
     import subprocess
     import sys
     import time
+    from tests.unit.test_cli_mistakes import read_line
     p = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     conns = []
     try:
-        port = int(p.stdout.readline())
-        assert p.stdout.readline().strip() == "full"
+        buf, deadline = bytearray(), time.monotonic() + 60
+        line = read_line(p.stdout, buf, deadline, "the child's port")
+        assert line, "the child ended before it listened"
+        port = int(line)
+        assert read_line(p.stdout, buf, deadline, "the child to run out of descriptors").strip() == "full"
         deadline = time.monotonic() + 40
         while p.poll() is None:          # the child ends after its third report (or its own deadline)
             assert time.monotonic() < deadline, "the child did not end"
@@ -137,8 +144,10 @@ def test_a_real_descriptor_shortage_is_reported_once():
                 pass                     # a full backlog: the next attempt waits in connect
             time.sleep(0.05)
         out, err = p.communicate(timeout=10)
+        out = buf.decode() + out
     finally:
         p.kill()
+        p.communicate(timeout=10)
         for c in conns:
             c.close()
     # asyncio reports each failed accept of a pass over the backlog, then again a second later

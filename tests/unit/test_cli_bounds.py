@@ -6,7 +6,6 @@ import pytest
 
 from streamnet.cli import submit
 from streamnet.cli.common import error_exit
-from streamnet.errors import StreamnetError
 from streamnet.runtime.control import ClusterTimeout, TopologyGone
 from streamnet.training.config import LENET5_MIN_INPUT
 
@@ -59,10 +58,6 @@ def test_timed_out_or_stopped_before_its_end_exits_1(e, capsys):
     """README: "1 a run that ... timed out or was stopped before its end"."""
     assert error_exit("streamnet-submit", e) == 1
     assert one_line_error(capsys, "streamnet-submit").endswith(str(e))
-
-
-def test_usage_errors_still_exit_2(capsys):
-    assert error_exit("streamnet-submit", StreamnetError("usage")) == 2
 
 
 @pytest.mark.parametrize("argv", [

@@ -1,8 +1,10 @@
 """Each user mistake of issue 14 part 4: one line on stderr naming the program, exit 2,
 no traceback; none of these needs ZooKeeper (they are refused before connecting)."""
 import os
+import select
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -20,6 +22,30 @@ def one_line_error(capsys, prog: str) -> str:
     assert lines[0].startswith(f"{prog}") and ": error: " in lines[0], err
     assert "Traceback" not in err
     return lines[0]
+
+
+def read_line(pipe, buf: bytearray, deadline: float, what: str) -> str:
+    """The next line a child writes to `pipe` ("" at its end; a progress bar's "\\r" ends
+    one too, as in a text-mode readline), waited for until `deadline` (time.monotonic())
+    even when the child is alive and silent: AssertionError naming `what` after it. `buf`
+    keeps what was read past the line; read the rest with buf.decode() +
+    p.communicate()[i] (nothing here reads through the pipe's file object)."""
+    fd = pipe.fileno()
+    while b"\n" not in buf and b"\r" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"timed out waiting for {what}; last read: {bytes(buf)!r}")
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                line = buf.decode()
+                buf.clear()
+                return line
+            buf += chunk
+    end = min(i for i in (buf.find(b"\n"), buf.find(b"\r")) if i >= 0)
+    line = buf[:end].decode()
+    del buf[:end + 1]
+    return line + "\n"
 
 
 def run_main(main, argv):
@@ -212,20 +238,20 @@ def test_a_wait_cut_short_by_sigterm_exits_1_and_says_so(follow, capsys):
 def test_train_stopped_by_sigterm_exits_1(tmp_path):
     """SIGTERM to `train` on the embedded cluster: a clean stop, then exit 1 with the reason."""
     import signal
-    import time
     p = subprocess.Popen([sys.executable, "-m", "streamnet.cli.submit", "train", "--dataset", "synthetic",
                           "--epochs", "200", "--workers", "2", "--batch", "8"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        line = ""
-        while ": round " not in line:        # the first progress line: the run is under way
-            assert time.monotonic() < deadline and p.poll() is None, f"no progress line; last: {line!r}"
-            line = p.stderr.readline()
+        deadline, buf, lines = time.monotonic() + 120, bytearray(), [None]
+        while lines[-1] is None or ": round " not in lines[-1]:    # the first progress line: the run is under way
+            assert lines[-1] != "", f"the run ended before its first progress line: {''.join(lines[1:])}"
+            lines.append(read_line(p.stderr, buf, deadline, "the first progress line"))
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=120)
+        err = buf.decode() + err
     finally:
         p.kill()
+        p.communicate(timeout=10)
     assert p.returncode == 1, err
     assert "stopped by a signal at step" in err and "Traceback" not in err
 
@@ -254,7 +280,6 @@ def test_status_of_an_unknown_topology(zk, secret, capsys):
 
 def test_duplicate_worker_name(zk, secret, capsys):
     import threading
-    import time
 
     from streamnet.cli.common import connect
     cluster = cluster_name("cli-dup")
@@ -267,10 +292,7 @@ def test_duplicate_worker_name(zk, secret, capsys):
         coord, state, _ = connect(argparse.Namespace(zk=zk, cluster=cluster, secret_file=secret,
                                                      session_timeout=10.0))
         try:
-            deadline = time.monotonic() + 60
-            while "w1" not in state.workers():
-                assert time.monotonic() < deadline, "the first worker did not register within 60 s"
-                time.sleep(0.1)
+            wait_for(lambda: "w1" in state.workers(), 60, "the first worker to register", interval=0.1)
         finally:
             coord.close()
         threads = {t.ident for t in threading.enumerate()}
@@ -304,23 +326,22 @@ def test_set_on_a_training_setup(argv, says, capsys):
 
 def test_train_in_process_stopped_by_sigterm_says_so():
     import signal
-    import time
     p = subprocess.Popen([sys.executable, "-m", "streamnet.cli.submit", "train", "--in-process", "--dataset",
                           "synthetic", "--epochs", "200", "--workers", "2", "--batch", "8"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # the signal lands once the first epoch is done (training and evaluating go on):
         # a condition on the run's own progress lines, not a pause
-        deadline = time.monotonic() + 120
-        line = ""
-        while not (line.startswith("epoch 1/") and "test acc" in line):
-            assert line or p.poll() is None, f"the run ended before its first epoch: {p.stderr.read()}"
-            assert time.monotonic() < deadline, "no epoch finished within 120 s"
-            line = p.stderr.readline()
+        deadline, buf, lines = time.monotonic() + 120, bytearray(), [None]
+        while lines[-1] is None or not (lines[-1].startswith("epoch 1/") and "test acc" in lines[-1]):
+            assert lines[-1] != "", f"the run ended before its first epoch: {''.join(lines[1:])}"
+            lines.append(read_line(p.stderr, buf, deadline, "the first epoch to finish"))
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=120)
+        err = buf.decode() + err
     finally:
         p.kill()
+        p.communicate(timeout=10)
     assert p.returncode == 130, err
     assert "interrupted (Ctrl-C or SIGTERM)" in err and "Traceback" not in err
 

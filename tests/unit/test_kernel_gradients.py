@@ -1,7 +1,8 @@
 """Every kernel's backward pass against central finite differences, in float64.
 
 The check is directional: for a random output weighting r and direction v,
-d/de sum(r * f(x + e v)) at e = 0 must equal <backward(r), v>.
+d/de sum(r * f(x + e v)) at e = 0 must equal <backward(r), v>. The dense layer's, in
+both of its arrangements: test_kernel_dense.py.
 """
 import numpy as np
 import pytest
@@ -113,24 +114,6 @@ def test_avgpool(k, s):
     dx = K.avgpool_backward(r, x.shape, k, s)
     v = rng.standard_normal(x.shape)
     assert_close(np.sum(dx * v), directional_fd(lambda z: np.sum(r * K.avgpool_forward(z, k, s)), x, v))
-
-
-def test_dense():
-    x = rng.standard_normal((5, 7))
-    w = rng.standard_normal((3, 7))
-    b = rng.standard_normal(3)
-    out = K.dense_forward(x, w, b)
-    np.testing.assert_allclose(out, x @ w.T + b, rtol=1e-12)
-    r = rng.standard_normal(out.shape)
-    dw, db = np.empty_like(w), np.empty_like(b)
-    dx = K.dense_backward(r, x, w, dw, db, True)
-    for arr, grad, f in [
-        (x, dx, lambda z: np.sum(r * K.dense_forward(z, w, b))),
-        (w, dw, lambda z: np.sum(r * K.dense_forward(x, z, b))),
-        (b, db, lambda z: np.sum(r * K.dense_forward(x, w, z))),
-    ]:
-        v = rng.standard_normal(arr.shape)
-        assert_close(np.sum(grad * v), directional_fd(f, arr, v))
 
 
 @pytest.mark.parametrize("fwd,bwd", [(K.relu_forward, K.relu_backward),

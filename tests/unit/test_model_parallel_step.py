@@ -77,13 +77,12 @@ def test_result_does_not_depend_on_timing():
 def test_parameters_are_shared_not_copied():
     model = nn.lenet5(seed=5)
     x, y = _batch(model, 8)
-    step = ParallelStep(model, 2)
-    g_before = step.loss_and_grad(x, y)[1].copy()
-    model.params *= 0.5  # an optimiser step, in place
-    g_after = step.loss_and_grad(x, y)[1].copy()
+    with ParallelStep(model, 2) as step:
+        g_before = step.loss_and_grad(x, y)[1].copy()
+        model.params *= 0.5  # an optimiser step, in place
+        g_after = step.loss_and_grad(x, y)[1].copy()
     assert not np.allclose(g_before, g_after)
     _assert_rel(g_after, model.loss_and_grad(x, y)[1].copy(), 1e-5)
-    step.close()
 
 
 def test_model_threads_argument_and_small_batches():
@@ -150,14 +149,13 @@ def test_a_step_does_not_wait_for_a_thread_that_never_starts():
     release = threading.Event()
     blocker = pool.submit(release.wait, 30)
     try:
-        step = ParallelStep(model, 2, executor=pool)
-        _assert_rel(step.loss_and_grad(x, y)[1].copy(), ref, 1e-5)
-        assert step._alive[1]                      # submitted, not started
-        release.set()
-        blocker.result(timeout=30)
-        _until(lambda: not step._alive[1])         # it ran, found no work, and left
-        _assert_rel(step.loss_and_grad(x, y)[1].copy(), ref, 1e-5)
-        step.close()
+        with ParallelStep(model, 2, executor=pool) as step:
+            _assert_rel(step.loss_and_grad(x, y)[1].copy(), ref, 1e-5)
+            assert step._alive[1]                      # submitted, not started
+            release.set()
+            blocker.result(timeout=30)
+            _until(lambda: not step._alive[1])         # it ran, found no work, and left
+            _assert_rel(step.loss_and_grad(x, y)[1].copy(), ref, 1e-5)
     finally:
         release.set()
         pool.shutdown(wait=True)
@@ -167,7 +165,9 @@ def test_close_sends_the_waiting_threads_away():
     model = nn.lenet5(seed=12)
     x, y = _batch(model, 64)
     step = ParallelStep(model, 2)
-    step.loss_and_grad(x, y)
-    threads = list(step._pool._threads)
-    step.close()
+    try:
+        step.loss_and_grad(x, y)
+        threads = list(step._pool._threads)
+    finally:
+        step.close()
     assert not any(step._alive) and not any(t.is_alive() for t in threads)

@@ -16,6 +16,25 @@ def _batch(model, n, seed=0):
     return rng.standard_normal((n, 1, size, size)).astype(np.float32), rng.integers(0, 10, n)
 
 
+def _in_a_thread(fn, timeout: float):
+    """fn() on a thread of its own (not the pool's), joined within `timeout`: its result,
+    or what it raised, raised here."""
+    result, error = [], []
+
+    def run():
+        try:
+            result.append(fn())
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            error.append(e)
+    runner = threading.Thread(target=run)
+    runner.start()
+    runner.join(timeout)
+    assert not runner.is_alive(), "the step waited for a pool thread that never started"
+    if error:
+        raise error[0]
+    return result[0]
+
+
 def test_a_small_model_takes_chunks_of_at_least_min_chunk_samples():
     with ParallelStep(nn.lenet5(seed=1), 2) as step:
         assert step.small
@@ -42,14 +61,11 @@ def test_the_calling_thread_alone_gives_the_same_bits_and_a_late_pool_task_is_ca
     pool = ThreadPoolExecutor(1)
     try:
         blocker = pool.submit(release.wait)              # the pool's one thread is busy
-        step = ParallelStep(model, 2, executor=pool)
-        got = []
-        runner = threading.Thread(target=lambda: got.extend(
-            (loss, g.copy()) for loss, g in (step.loss_and_grad(x, y) for _ in range(2))))
-        runner.start()
-        runner.join(timeout=60)                          # without the pool thread
-        assert not runner.is_alive(), "the step waited for a pool thread that never started"
+        with ParallelStep(model, 2, executor=pool) as step:
+            got = _in_a_thread(lambda: [(loss, g.copy()) for loss, g in (step.loss_and_grad(x, y) for _ in range(2))],
+                               60)                       # without the pool thread
         assert not blocker.done()
+        assert len(got) == 2
         for loss, g in got:
             assert loss == ref_loss
             np.testing.assert_array_equal(g, ref)        # chunk c fills row c, whoever runs it
@@ -79,14 +95,10 @@ def test_a_big_model_sums_every_slice_when_its_pool_thread_never_starts():
     pool = ThreadPoolExecutor(1)
     try:
         pool.submit(release.wait)
-        step = ParallelStep(model, 2, executor=pool)
-        assert len(step._slices) == 2                    # the sum is cut in slices
-        done = []
-        runner = threading.Thread(target=lambda: done.append(step.loss_and_grad(x, y)[1].copy()))
-        runner.start()
-        runner.join(timeout=120)
-        assert not runner.is_alive(), "the step waited for a pool thread that never started"
-        np.testing.assert_array_equal(done[0], ref)
+        with ParallelStep(model, 2, executor=pool) as step:
+            assert len(step._slices) == 2                # the sum is cut in slices
+            g = _in_a_thread(lambda: step.loss_and_grad(x, y)[1].copy(), 120)
+        np.testing.assert_array_equal(g, ref)
     finally:
         release.set()
         pool.shutdown(wait=True)

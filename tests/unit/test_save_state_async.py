@@ -33,9 +33,11 @@ def state(request):
     if request.param == "inprocess":
         server = InProcessServer()
         coord = server.session()
-        yield ClusterState(coord, "c")
-        coord.close()
-        server.shutdown()
+        try:
+            yield ClusterState(coord, "c")
+        finally:
+            coord.close()
+            server.shutdown()
         return
     from streamnet.runtime.control.zk import ZkCoordinator
     coord = ZkCoordinator(request.getfixturevalue("zk"), b"s" * 32)
@@ -43,6 +45,16 @@ def state(request):
         yield ClusterState(coord, f"save-async-{id(coord)}")
     finally:
         coord.close()
+
+
+@pytest.fixture
+def server():
+    """An in-process coordinator, shut down after the test however it ended."""
+    server = InProcessServer()
+    try:
+        yield server
+    finally:
+        server.shutdown()
 
 
 def test_the_owner_saves_and_a_superseded_instance_is_fenced(state):
@@ -78,8 +90,7 @@ class LostAnswers(ClusterState):
 
 
 @pytest.mark.parametrize("applied", [True, False])
-def test_a_save_whose_connection_dropped_is_settled_not_taken_for_another_instance(applied):
-    server = InProcessServer()
+def test_a_save_whose_connection_dropped_is_settled_not_taken_for_another_instance(applied, server):
     state = LostAnswers(server.session(), "c")
     state.applied = applied
     rt, ex = Runtime(state), Instance()
@@ -90,7 +101,6 @@ def test_a_save_whose_connection_dropped_is_settled_not_taken_for_another_instan
             await fencing.save_state_async(rt, ex, {"next_step": step})
     asyncio.run(go())
     assert state.load_state("train", "sync.0") == ({"next_step": 3}, ex.state_version) and ex.state_version == 3
-    server.shutdown()
 
 
 class SettleGivesUpOnce(LostAnswers):
@@ -106,11 +116,10 @@ class SettleGivesUpOnce(LostAnswers):
 
 
 @pytest.mark.parametrize("path,applied", [("async", True), ("async", False), ("sync", True)])
-def test_a_save_left_unsettled_is_settled_by_the_next_not_taken_for_another_instance(path, applied):
+def test_a_save_left_unsettled_is_settled_by_the_next_not_taken_for_another_instance(path, applied, server):
     """The save after one whose settle gave up finds out whether that write was applied
     (and writes it if not) before its own: it goes on, where it used to compare-and-set
     on the version before it and, the write applied, fence itself."""
-    server = InProcessServer()
     state = SettleGivesUpOnce(server.session(), "c")
     state.applied = applied
     rt, ex = Runtime(state), Instance()
@@ -141,4 +150,3 @@ def test_a_save_left_unsettled_is_settled_by_the_next_not_taken_for_another_inst
     assert ex.unsettled is None
     assert versions == [2]          # 0: the claim, 1: step 1's write (applied then, or by the settle), 2: step 2's
     assert state.load_state("train", "sync.0") == ({"next_step": 3}, ex.state_version)
-    server.shutdown()

@@ -87,13 +87,6 @@ def test_a_refused_value_names_its_flag(command, capsys):
     assert "error: --sync-period must be >= 1; got 0" in capsys.readouterr().err
 
 
-def test_more_sync_tasks_than_parameters_is_refused_naming_the_flag(capsys):
-    assert main(["submit", "lenet5-mixbp", "--zk", "127.0.0.1:1", "--dataset", "synthetic",
-                 "--sync-tasks", "100000"]) == 2
-    err = capsys.readouterr().err
-    assert "error: --sync-tasks must be at most 61706, one slice per parameter of lenet5; got 100000" in err
-
-
 def test_submits_default_sync_tasks_is_one_per_worker_hosting_a_unit():
     from streamnet.training.nsmap import BUILDERS
     build = BUILDERS["lenet5-mixbp"]
