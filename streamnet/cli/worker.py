@@ -16,7 +16,6 @@ continues it), waiting at most --stop-grace seconds; a second signal skips the w
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import errno
 import logging
@@ -28,7 +27,7 @@ import sys
 from ..errors import StreamnetError
 from ..runtime.control.coordinator import NodeExistsError
 from .common import (ENVIRONMENT, Parser, add_allow_option, add_cluster_options, add_common_options, allowed_modules,
-                     completing, connect, error_exit, port_number, positive_float, positive_int, threads_option)
+                     completing, connect, error_exit, port_number, positive_float, threads_option)
 
 
 ON_SIGNAL = ("leave", "checkpoint")
