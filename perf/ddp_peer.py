@@ -30,6 +30,8 @@ def main() -> int:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--target", type=float, default=0.89)
     p.add_argument("--train-limit", type=int)
+    p.add_argument("--test-limit", type=int)
+    p.add_argument("--dataset", default="fashion-mnist")
     a = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -38,7 +40,7 @@ def main() -> int:
     from streamnet.data import epoch_order, shard_indices
     from streamnet.nn.reference import torch_module
     from streamnet.training import DataConfig, load_data
-    ds = load_data(DataConfig(train_limit=a.train_limit))
+    ds = load_data(DataConfig(dataset=a.dataset, train_limit=a.train_limit, test_limit=a.test_limit))
     model = torch.nn.parallel.DistributedDataParallel(torch_module(nn.lenet5(seed=0)))
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     shard = shard_indices(len(ds.train), world, rank, seed=0)

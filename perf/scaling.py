@@ -156,6 +156,10 @@ def run_ddp(workers: int, a) -> dict:
            "--epochs", str(a.max_epochs), "--target", str(a.target)]
     if a.train_limit:
         cmd += ["--train-limit", str(a.train_limit)]
+    if getattr(a, "test_limit", None):           # perf/report.py's profiles: the data the engine's runs had
+        cmd += ["--test-limit", str(a.test_limit)]
+    if getattr(a, "dataset", None):
+        cmd += ["--dataset", a.dataset]
     # in a session of its own: on a timeout the ranks torchrun started go too, not only torchrun
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
