@@ -322,9 +322,9 @@ class SyncBolt(SyncRecovery, Bolt):
         epoch, rnd = key
         n = sum(c.samples for c in contributions)
         self.loss.record(epoch + 1, sum(c.loss_sum for c in contributions), n)
-        self.unit_states = {}
         next_step = self.counts.next_step
         out = params.copy()  # receivers in this process share the array: never hand out the live one
+        self._hand_over_states(tuples, next_step, out)
         self.collector.emit(row(PARAMS, step=next_step, slice=self.slice, params=out,
                                 generation=self.ctx.generation), stream="params",
                             anchors=tuples)
@@ -341,6 +341,21 @@ class SyncBolt(SyncRecovery, Bolt):
             self.collector.emit(values, stream="checkpoint", anchors=tuples)
         for t in tuples:
             self.collector.ack(t)
+
+    def _hand_over_states(self, tuples: list, step: int, params) -> None:
+        """A resumed run's first combine: the units of the checkpoint that had no work in
+        its round (an uneven plan: per-unit batches, a round past a unit's shard) never
+        asked for parameters, so never got their saved state (inner velocity, random
+        streams) with them: each gets it now, with the new parameters, ahead of the
+        broadcast of the same step (what a unit receives first, it applies before it
+        computes). Those that worked had it with their answer to a resync."""
+        states, self.unit_states = self.unit_states, {}
+        worked = {t["unit"] for t in tuples}
+        for unit, state in sorted(states.items()):
+            if unit not in worked and 0 <= unit < len(self.compute_tasks) and state is not None:
+                self.collector.emit(row(DIRECT_PARAMS, step=step, slice=self.slice, params=params,
+                                        unit_state=state, generation=self.ctx.generation),
+                                    stream="direct_params", direct_task=self.compute_tasks[unit])
 
     def _arrival(self, tup) -> Arrival | None:
         """A contribution's arrival and timing for straggler attribution; None when it

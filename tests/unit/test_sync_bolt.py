@@ -27,10 +27,11 @@ class Recorder:
     is the order of saves and emits."""
 
     def __init__(self, events: list):
-        self.events, self.acked = events, []
+        self.events, self.acked, self.direct = events, [], []
 
     def emit(self, values, stream, anchors, direct_task):
         self.events.append(("emit", stream, values))
+        self.direct.append(direct_task)
         return []
 
     def ack(self, tup):
@@ -120,3 +121,41 @@ def test_a_small_combine_runs_on_the_event_loop_and_a_large_one_on_the_compute_p
     assert bolt.agg.params.size == 61_706
     small, large = sent.values()
     np.testing.assert_array_equal(small, large)
+
+
+def test_a_resumed_runs_first_combine_hands_each_idle_unit_its_saved_state_before_the_parameters():
+    """Units with no work in the resumed round never ask for parameters, so never got
+    their state with them: it comes to each now, ahead of the broadcast of that step."""
+    from dataclasses import replace
+    from streamnet.training.streams import DIRECT_PARAMS
+    cfg = replace(CFG, units=2, data=replace(CFG.data, synthetic_train=32),
+                  algorithm=AlgorithmConfig(name="cumulative", batch=4, sync_period=1, unit_batches=(8, 4)))
+    events = []
+    bolt = SyncBolt(run=run_config_to_dict(cfg))
+    tasks = {"compute": range(1, 3), "sync": range(3, 4)}
+    ctx = Context(topology="t", component="sync", task=3, task_index=0, parallelism=1, worker="w0", config={},
+                  component_config=bolt.config, component_tasks=tasks.__getitem__, compute=_compute,
+                  publish=lambda k, v: None, save_state=lambda state: None)
+    out = Recorder(events)
+    bolt.prepare(ctx, BoltCollector(out))
+
+    def contribution(unit, step):
+        values = row(CONTRIBUTION, unit=unit, epoch=0, round=step, step=step, lr_scale=1.0, samples=(8, 4)[unit],
+                     steps=1, loss_sum=1.0, slice=0, vector=np.zeros(bolt.agg.params.size, np.float32),
+                     finite=True, status=OK, checkpoint=False, unit_state=None, timing=None)
+        return Tuple(values, list(CONTRIBUTION), "default", "compute", 1 + unit, {})
+    for step in (0, 1):                       # both units work in rounds 0 and 1; unit 0's shard then ends
+        for unit in (0, 1):
+            asyncio.run(bolt.execute(contribution(unit, step)))
+    assert bolt.plans.expected(0, 2) == {1}
+    states = {0: {"velocity": None, "random": [5]}, 1: {"velocity": None, "random": [6]}}
+    bolt.unit_states = dict(states)           # as resume() leaves them for a run resumed at step 2
+    del events[:], out.direct[:]
+    asyncio.run(bolt.execute(contribution(1, 2)))
+    sent = [(stream, dict(zip(DIRECT_PARAMS if stream == "direct_params" else PARAMS, values)), task)
+            for (_, stream, values), task in zip([e for e in events if e[0] == "emit"], out.direct)]
+    assert [(stream, task) for stream, _, task in sent] == [("direct_params", 1), ("params", None)]
+    handed = sent[0][1]
+    assert handed["unit_state"] == states[0] and handed["step"] == 3 == sent[1][1]["step"]
+    np.testing.assert_array_equal(handed["params"], sent[1][1]["params"])
+    assert bolt.unit_states == {}
