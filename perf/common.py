@@ -102,7 +102,9 @@ class ThreadCpu:
         """`others`: processes (name -> pid, e.g. the ZooKeeper server on the same cores)
         whose CPU is read in the same intervals, as `<name>_per_compute`."""
         self.pid, self.every, self.others = pid, every, dict(others or {})
-        self.samples: list[tuple[dict[int, int], dict[str, int]]] = []   # (per thread, per other process)
+        # (time.monotonic(), per thread, per other process): an interval is as long as it was,
+        # not `every` (the sampler wakes late and reads ~80 files, a JVM's threads among them)
+        self.samples: list[tuple[float, dict[int, int], dict[str, int]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -122,7 +124,7 @@ class ThreadCpu:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
-            self.samples.append((self._threads(self.pid),
+            self.samples.append((time.monotonic(), self._threads(self.pid),
                                  {name: sum(self._threads(pid).values()) for name, pid in self.others.items()}))
 
     def stop(self) -> dict | None:
@@ -133,24 +135,24 @@ class ThreadCpu:
     def account(self, busy: float = 0.5) -> dict | None:
         per: dict[int, int] = {}
         others = dict.fromkeys(self.others, 0)
-        window = 0
-        for (a, a_others), (b, b_others) in zip(self.samples, self.samples[1:]):
+        window = 0.0
+        for (ta, a, a_others), (tb, b, b_others) in zip(self.samples, self.samples[1:]):
             delta = {t: b[t] - a.get(t, b[t]) for t in b}
             top = max(delta, key=delta.get, default=None)
-            if top is None or top == self.pid or delta[top] < busy * self.every * 1e9:
+            if top is None or top == self.pid or delta[top] < busy * (tb - ta) * 1e9:
                 continue
-            window += 1
+            window += tb - ta
             for t, d in delta.items():
                 per[t] = per.get(t, 0) + d
-            for name in others:
-                others[name] += b_others[name] - a_others[name]
+            for name in others:      # a process's sum over its live threads drops when one exits: not below 0
+                others[name] += max(b_others[name] - a_others[name], 0)
         if not per:
             return None
         compute_tid = max((t for t in per if t != self.pid), key=per.get)
         compute = per[compute_tid] / 1e9
         loop = per.get(self.pid, 0) / 1e9
         other = sum(d for t, d in per.items() if t not in (self.pid, compute_tid)) / 1e9
-        out = {"window_s": round(window * self.every, 2), "compute_s": round(compute, 3), "loop_s": round(loop, 3),
+        out = {"window_s": round(window, 2), "compute_s": round(compute, 3), "loop_s": round(loop, 3),
                "other_threads_s": round(other, 3), "loop_per_compute": round(loop / compute, 4),
                "other_per_compute": round(other / compute, 4)}
         for name, ns in others.items():

@@ -9,9 +9,12 @@ from common import ThreadCpu  # noqa: E402
 MS = 1_000_000      # nanoseconds
 
 
-def meter(samples, others=None) -> ThreadCpu:
+def meter(samples, others=None, every=0.2) -> ThreadCpu:
+    """A meter given (per thread, per other process) samples taken every `every` s, or
+    (time, per thread, per other process) ones."""
     m = ThreadCpu.__new__(ThreadCpu)       # no sampling thread: the samples are given
-    m.pid, m.every, m.others, m.samples = 100, 0.2, dict(others or {}), samples
+    m.pid, m.every, m.others = 100, 0.2, dict(others or {})
+    m.samples = [s if len(s) == 3 else (i * every, *s) for i, s in enumerate(samples)]
     return m
 
 
@@ -47,3 +50,20 @@ def test_a_thread_that_appears_later_counts_from_its_first_sample():
             ({100: 20 * MS, 101: 360 * MS, 103: 55 * MS}, {})]
     acc = meter(rows).account()
     assert acc["other_threads_s"] == 0.005      # thread 103's 5 ms after it was first seen
+
+
+def test_intervals_count_for_as_long_as_they_were():
+    """The sampler wakes late: 180 ms of compute in an interval of 250 ms is 72 % of a core,
+    not 90 % of the nominal 200."""
+    rows = [(0.0, {100: 0, 101: 0}, {}), (0.25, {100: 10 * MS, 101: 180 * MS}, {}),
+            (0.5, {100: 20 * MS, 101: 360 * MS}, {})]
+    acc = meter(rows).account()
+    assert acc["window_s"] == 0.5 and acc["compute_s"] == 0.36            # 72 % of the window
+    late = [(0.0, {100: 0, 101: 0}, {}), (1.0, {100: 10 * MS, 101: 180 * MS}, {})]
+    assert meter(late).account() is None           # 18 % of its 1 s: not an interval of steady compute
+
+
+def test_another_process_whose_thread_exits_counts_nothing_below_zero():
+    rows = [({100: 0, 101: 0}, {"zookeeper": 50 * MS}),
+            ({100: 1 * MS, 101: 150 * MS}, {"zookeeper": 20 * MS})]   # a thread of 40 ms exited
+    assert meter(rows, {"zookeeper": 7}).account()["zookeeper_per_compute"] == 0.0
