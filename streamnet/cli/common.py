@@ -269,12 +269,14 @@ def connect(a: argparse.Namespace, worker: bool = False):
 def error_exit(prog: str, e: StreamnetError) -> int:
     """One line on stderr for an error streamnet raised on purpose, and its exit code:
     1 when the coordinator is away or has no quorum, or a topology failed on the cluster,
-    timed out or was killed before its end (the README's exit codes: not usage errors),
-    else 2."""
+    timed out or was killed before its end, or training diverged (the README's exit codes:
+    not usage errors), else 2."""
     from ..runtime.control import ClusterTimeout, TopologyFailed, TopologyGone
     from ..runtime.control.coordinator import ConnectionLostError
+    from ..training.bp import TrainingDiverged
     print(f"{prog}: error: {e}", file=sys.stderr)
-    return 1 if isinstance(e, (ConnectionLostError, TopologyFailed, ClusterTimeout, TopologyGone)) else 2
+    return 1 if isinstance(e, (ConnectionLostError, TopologyFailed, ClusterTimeout, TopologyGone,
+                               TrainingDiverged)) else 2
 
 
 def interrupted(e: BaseException) -> bool:

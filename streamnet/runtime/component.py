@@ -141,7 +141,8 @@ class Context:
                  compute_share: Callable[[], int] = lambda: 1,
                  report_work: Callable[[float, float, float | None], None] = lambda items, seconds, share: None,
                  work_shares: Callable[[str], list[float] | None] = lambda component: None,
-                 save_state_async: Callable[[Any], Awaitable[None]] | None = None):
+                 save_state_async: Callable[[Any], Awaitable[None]] | None = None,
+                 fail_topology: Callable[[str], None] | None = None):
         self.topology, self.component, self.task = topology, component, task
         self.task_index, self.parallelism, self.worker = task_index, parallelism, worker
         self.config, self.component_config = config, component_config
@@ -153,6 +154,7 @@ class Context:
         self._put_checkpoint = put_checkpoint
         self._compute_share = compute_share
         self._report_work, self._work_shares = report_work, work_shares
+        self._fail_topology = fail_topology
         #: (name, labels) -> Figure: the named numbers this task reports (see `figure`)
         self.figures: dict[tuple, Figure] = {}
         self._figures_full = False      # a figure past MAX_FIGURES was left out (warned once)
@@ -271,6 +273,15 @@ class Context:
         """Store a (small) result under the topology's results, readable by clients."""
         if not self.retired:
             self._publish(f"{self.component}.{self.task_index}.{key}", value)
+
+    def fail_topology(self, why: str) -> None:
+        """The topology cannot go on (a training run that diverged, say): `why`, after the
+        component, task and worker, goes where clients look, as for a task that could not
+        start; `submit --wait` and `train` then kill the topology and exit 1 with it. The
+        task itself runs on until then: it should stop sending what would not help."""
+        self.log.error("task %d of %s fails its topology: %s", self.task, self.component, why)
+        if not self.retired and self._fail_topology is not None:
+            self._fail_topology(why)
 
     def retire(self) -> None:
         """This task instance is stale: its task was placed elsewhere while its worker's

@@ -27,6 +27,7 @@ from typing import Iterable
 import numpy as np
 
 from .. import kernels as K
+from ..errors import StreamnetError
 from ..nn import Model, ParallelStep
 from .config import AlgorithmConfig
 
@@ -170,14 +171,33 @@ class ComputeUnit:
             self.velocity[...] = velocity
 
 
+#: rounds in a row in which a unit's contribution was refused as not finite, after which
+#: a run is declared diverged: once may be a bad batch, and the unit starts its next round
+#: from the combined parameters; every time it works means the learning rate is too large
+#: for it (and the others go on alone, or not at all)
+DIVERGED_ROUNDS = 3
+
+
+class TrainingDiverged(StreamnetError):
+    """The run cannot make progress: its updates are not finite."""
+
+
 class Aggregator:
-    """The sync bolt's arithmetic: weighted average of contributions, then one outer step."""
+    """The sync bolt's arithmetic: weighted average of contributions, then one outer step.
+
+    A unit whose contribution is not finite is left out of its round (the others are
+    combined). TrainingDiverged when a unit's was left out in DIVERGED_ROUNDS rounds in a
+    row that it worked in, or when the outer step itself made the parameters not finite (a
+    large outer learning rate or momentum): the run would otherwise go on to its end on
+    the other units alone or on none (a test accuracy at chance), or with every unit
+    refusing the parameters it is sent."""
 
     def __init__(self, params: np.ndarray, plan: Plan):
         self.plan = plan
         self.params = np.array(params, dtype=np.float32, copy=True)
         self.velocity = plan.outer.new_velocity(self.params.size)
         self.refused: list[tuple[int, str]] = []
+        self.nonfinite: dict[int, int] = {}     # unit -> rounds in a row its contribution was not finite
 
     def state(self) -> dict:
         return {"velocity": self.velocity.copy()}
@@ -196,7 +216,13 @@ class Aggregator:
                 log.warning("refusing the contribution of unit %d to step %s: non-finite values (its %d "
                             "local step(s) diverged); the others are combined", c.unit, step, c.steps)
                 self.refused.append((c.unit, "non-finite"))
+                self.nonfinite[c.unit] = self.nonfinite.get(c.unit, 0) + 1
+                if self.nonfinite[c.unit] >= DIVERGED_ROUNDS:
+                    raise TrainingDiverged(
+                        f"training diverged: unit {c.unit}'s update was not finite in {self.nonfinite[c.unit]} "
+                        f"rounds in a row (up to step {step}); try a smaller learning rate (--lr)")
                 continue
+            self.nonfinite.pop(c.unit, None)
             usable.append(c)
         if not usable:
             return self.params
@@ -207,4 +233,7 @@ class Aggregator:
             K.weighted_average(avg, np.stack([c.vector for c in usable]),
                                np.array([c.samples for c in usable], np.float64))
         self.plan.outer.step(self.params, avg, self.velocity, lr_scale if self.plan.scale_outer else 1.0)
+        if not K.all_finite(self.params):
+            raise TrainingDiverged(f"training diverged at step {step}: the outer step made the parameters not "
+                                   "finite; try a smaller learning rate (--lr, --set outer_lr=...) or --outer-momentum")
         return self.params

@@ -75,7 +75,7 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
                 futures = [pool.submit(run, u, unit_rounds[u.unit][r], scale)
                            for u in units if r < len(unit_rounds[u.unit])]
                 contributions = [f.result() for f in futures]
-                params = agg.combine(contributions, scale)
+                params = agg.combine(contributions, scale, done_rounds)
                 for u in units:
                     u.receive(params)
                 done_rounds += 1

@@ -31,7 +31,7 @@ import logging
 import time
 
 from ..runtime import Bolt, CoordinatorError, FencedError
-from .bp import Aggregator, Contribution, plan_for
+from .bp import Aggregator, Contribution, TrainingDiverged, plan_for
 from .config import run_config_from_dict
 from .epoch_clock import LossMeter, progress_record
 from .run_stats import SyncStats
@@ -122,6 +122,7 @@ class SyncBolt(SyncRecovery, Bolt):
         self._ahead: tuple | None = None     # (the round it counts, the save) of _save_ahead, in flight or done
         self._fenced: FencedError | None = None   # an ahead save found another instance owns the task
         self._saves = 0     # counter saves this instance started (its first round saves: _must_save)
+        self.diverged: str | None = None   # why the run diverged (TrainingDiverged), once it has
         self.prepare_recovery()
         if self.config.get("resume") and not ctx.restarting:
             # a task started again (its worker died) continues from the coordinator and the
@@ -142,6 +143,8 @@ class SyncBolt(SyncRecovery, Bolt):
         await super().tick()
 
     async def _contribution(self, tup):
+        if self.diverged is not None:
+            return      # neither combined nor failed (a replay would come at once): the run is being killed
         problem = _figures_problem(tup)
         if problem:      # before anything reads them: a step or round that is not a count, a weight that is not one
             log.warning("sync bolt refuses a contribution from unit %r: %s", tup["unit"], problem)
@@ -230,6 +233,14 @@ class SyncBolt(SyncRecovery, Bolt):
                 params = self.agg.combine(contributions, tuples[0]["lr_scale"], step)
             else:
                 params = await self.ctx.compute(self.agg.combine, contributions, tuples[0]["lr_scale"], step)
+        except TrainingDiverged as e:
+            if saving is not None:
+                await asyncio.wait([saving])
+            self.counts.undo_last_round()
+            del self.pending[key]
+            self.diverged = str(e)
+            self.ctx.fail_topology(self.diverged)      # the client kills the run and says why
+            return
         except BaseException:
             if saving is not None:
                 await asyncio.wait([saving])      # one save at a time; the round is combined again on replay

@@ -174,3 +174,15 @@ def test_train_checkpoint_dir_then_resume_with_more_epochs(tmp_path, capsys):
     assert step == 12
     reference = train_local(_config(*args, "--epochs", "3")).params
     np.testing.assert_allclose(read_checkpoint(newest), reference, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("where", ["--in-process", "--local"])
+def test_a_run_that_diverges_ends_at_once_saying_so(where, capsys):
+    """A learning rate far too large: the run stops within its first rounds with exit 1 and
+    the reason, in the process or on the embedded cluster (its sync task fails the
+    topology, which train kills), instead of training on to its end at chance accuracy."""
+    args = ["--dataset", "synthetic", "--train-limit", "4096", "--test-limit", "64", "--epochs", "2", "--lr", "50"]
+    assert main(["train", where, *args]) == 1
+    err = capsys.readouterr().err
+    assert "training diverged: unit" in err and "rounds in a row" in err and "try a smaller learning rate" in err
+    assert "epoch 2/2" not in err

@@ -151,7 +151,7 @@ class TopologyRuntime:
                       put_checkpoint=lambda p: self.worker.state.put_checkpoint(self.name, p),
                       compute_share=lambda: self.compute_share(c["id"]),
                       report_work=lambda items, seconds, share: self.report_work(task, items, seconds, share),
-                      work_shares=self.work_shares)
+                      work_shares=self.work_shares, fail_topology=lambda why: self.task_failed(task, why))
         if c["kind"] == "spout":
             ex = SpoutExecutor(self, task, c, instance, ctx)
         else:
