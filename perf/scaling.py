@@ -20,6 +20,11 @@ threads of this process (LocalCluster: one interpreter lock, not how users run i
     python perf/scaling.py [--quick] [--engine processes|local] [--workers 1,2] [--modes ...] [--balance static|load]
 
 --quick trains on 12,000 samples for at most 3 epochs to 85 %: minutes, not an hour.
+
+--pairs N (N > 1) measures each mode's base, ceiling and workers N times, alternating
+their order (base first in even pairs, workers first in odd ones), and prints each
+ratio as the median of the N pairs' ratios with its quartiles: on a host whose speed
+drifts by tens of percent within an hour, one run of each says little.
 Writes perf/results/scaling.json and perf/results/scaling.png (--out NAME.json or a
 path: the PNG goes beside it).
 """
@@ -37,7 +42,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (machine, on_one_core, out_option, pin_blas_threads, png_beside, started_zookeeper,  # noqa: E402
+from common import (machine, on_one_core, out_option, pin_blas_threads, png_beside, spread, started_zookeeper,  # noqa: E402
                     train_on_worker_processes, write_json, zookeeper_pid)
 
 MODES = {
@@ -195,6 +200,9 @@ def main() -> int:
     p.add_argument("--sync-tasks", type=int, default=1,
                    help="S, the sync bolt's parallelism (default 1 here; submit's default is one per worker hosting "
                         "a unit; capped at the units)")
+    p.add_argument("--pairs", type=int, default=1,
+                   help="measure each mode's base, ceiling and workers this many times, alternating, and give the "
+                        "ratios' medians and quartiles over them (default 1: one run of each)")
     p.add_argument("--engine", choices=("processes", "local"), default="processes",
                    help="workers as streamnet-worker processes on ZooKeeper (as users run them), or as threads")
     a = p.parse_args()
@@ -219,8 +227,50 @@ def main() -> int:
             zk.stop()
 
 
+def _paired(mode: str, workers: list[int], a, out: dict) -> None:
+    """--pairs: the base, the ceilings and the workers of `mode`, a.pairs times in
+    alternating order; each pair's ratios, and their medians and quartiles in out["ratios"]
+    (the first pair's runs stand in out["runs"] as a single run's would)."""
+    pairs = out.setdefault("pairs", {}).setdefault(mode, [])
+    for i in range(a.pairs):
+        runs = {}
+
+        def base():
+            runs["inproc"] = run_in_process(mode, a)
+            for k in workers:
+                if k > 1:
+                    runs[f"inproc x{k}"] = run_in_process_together(mode, k, a)
+
+        def engine():
+            for k in workers:
+                runs[str(k)] = run_streamnet(mode, k, a)
+        for step in ((base, engine) if i % 2 == 0 else (engine, base)):
+            step()
+        ratios = {}
+        for k in workers:
+            r, together = runs[str(k)], runs.get(f"inproc x{k}")
+            if "error" not in r:
+                ratios[f"{k} worker(s) / in-process 1 unit"] = r["samples_per_s"] / runs["inproc"]["samples_per_s"]
+                if together and "error" not in together:
+                    ratios[f"{k} worker(s) / that ceiling"] = r["samples_per_s"] / together["samples_per_s"]
+            if together and "error" not in together:
+                ratios[f"{k} in-process trainers at once / 1"] = \
+                    together["samples_per_s"] / runs["inproc"]["samples_per_s"]
+        pairs.append({"runs": runs, "ratios": ratios})
+        print(f"{mode} pair {i + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()), flush=True)
+        if i == 0:
+            out["runs"].update({f"{mode}/{k}": v for k, v in runs.items()})
+        write_json(a.out, out)
+    for name in sorted({n for p in pairs for n in p["ratios"]}):
+        values = [p["ratios"][name] for p in pairs if name in p["ratios"]]
+        out.setdefault("paired_ratios", {})[f"{mode} {name}"] = {**spread(values), "values": values}
+
+
 def _measure(a, workers, out) -> int:
     for mode in a.modes.split(","):
+        if mode != "ddp" and a.pairs > 1:
+            _paired(mode, workers, a, out)
+            continue
         if mode != "ddp":
             key = f"{mode}/inproc"
             r = out["runs"][key] = run_in_process(mode, a)
@@ -277,7 +327,9 @@ def _measure(a, workers, out) -> int:
         ratios["mixbp-H8 time-to-target / ddp (2 workers)"] = mix["time_to_target_s"] / ddp["time_to_target_s"]
     out["ratios"] = ratios
     for k, v in ratios.items():
-        print(f"{k}: {v:.2f}")
+        print(f"{k}: {v:.2f}" + (" (pair 1)" if a.pairs > 1 and not k.endswith("(2 workers)") else ""))
+    for k, v in out.get("paired_ratios", {}).items():
+        print(f"{k}, {v['n']} pairs: median {v['median']:.2f} [{v['q1']:.2f}, {v['q3']:.2f}]")
     print(f"wrote {write_json(a.out, out)}")
     try:
         import matplotlib
