@@ -6,7 +6,10 @@ queues):
   the other -> sink -> ack to the spout; one in flight), p50 and p99;
 - bulk GB/s for 247 KB and 10 MB tensors (one worker -> the other, acked, 8 in flight);
 - small tuples/s over one connection (unanchored, batched into frames);
-- the frame authenticator alone (GB/s over a 247 KB frame, one core).
+- the frame authenticator alone (GB/s over a 247 KB frame, one core);
+- the peer: raw blocking TCP sockets between two processes on the same cores (no
+  engine, no framing, no tag): a 248 KB round trip and 247 KB bulk, and the workers'
+  figures as ratios to it - what "memory speed" means on this host, in the same run.
 
 --engine processes (the default) runs each worker as its own `streamnet-worker`
 process on a real ZooKeeper, pinned to its own core where the machine has two, as
@@ -215,6 +218,86 @@ def authenticator_gb_s(repeats: int = 400) -> float:
     return repeats * sum(len(b) for b in frame) / best / 1e9
 
 
+RAW_BYTES = 62_000 * 4        # the round trip's payload, as the workers' 62k float32
+BULK_BYTES = 247_000
+
+
+def _raw_echo(port_q, bulk_n: int, core: int) -> None:
+    """The raw peer's far end, pinned to `core`: echo round trips, then take `bulk_n`
+    bulk messages and answer one byte."""
+    import socket
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setaffinity(0, {core})
+    srv = socket.create_server(("127.0.0.1", 0))
+    port_q.put(srv.getsockname()[1])
+    conn, _ = srv.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = bytearray(max(RAW_BYTES, BULK_BYTES))
+    view = memoryview(buf)
+
+    def take(n: int) -> bool:
+        got = 0
+        while got < n:
+            k = conn.recv_into(view[got:n])
+            if not k:
+                return False
+            got += k
+        return True
+    while take(RAW_BYTES):
+        if buf[0] == 255:          # the round trips are over: bulk follows
+            break
+        conn.sendall(view[:RAW_BYTES])
+    for _ in range(bulk_n):
+        take(BULK_BYTES)
+    conn.sendall(b"k")
+    conn.close()
+    srv.close()
+
+
+def raw_socket_peer(round_trips: int, bulk_n: int) -> dict:
+    """Round trip p50 of RAW_BYTES and bulk GB/s of BULK_BYTES messages over a loopback
+    TCP connection between two processes on cores 0 and 1 (as the workers are pinned)."""
+    import multiprocessing
+    import socket
+    cores = sorted(os.sched_getaffinity(0))
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    far = ctx.Process(target=_raw_echo, args=(q, bulk_n, cores[1 % len(cores)]), daemon=True)
+    far.start()
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {cores[0]})
+        c = socket.create_connection(("127.0.0.1", q.get(timeout=30)))
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        payload = bytearray(RAW_BYTES)
+        payload[0] = 1
+        back = memoryview(bytearray(RAW_BYTES))
+        times = []
+        for _ in range(round_trips):
+            t0 = time.perf_counter()
+            c.sendall(payload)
+            got = 0
+            while got < RAW_BYTES:
+                got += c.recv_into(back[got:])
+            times.append(time.perf_counter() - t0)
+        payload[0] = 255
+        c.sendall(payload)
+        bulk = bytes(BULK_BYTES)
+        t0 = time.perf_counter()
+        for _ in range(bulk_n):
+            c.sendall(bulk)
+        c.recv(1)
+        seconds = time.perf_counter() - t0
+        c.close()
+    finally:
+        os.sched_setaffinity(0, before)
+        far.join(30)
+        if far.is_alive():
+            far.kill()
+    times = sorted(times[len(times) // 10:])     # as the workers' figure: the first 10 % left out
+    return {"rtt_p50_ms": times[len(times) // 2] * 1e3, "bulk_247KB_gb_s": bulk_n * BULK_BYTES / seconds / 1e9}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
@@ -229,6 +312,9 @@ def main() -> int:
     out = {"machine": machine(), "targets": TARGETS, "load_avg_at_start": os.getloadavg()[0]}
     out["authenticator_gb_s"] = authenticator_gb_s()
     print(f"frame authenticator alone: {out['authenticator_gb_s']:.2f} GB/s")
+    out["raw_sockets"] = raw_socket_peer(200 if a.quick else 2000, 2000 if a.quick else 20_000)
+    print(f"raw sockets between two processes: round trip p50 {out['raw_sockets']['rtt_p50_ms']:.3f} ms, bulk 247 KB "
+          f"{out['raw_sockets']['bulk_247KB_gb_s']:.2f} GB/s")
     kinds = []          # (column, engine, tls)
     for kind in ("processes", "local") if a.engine == "both" else (a.engine,):
         if kind == "local":
@@ -249,6 +335,15 @@ def main() -> int:
                            "small_tuples": tls["small_tuples_per_s"] / plain["small_tuples_per_s"]}
         print("TLS against plain (MAC only), same run: " + ", ".join(
             f"{k} {v:.2f}x" for k, v in out["tls_cost"].items()))
+    raw = out["raw_sockets"]
+    for column, _, _ in kinds:
+        r = out[column]
+        out[column]["against_raw_sockets"] = {
+            "rtt_p50": r["rtt_62k_float32"]["p50_ms"] / raw["rtt_p50_ms"],
+            "bulk_247KB": r["bulk"]["247KB"]["gb_s"] / raw["bulk_247KB_gb_s"]}
+        print(f"{column} against raw sockets, same run: round trip p50 "
+              f"{out[column]['against_raw_sockets']['rtt_p50']:.2f}x as long, bulk 247 KB "
+              f"{out[column]['against_raw_sockets']['bulk_247KB']:.2f}x as fast")
     kinds = [column for column, _, _ in kinds]
     path = write_json(a.out, out)
     print(f"wrote {path}")
