@@ -283,9 +283,9 @@ def _compared(bal: dict) -> range:
 
 def followed_in_time(bal: dict) -> bool:
     """Whether they did so by the end of the epochs compared (else those epochs ran with
-    the shares of before the co-tenant)."""
+    the shares of before the co-tenant); not where the run does not say in which epoch."""
     came, compared = bal.get("load", {}).get("epoch_followed"), _compared(bal)
-    return followed(bal) and (came is None or not compared or came <= compared[-1])
+    return followed(bal) and came is not None and (not compared or came <= compared[-1])
 
 
 def balancing_helped(bal: dict) -> bool:

@@ -96,12 +96,14 @@ def test_a_faster_epoch_counts_for_the_balancer_only_if_the_shares_followed():
     sys.path.insert(0, os.path.join(ROOT, "perf"))
     from report import balancing_helped
 
-    def bal(ratio, follow):
-        return {"ratios": {"epoch_time_load_over_static": ratio}, "load": {"rounds_to_follow": follow}}
+    def bal(ratio, follow, epoch=0):
+        return {"ratios": {"epoch_time_load_over_static": ratio},
+                "load": {"rounds_to_follow": follow, "epoch_followed": None if follow is None else epoch}}
     assert balancing_helped(bal([0.79], 12))
     assert not balancing_helped(bal([0.79], None))       # the shares never moved: not the balancer's doing
     assert not balancing_helped(bal([0.85], 12))
     assert not balancing_helped(bal([], 12))
+    assert not balancing_helped(bal([0.79], 12, epoch=None))   # a run that does not say when: no verdict on it
 
 
 # the share log of the committed full report (session 8): shares already leaned off w0 (it hosts
