@@ -156,8 +156,9 @@ def _first_change(share_log, since, test):
 
 def busy_epochs(epochs: int) -> range:
     """The epochs wholly under the co-tenant (CoTenant: on halfway through the first,
-    off halfway through the last or the one before it)."""
-    return range(1, epochs - (1 if epochs <= 3 else 2)) if epochs > 2 else range(epochs)
+    off halfway through the last or the one before it): none in a run of 1 or 2 epochs
+    (it gave them all, each only half under it)."""
+    return range(1, epochs - (1 if epochs <= 3 else 2)) if epochs > 2 else range(0)
 
 
 LOADED = 1       # the co-tenant runs on the core of the worker that hosts unit 1 (CoTenant._core)
@@ -399,6 +400,8 @@ def main() -> int:
     p.add_argument("--zk-hosts", help="a running ZooKeeper (default: start one)")
     out_option(p, "balance.json")
     a = p.parse_args()
+    if a.epochs < 3:
+        p.error(f"--epochs: at least 3, so that an epoch runs wholly under the co-tenant; got {a.epochs}")
     if len(os.sched_getaffinity(0)) < 2:
         print("perf/balance.py needs at least 2 cores", file=sys.stderr)
         return 2
