@@ -170,7 +170,7 @@ class ComputeBolt(Bolt):
         without a result, the answer that the step is combined and applied already."""
         result = result or dict(samples=0, steps=0, loss_sum=0.0, vector=np.zeros(0, np.float32), finite=True,
                                 status=APPLIED, unit_state=None, timing=None)
-        head = {f: work[f] for f in ("unit", "epoch", "round", "step", "lr_scale", "checkpoint")}
+        head = {f: work[f] for f in ("unit", "epoch", "round", "step", "lr_scale", "checkpoint", "share")}
         self.collector.emit(row(CONTRIBUTION, **head, slice=s, **result), anchors=work,
                             direct_task=self.sync_tasks[s])
 

@@ -15,8 +15,9 @@ WORK = ("unit", "epoch", "round", "step", "lr_scale", "batches", "checkpoint", "
 # compute -> sync s (direct): the unit's result for that round, slice s of its vector;
 # `finite` is the unit's verdict on the whole vector (every slice drops a diverged unit)
 # `timing`: {"compute_s", "queue_s", "worker"} of the round (straggler attribution), None in a replay's answer
+# `share`: the unit's work share the data spout cut the round with (a checkpoint keeps them)
 CONTRIBUTION = ("unit", "epoch", "round", "step", "lr_scale", "samples", "steps", "loss_sum", "slice", "vector",
-                "finite", "status", "checkpoint", "unit_state", "timing")
+                "finite", "status", "checkpoint", "unit_state", "timing", "share")
 # compute -> every sync task: send me your slice; `step`: the earliest work the unit holds
 # if it computed nothing at its parameters' step, else None (sync_recovery `_resync`)
 RESYNC = ("task", "step")

@@ -53,7 +53,7 @@ def test_the_sync_bolt_fails_its_topology_counts_nothing_and_takes_nothing_more(
     def contribution(step, value):
         values = row(CONTRIBUTION, unit=0, epoch=0, round=step, step=step, lr_scale=1.0, samples=8, steps=2,
                      loss_sum=2.0, slice=0, vector=np.full(bolt.agg.params.size, value, np.float32), finite=True,
-                     status=OK, checkpoint=False, unit_state=None, timing=None)
+                     status=OK, checkpoint=False, unit_state=None, timing=None, share=1.0)
         return Tuple(values, list(CONTRIBUTION), "default", "compute", 1, {})
     asyncio.run(bolt.execute(contribution(0, 0.01)))                # a round as any
     assert bolt.counts.next_step == 1 and failed == []

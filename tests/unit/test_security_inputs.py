@@ -95,7 +95,7 @@ def _prepared(cls, component: str, task_index: int, cfg: RunConfig = CFG):
 def _contribution(unit, vector, step=0, status=OK) -> Tuple:
     values = row(CONTRIBUTION, unit=unit, epoch=0, round=step, step=step, lr_scale=1.0, samples=4, steps=1,
                  loss_sum=1.0, slice=0, vector=vector, finite=True, status=status, checkpoint=False, unit_state=None,
-                 timing=None)
+                 timing=None, share=1.0)
     return Tuple(values, list(CONTRIBUTION), "default", "compute", 1, {})
 
 

@@ -62,7 +62,7 @@ def _bolt(save, compute=_compute):
 def _contribution(bolt, step=0) -> Tuple:
     values = row(CONTRIBUTION, unit=0, epoch=0, round=step, step=step, lr_scale=1.0, samples=8, steps=2,
                  loss_sum=2.0, slice=0, vector=np.full(bolt.agg.params.size, 0.01, np.float32), finite=True,
-                 status=OK, checkpoint=False, unit_state=None, timing=None)
+                 status=OK, checkpoint=False, unit_state=None, timing=None, share=1.0)
     return Tuple(values, list(CONTRIBUTION), "default", "compute", 1, {})
 
 
@@ -142,7 +142,7 @@ def test_a_resumed_runs_first_combine_hands_each_idle_unit_its_saved_state_befor
     def contribution(unit, step):
         values = row(CONTRIBUTION, unit=unit, epoch=0, round=step, step=step, lr_scale=1.0, samples=(8, 4)[unit],
                      steps=1, loss_sum=1.0, slice=0, vector=np.zeros(bolt.agg.params.size, np.float32),
-                     finite=True, status=OK, checkpoint=False, unit_state=None, timing=None)
+                     finite=True, status=OK, checkpoint=False, unit_state=None, timing=None, share=1.0)
         return Tuple(values, list(CONTRIBUTION), "default", "compute", 1 + unit, {})
     for step in (0, 1):                       # both units work in rounds 0 and 1; unit 0's shard then ends
         for unit in (0, 1):
@@ -159,3 +159,26 @@ def test_a_resumed_runs_first_combine_hands_each_idle_unit_its_saved_state_befor
     assert handed["unit_state"] == states[0] and handed["step"] == 3 == sent[1][1]["step"]
     np.testing.assert_array_equal(handed["params"], sent[1][1]["params"])
     assert bolt.unit_states == {}
+
+
+def test_a_checkpoint_keeps_the_shares_the_round_was_cut_with_not_its_sample_counts():
+    """Load balancing: an epoch's last round is partial, so its samples (8 and 2 here) do
+    not say the shares ([1.5, 0.5]) the spout cut it with; a resumed run starts from those."""
+    from dataclasses import replace
+    cfg = replace(CFG, units=2, balance="load")
+    bolt = SyncBolt(run=run_config_to_dict(cfg))
+    tasks = {"compute": range(1, 3), "sync": range(3, 4)}
+    ctx = Context(topology="t", component="sync", task=3, task_index=0, parallelism=1, worker="w0", config={},
+                  component_config=bolt.config, component_tasks=tasks.__getitem__, compute=_compute,
+                  publish=lambda k, v: None, save_state=lambda state: None)
+    bolt.prepare(ctx, BoltCollector(Recorder([])))
+
+    def contribution(unit, samples, share):
+        values = row(CONTRIBUTION, unit=unit, epoch=0, round=3, step=3, lr_scale=1.0, samples=samples, steps=1,
+                     loss_sum=1.0, slice=0, vector=np.zeros(bolt.agg.params.size, np.float32), finite=True,
+                     status=OK, checkpoint=True, unit_state=None, timing=None, share=share)
+        return Tuple(values, list(CONTRIBUTION), "default", "compute", 1 + unit, {})
+    state = bolt._checkpoint_state([contribution(0, 8, 1.5), contribution(1, 2, 0.5)], (1, 0))
+    assert state["position"]["shares"] == [1.5, 0.5]
+    odd = bolt._checkpoint_state([contribution(0, 8, 1.5), contribution(1, 2, "x")], (1, 0))
+    assert odd["position"]["shares"] is None          # a share that is not one: the balancer decides afresh

@@ -41,7 +41,7 @@ async def _round(bolt, step, samples=4):
     for unit in (0, 1):
         values = row(CONTRIBUTION, unit=unit, epoch=0, round=step, step=step, lr_scale=1.0, samples=samples, steps=1,
                      loss_sum=1.0, slice=0, vector=np.zeros(P, np.float32), finite=True, status=OK,
-                     checkpoint=False, unit_state=None, timing=None)
+                     checkpoint=False, unit_state=None, timing=None, share=1.0)
         await bolt.execute(Tuple(values, list(CONTRIBUTION), "default", "compute", 1 + unit, {}))
 
 
