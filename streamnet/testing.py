@@ -317,8 +317,12 @@ class Cluster:
         self.threads = threads
         #: pin worker i to core i mod cores with taskset (benchmarks: one core per worker)
         self.pin_cores = pin_cores and shutil.which("taskset") is not None
-        for i in range(workers):
-            self.start_worker(f"w{i}")
+        try:
+            for i in range(workers):
+                self.start_worker(f"w{i}")
+        except BaseException:       # no Cluster for the caller to close: its workers and files go now
+            self.close()
+            raise
 
     def args(self, zk_hosts: str | None = None) -> list[str]:
         return ["--zk", zk_hosts or self.zk_hosts, "--zk-root", self.root, "--cluster", self.name,
