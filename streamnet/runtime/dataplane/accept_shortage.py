@@ -12,9 +12,10 @@ one and what would help; every other report goes to the loop's default handler.
 from __future__ import annotations
 
 import logging
-import math
 import resource
 import time
+
+from .log_budget import LogBudget
 
 log = logging.getLogger(__name__)
 
@@ -34,22 +35,19 @@ class AcceptShortage:
     """An event loop exception handler (loop.set_exception_handler)."""
 
     def __init__(self, repeat_s: float = REPEAT_S, clock=time.monotonic):
-        self.repeat_s, self.clock = repeat_s, clock
-        self.said_at = -math.inf
-        self.unsaid = 0            # reports since the last line
+        # a line per repeat_s at most, naming how many reports came since the last
+        self.budget = LogBudget(burst=1, window_s=repeat_s, clock=clock,
+                                left_out="; {} more such reports since the last")
 
     def __call__(self, loop, context: dict) -> None:
         if context.get("message") != MESSAGE:
             loop.default_exception_handler(context)
             return
-        now = self.clock()
-        if now - self.said_at < self.repeat_s:
-            self.unsaid += 1
+        more = self.budget.allow()
+        if more is None:
             return
-        more = f"; {self.unsaid} more such reports since the last" if self.unsaid else ""
         log.warning("cannot accept connections: %s - %s; asyncio tries again every second%s. %s",
                     context.get("exception"), short_of_files(), more, HELP)
-        self.said_at, self.unsaid = now, 0
 
 
 def install(loop) -> None:

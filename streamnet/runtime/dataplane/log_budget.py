@@ -5,6 +5,7 @@ garbled frame), and each refusal is worth a line - until a client sends thousand
 second and the lines fill the disk or the journal. `LogBudget` lets `burst` lines
 through per `window_s` and counts the rest; the next line that goes through says how
 many were left out. The refusals are all counted elsewhere (`/status`) regardless.
+With `burst` 1 it is "once per window": the accept-shortage handler (accept_shortage.py).
 """
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import time
 
 
 class LogBudget:
-    def __init__(self, burst: int = 20, window_s: float = 60.0, clock=time.monotonic):
-        self.burst, self.window_s, self.clock = burst, window_s, clock
+    def __init__(self, burst: int = 20, window_s: float = 60.0, clock=time.monotonic,
+                 left_out: str = " ({} more like it not logged before this)"):
+        """`left_out`: the suffix, formatted with their count, of a line said after lines
+        were left out."""
+        self.burst, self.window_s, self.clock, self.left_out = burst, window_s, clock, left_out
         self._window_start = -float("inf")
         self._said = 0
         self.unsaid = 0          # lines left out since the last one said
@@ -28,6 +32,6 @@ class LogBudget:
             self.unsaid += 1
             return None
         self._said += 1
-        suffix = f" ({self.unsaid} more like it not logged before this)" if self.unsaid else ""
+        suffix = self.left_out.format(self.unsaid) if self.unsaid else ""
         self.unsaid = 0
         return suffix
