@@ -22,7 +22,7 @@ from .evaluate import evaluate_counts, evaluated_size
 from .run_stats import Evaluation
 from .schedule import dataset_for, make_model
 from .slices import Gather, bounds, joined, slice_index
-from .streams import EVAL_PART, row, whole
+from .streams import EVAL_PART, real, row, whole
 from .sync_recovery import vector_problem
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ class EvalBolt(Bolt):
         if not 0 <= tup["correct"] <= tup["count"]:
             return f"{tup['correct']} correct of {tup['count']}"
         loss = tup["loss_sum"]
-        if not isinstance(loss, (int, float)) or isinstance(loss, bool) or not (math.isfinite(loss) and loss >= 0):
+        if not (real(loss) and math.isfinite(loss) and loss >= 0):
             return f"summed loss {loss!r}: not a finite number >= 0"
         return None
 

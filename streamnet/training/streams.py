@@ -41,6 +41,12 @@ def whole(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def real(value) -> bool:
+    """A number field's check: an int or a float, and not a bool (NaN and inf pass: the
+    caller bounds the value)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def row(fields: tuple[str, ...], **values) -> list:
     """The values in the stream's field order; every field given, no other."""
     if values.keys() != set(fields):

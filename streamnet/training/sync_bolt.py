@@ -37,7 +37,7 @@ from .epoch_clock import LossMeter, progress_record
 from .run_stats import SyncStats
 from .schedule import EpochPlans, dataset_for, make_model, schedule_for
 from .slices import bounds
-from .streams import APPLIED, CHECKPOINT, DIRECT_PARAMS, EVAL, PARAMS, STATE_REQUEST, row, whole
+from .streams import APPLIED, CHECKPOINT, DIRECT_PARAMS, EVAL, PARAMS, STATE_REQUEST, real, row, whole
 from .sync_recovery import SyncRecovery, vector_problem
 from .stragglers import Arrival, Stragglers
 from .sync_state import SyncState
@@ -62,9 +62,9 @@ def _figures_problem(tup) -> str | None:
         if not (whole(tup[f]) and tup[f] >= 0):
             return f"{f} {tup[f]!r} is not a count"
     scale, loss = tup["lr_scale"], tup["loss_sum"]
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 <= scale < float("inf"):
+    if not (real(scale) and 0 <= scale < float("inf")):
         return f"lr_scale {scale!r} is not a finite number >= 0"
-    if isinstance(loss, bool) or not isinstance(loss, (int, float)):
+    if not real(loss):
         return f"loss_sum {loss!r} is not a number"
     return None
 
@@ -396,8 +396,7 @@ class SyncBolt(SyncRecovery, Bolt):
         # samples, which an epoch's last, partial round skews ([1.5, 0.5] came back [1.6, 0.4])
         shares = [t["share"] for t in tuples]
         if not (self.cfg.balance == "load" and len(shares) == len(self.compute_tasks)
-                and all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
-                        for x in shares)):
+                and all(real(x) and 0 < x < float("inf") for x in shares)):
             shares = None
         return {"position": {"epoch": position[0], "round": position[1], "step": self.counts.next_step,
                              "shares": shares},
