@@ -90,11 +90,13 @@ def probe(info: dict, worker_id: str, auth, timeout: float = PROBE_TIMEOUT_S) ->
     import os
     import urllib.error
     import urllib.request
+
+    from ..dataplane.handshake import MAX_HELLO_BYTES
     client_nonce = os.urandom(16).hex()
     try:
         with urllib.request.urlopen(f"http://{info['host']}:{info['port']}/hello?c={client_nonce}",
                                     timeout=timeout) as r:
-            hello = json.loads(r.read(4096))
+            hello = json.loads(r.read(MAX_HELLO_BYTES))
     except urllib.error.HTTPError as e:
         return f"it answered HTTP {e.code}, not a worker's hello"
     except (OSError, ValueError, KeyError) as e:

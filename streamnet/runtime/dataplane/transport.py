@@ -72,7 +72,7 @@ from ..messages import DataMsg, Message, from_wire, to_wire_all
 from .accept_shortage import HELP, short_of_files
 from .frame_io import (SOCKET_BUFFER, TRAILER, FrameAuth, FrameReader, SocketSender, StreamError, TlsSender,
                        size_buffers)
-from .handshake import Auth, PeerAuthError, clean
+from .handshake import MAX_HELLO_BYTES, Auth, PeerAuthError, clean
 from .log_budget import LogBudget
 from .tls import TlsConfig
 
@@ -84,7 +84,6 @@ HELLO, STREAM = "/hello", "/stream"
 PROTOCOL = "streamnet-frames/3"    # what /stream upgrades to (3: runs of tuples, messages.py)
 PROTOCOL_TLS = PROTOCOL + "+tls"   # ... and then runs TLS inside
 HANDSHAKE_TIMEOUT_S = 10.0         # /hello, connecting, and the answer to the upgrade
-MAX_HELLO_BYTES = 4096             # of a /hello answer read (a worker's is about 250)
 HEARTBEAT_S = 5.0                  # an idle sender's empty frame
 READ_TIMEOUT_S = 30.0              # no byte for this long while reading: the peer stalled
 MAX_BATCH_MSGS = 512
