@@ -12,7 +12,9 @@ cluster, whose secret is random per run) writes the unkeyed form, b"SNCK2\n" +
 sha256 hex + b"\n" + body, and checks only the SHA-256; a process with the key
 refuses unkeyed files, since anyone could have written them.
 
-The body is msgpack of a plain dict: the parameters after `step` synchronisation
+The body is msgpack of a plain dict: the run's name and the step (checked against the
+file's name on load: the MAC covers the body only, so a checkpoint renamed to stand
+for another run or step is refused), the parameters after `step` synchronisation
 rounds and, for a checkpoint meant for resuming, everything else the run needs to
 continue as if it had never stopped (the outer optimiser's velocity, each unit's
 inner velocity and dropout counters, the position in the data schedule, the
@@ -102,8 +104,8 @@ def write_checkpoint(directory: str, name: str, step: int, params: np.ndarray, s
     {step, path, sha256, bytes}."""
     key = key if key is not None else _cluster_key
     path = checkpoint_path(directory, name, step)
-    body = msgpack.packb({"step": int(step), "params": np.asarray(params, np.float32), "state": state},
-                         default=_pack, use_bin_type=True)
+    body = msgpack.packb({"name": name, "step": int(step), "params": np.asarray(params, np.float32),
+                          "state": state}, default=_pack, use_bin_type=True)
     digest = hashlib.sha256(body).hexdigest()
     if key:
         head = MAGIC + digest.encode() + b" " + hmac.new(key, body, hashlib.sha256).hexdigest().encode() + b"\n"
@@ -198,9 +200,30 @@ def load_checkpoint(path: str, expected_sha256: str | None = None, *, key: bytes
             raise ValueError("no float32 parameter vector")
     except (ValueError, TypeError, msgpack.UnpackException) as e:
         raise CheckpointError(f"{path} is corrupt: {e}") from None
+    _check_named(path, ck)
     ck["sha256"] = actual
     ck["authenticated"] = bool(key)
     return ck
+
+
+_FILE_NAME = re.compile(r"(.+)-(\d{8,})\.ckpt$")
+
+
+def _check_named(path: str, ck: dict) -> None:
+    """A file named as checkpoint_path names one must hold that run's checkpoint of that
+    step: the name and step inside are under the MAC, the file's name is not, so a
+    checkpoint renamed to stand for another run or another step is refused. (A file a
+    user named otherwise, an export's copy say, is read as what it holds.) Files written
+    before the name was kept inside have only their step checked."""
+    m = _FILE_NAME.match(os.path.basename(path))
+    if m is None:
+        return
+    name, step = m.group(1), int(m.group(2))
+    inside = ck.get("name")
+    if ck.get("step") != step or (inside is not None and inside != name):
+        holds = f"run {inside!r}'s step {ck.get('step')}" if inside is not None else f"step {ck.get('step')}"
+        raise CheckpointError(f"{path} holds {holds}, not run {name!r}'s step {step} as its file name says "
+                              "(renamed, or copied over another): refusing it")
 
 
 def read_checkpoint(path: str, expected_sha256: str | None = None) -> np.ndarray:

@@ -147,3 +147,23 @@ def test_keep_checkpoints_reaches_the_checkpoint_bolt_which_removes_older_ones(t
         asyncio.run(bolt.execute({"step": step, "epoch": 1, "slice": 0, "params": np.ones(3, np.float32),
                                    "state": None}))
     assert [s for s, _ in list_checkpoints(str(tmp_path), "run")] == [4, 3]
+
+
+def test_a_checkpoint_renamed_to_another_run_or_step_is_refused(tmp_path):
+    """The MAC covers the body, not the file's name: the name and step inside it are
+    checked against the name, so a good checkpoint cannot stand for another run or step."""
+    d = str(tmp_path)
+    with ck.signing_with(b"s" * 32):
+        a = write_checkpoint(d, "a", 5, np.zeros(4, np.float32), {"position": {}})
+        write_checkpoint(d, "b", 3, np.ones(4, np.float32), {"position": {}})
+        os.replace(a["path"], ck.checkpoint_path(d, "b", 7))       # a's, as the newest of b
+        with pytest.raises(CheckpointError, match=r"holds run 'a''s step 5, not run 'b''s step 7"):
+            load_checkpoint(ck.checkpoint_path(d, "b", 7))
+        path, got = latest_checkpoint(d, "b")                        # b's own, the one before
+        assert path == ck.checkpoint_path(d, "b", 3) and got["step"] == 3
+        np.testing.assert_array_equal(got["params"], np.ones(4, np.float32))
+        os.replace(path, ck.checkpoint_path(d, "b", 9))             # b's own, as a later step
+        with pytest.raises(CheckpointError, match=r"holds run 'b''s step 3, not run 'b''s step 9"):
+            load_checkpoint(ck.checkpoint_path(d, "b", 9))
+        os.replace(ck.checkpoint_path(d, "b", 9), os.path.join(d, "exported.ckpt"))
+        assert load_checkpoint(os.path.join(d, "exported.ckpt"))["step"] == 3   # a name of a user's own
