@@ -20,6 +20,13 @@ def clean(*values) -> bool:
     return all(isinstance(v, str) and v.isascii() and len(v) <= MAX_AUTH_FIELD for v in values)
 
 
+def fields(*parts: str) -> bytes:
+    """The bytes a MAC covers: each part after its length, so that no two lists of
+    parts give the same bytes (joined with a separator, "a|b" + "c" and "a" + "b|c"
+    did: worker ids and nonces are only checked to be short ASCII)."""
+    return b"".join(b"%d:%s" % (len(b), b) for b in (p.encode() for p in parts))
+
+
 class Auth:
     """What the cluster secret is used for on the data plane (transport.py's docstring)."""
 
@@ -35,7 +42,7 @@ class Auth:
         self._used: dict[str, float] = {}   # nonces streams authenticated with -> expiry
 
     def _mac(self, *parts: str) -> str:
-        return hmac.new(self._secret, "|".join(parts).encode(), hashlib.sha256).hexdigest()
+        return hmac.new(self._secret, fields(*parts), hashlib.sha256).hexdigest()
 
     def challenge(self) -> str:
         body = f"{time.monotonic_ns() // 1_000_000:x}.{os.urandom(12).hex()}"
@@ -52,7 +59,7 @@ class Auth:
         return self._mac("stream", nonce, sender, receiver)
 
     def session_key(self, nonce: str, sender: str, receiver: str) -> bytes:
-        return hmac.new(self._secret, f"key|{nonce}|{sender}|{receiver}".encode(), hashlib.sha256).digest()
+        return hmac.new(self._secret, fields("key", nonce, sender, receiver), hashlib.sha256).digest()
 
     def verify(self, nonce: str, sender: str, mac: str) -> str | None:
         """None if good, else the reason it is not."""
