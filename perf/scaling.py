@@ -227,6 +227,30 @@ def main() -> int:
             zk.stop()
 
 
+def _ok(run) -> bool:
+    return bool(run) and "error" not in run
+
+
+def mode_ratios(runs: dict, workers: list[int]) -> dict:
+    """One mode's ratios from its runs ("inproc": the in-process trainer, "inproc xK": K
+    of them at once, "K": K workers), named without the mode: the single runs' and each
+    pair's of --pairs are the same figures."""
+    ratios, base = {}, runs.get("inproc")
+    for k in workers:
+        r, together = runs.get(str(k)), runs.get(f"inproc x{k}")
+        if _ok(base) and _ok(r):
+            ratios[f"{k} worker(s) / in-process 1 unit (samples/s)"] = r["samples_per_s"] / base["samples_per_s"]
+            if r.get("epoch_samples_per_s") and base.get("epoch_samples_per_s"):
+                ratios[f"{k} worker(s) / in-process 1 unit (epochs' own time)"] = \
+                    r["epoch_samples_per_s"] / base["epoch_samples_per_s"]
+        if _ok(base) and _ok(together):
+            ratios[f"{k} in-process trainers at once / 1 (the machine's ceiling)"] = \
+                together["samples_per_s"] / base["samples_per_s"]
+            if _ok(r):
+                ratios[f"{k} worker(s) / that ceiling"] = r["samples_per_s"] / together["samples_per_s"]
+    return ratios
+
+
 def _paired(mode: str, workers: list[int], a, out: dict) -> None:
     """--pairs: the base, the ceilings and the workers of `mode`, a.pairs times in
     alternating order; each pair's ratios, and their medians and quartiles in out["ratios"]
@@ -246,16 +270,7 @@ def _paired(mode: str, workers: list[int], a, out: dict) -> None:
                 runs[str(k)] = run_streamnet(mode, k, a)
         for step in ((base, engine) if i % 2 == 0 else (engine, base)):
             step()
-        ratios = {}
-        for k in workers:
-            r, together = runs[str(k)], runs.get(f"inproc x{k}")
-            if "error" not in r:
-                ratios[f"{k} worker(s) / in-process 1 unit"] = r["samples_per_s"] / runs["inproc"]["samples_per_s"]
-                if together and "error" not in together:
-                    ratios[f"{k} worker(s) / that ceiling"] = r["samples_per_s"] / together["samples_per_s"]
-            if together and "error" not in together:
-                ratios[f"{k} in-process trainers at once / 1"] = \
-                    together["samples_per_s"] / runs["inproc"]["samples_per_s"]
+        ratios = mode_ratios(runs, workers)
         pairs.append({"runs": runs, "ratios": ratios})
         print(f"{mode} pair {i + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()), flush=True)
         if i == 0:
@@ -304,24 +319,11 @@ def _measure(a, workers, out) -> int:
     ratios = {}
     for mode in a.modes.split(","):
         r1, r2 = out["runs"].get(f"{mode}/1"), out["runs"].get(f"{mode}/2")
-        if r1 and r2 and "error" not in r1 and "error" not in r2:
+        if _ok(r1) and _ok(r2):
             ratios[f"{mode} speed-up 2 vs 1 workers"] = r2["samples_per_s"] / r1["samples_per_s"]
     for mode in a.modes.split(","):
-        base = out["runs"].get(f"{mode}/inproc")
-        for k in workers:
-            r = out["runs"].get(f"{mode}/{k}")
-            if base and r and "error" not in r:
-                ratios[f"{mode} {k} worker(s) / in-process 1 unit (samples/s)"] = \
-                    r["samples_per_s"] / base["samples_per_s"]
-                if r.get("epoch_samples_per_s") and base.get("epoch_samples_per_s"):
-                    ratios[f"{mode} {k} worker(s) / in-process 1 unit (epochs' own time)"] = \
-                        r["epoch_samples_per_s"] / base["epoch_samples_per_s"]
-            together = out["runs"].get(f"{mode}/inproc x{k}")
-            if base and together and "error" not in together:
-                ceiling = together["samples_per_s"] / base["samples_per_s"]
-                ratios[f"{mode} {k} in-process trainers at once / 1 (the machine's ceiling)"] = ceiling
-                if r and "error" not in r:
-                    ratios[f"{mode} {k} worker(s) / that ceiling"] = r["samples_per_s"] / together["samples_per_s"]
+        runs = {k.partition("/")[2]: v for k, v in out["runs"].items() if k.partition("/")[0] == mode}
+        ratios.update({f"{mode} {name}": v for name, v in mode_ratios(runs, workers).items()})
     mix, ddp = out["runs"].get("mixbp-H8/2"), out["runs"].get("ddp/2")
     if mix and ddp and mix.get("time_to_target_s") and ddp.get("time_to_target_s"):
         ratios["mixbp-H8 time-to-target / ddp (2 workers)"] = mix["time_to_target_s"] / ddp["time_to_target_s"]

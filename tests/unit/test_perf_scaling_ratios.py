@@ -1,0 +1,28 @@
+"""perf/scaling.py's ratios of one mode, the same for a single run and for each pair of --pairs."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "perf"))
+from scaling import mode_ratios  # noqa: E402
+
+
+def test_a_modes_ratios_against_its_base_and_ceiling():
+    runs = {"inproc": {"samples_per_s": 100.0, "epoch_samples_per_s": 110.0},
+            "inproc x2": {"samples_per_s": 180.0},
+            "1": {"samples_per_s": 90.0, "epoch_samples_per_s": None},
+            "2": {"samples_per_s": 150.0, "epoch_samples_per_s": 165.0}}
+    assert mode_ratios(runs, [1, 2]) == {
+        "1 worker(s) / in-process 1 unit (samples/s)": pytest.approx(0.9),
+        "2 worker(s) / in-process 1 unit (samples/s)": pytest.approx(1.5),
+        "2 worker(s) / in-process 1 unit (epochs' own time)": pytest.approx(1.5),
+        "2 in-process trainers at once / 1 (the machine's ceiling)": pytest.approx(1.8),
+        "2 worker(s) / that ceiling": pytest.approx(150 / 180)}
+
+
+def test_a_failed_run_gives_no_ratio_and_leaves_the_others():
+    runs = {"inproc": {"samples_per_s": 100.0}, "inproc x2": {"samples_per_s": 180.0},
+            "2": {"error": "a worker died"}}
+    assert mode_ratios(runs, [2]) == {"2 in-process trainers at once / 1 (the machine's ceiling)": pytest.approx(1.8)}
+    assert mode_ratios({"inproc": {"error": "x"}, "2": {"samples_per_s": 1.0}}, [2]) == {}
