@@ -21,6 +21,7 @@ array cannot keep a 64 MiB buffer alive).
 """
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 
@@ -200,7 +201,29 @@ def decode_body(header: bytes | memoryview, payload: bytes | memoryview, limits:
         raise CodecError(f"malformed frame header: {type(e).__name__}: {why}") from None
     if used != plen:
         raise CodecError(f"payload of {plen} bytes, but its arrays take {used}")
+    if _MAYBE_TIMESTAMP.search(header) and _holds(obj, msgpack.Timestamp):
+        raise CodecError("unknown ext code -1 (a msgpack timestamp)")
     return obj
+
+
+#: msgpack decodes ext code -1 (its timestamp) itself, without calling ext_hook: a
+#: header whose bytes could hold one (an ext header, then 0xff) is searched for it
+_MAYBE_TIMESTAMP = re.compile(rb"[\xd4-\xd8]\xff|\xc7.\xff|\xc8..\xff|\xc9....\xff", re.S)
+
+
+def _holds(obj, kind: type) -> bool:
+    """Whether a decoded value holds a `kind` at any depth (iteratively, as array_bytes)."""
+    todo = [obj]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, kind):
+            return True
+        if isinstance(value, (list, tuple)):
+            todo.extend(value)
+        elif isinstance(value, dict):
+            todo.extend(value.keys())
+            todo.extend(value.values())
+    return False
 
 
 def decode(frame: bytes | memoryview, limits: Limits = DEFAULT_LIMITS):

@@ -111,3 +111,20 @@ def test_array_bytes_counts_the_arrays_at_any_depth():
     for _ in range(5000):                            # deeper than Python's recursion limit
         deep = [deep]
     assert array_bytes(deep) == 8 and array_bytes([]) == 0
+
+
+def _frame_of_header(header: bytes) -> bytes:
+    return PREFIX.pack(MAGIC, len(header), 0) + header
+
+
+@pytest.mark.parametrize("value", [msgpack.Timestamp(5, 0), [1, {"t": msgpack.Timestamp(2 ** 40, 7)}],
+                                   {msgpack.Timestamp(1, 0): 1}, [msgpack.Timestamp(2 ** 35, 1)]])
+def test_a_msgpack_timestamp_is_refused_as_an_unknown_ext(value):
+    """msgpack decodes its timestamp (ext -1) without asking ext_hook: it is refused all the same."""
+    with pytest.raises(CodecError, match="unknown ext code -1"):
+        decode(_frame_of_header(msgpack.packb(value)))
+
+
+def test_bytes_that_only_look_like_a_timestamp_decode():
+    value = [b"\xd6\xff\x00\x00\x00\x05", "\xff", 0xd6ff]
+    assert decode(_frame_of_header(msgpack.packb(value, use_bin_type=True))) == value
