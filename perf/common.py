@@ -32,7 +32,11 @@ def on_one_core():
 
 
 def spread(xs, method: str = "exclusive") -> dict:
-    """Median and quartiles of xs (at least one value), with their count."""
+    """Median and quartiles of xs (at least one value), with their count. Below 4 values
+    the quartiles are the inclusive ones: the exclusive method reaches past the values
+    there (quartiles 0.75 and 2.25 of [1, 2])."""
+    if len(xs) < 4:
+        method = "inclusive"
     q = statistics.quantiles(xs, n=4, method=method) if len(xs) >= 2 else [xs[0]] * 3
     return {"median": statistics.median(xs), "q1": q[0], "q3": q[2], "n": len(xs)}
 

@@ -1,4 +1,5 @@
-"""perf/scaling.py's ratios of one mode, the same for a single run and for each pair of --pairs."""
+"""perf/scaling.py's ratios of one mode (the same for a single run and for each pair of --pairs), and
+perf/common.py's spread of them."""
 import os
 import sys
 
@@ -26,3 +27,11 @@ def test_a_failed_run_gives_no_ratio_and_leaves_the_others():
             "2": {"error": "a worker died"}}
     assert mode_ratios(runs, [2]) == {"2 in-process trainers at once / 1 (the machine's ceiling)": pytest.approx(1.8)}
     assert mode_ratios({"inproc": {"error": "x"}, "2": {"samples_per_s": 1.0}}, [2]) == {}
+
+
+def test_the_spread_of_a_few_values_stays_within_them():
+    from common import spread
+    assert spread([1.0, 2.0]) == {"median": 1.5, "q1": 1.25, "q3": 1.75, "n": 2}
+    s = spread([1.0, 2.0, 4.0])
+    assert 1.0 <= s["q1"] <= s["median"] == 2.0 <= s["q3"] <= 4.0
+    assert spread([3.0]) == {"median": 3.0, "q1": 3.0, "q3": 3.0, "n": 1}
