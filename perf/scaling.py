@@ -90,7 +90,7 @@ def run_streamnet(mode: str, workers: int, a) -> dict:
     hit = [t for t, acc in s.extra["accuracy_at_s"] if acc >= a.target]
     return {"samples_per_s": s.samples_per_s, "epoch_samples_per_s": epoch_rate(s.history),
             "time_to_target_s": hit[0] if hit else None,
-            "best_accuracy": max((h.test_accuracy for h in s.history), default=None),
+            "best_accuracy": max((h.test_accuracy for h in s.history if h.test_accuracy is not None), default=None),
             "epochs_run": len(s.history), "bytes_per_sample": s.extra["bytes_per_sample"],
             "sync_rounds": s.sync_rounds, "wall_s": time.time() - t0, "per_worker": s.extra["per_worker"],
             "thread_cpu": s.extra.get("thread_cpu")}

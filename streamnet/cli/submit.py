@@ -75,6 +75,8 @@ def _train(a: argparse.Namespace, cfg, progress: RunProgress):
                                         resume=a.resume or False, keep_checkpoints=a.keep_checkpoints,
                                         attach=attach)
     for h in summary.history:    # those that ended between two progress polls (each is shown once)
+        if h.test_accuracy is None:      # an epoch not evaluated (--eval-every)
+            continue
         progress.epoch(epoch=h.epoch, loss=h.train_loss, test_accuracy=h.test_accuracy, test_loss=h.test_loss)
     if summary.extra["resumed_from_step"] is not None:
         print(f"resumed from step {summary.extra['resumed_from_step']}", file=sys.stderr)

@@ -60,6 +60,8 @@ TRAINING_FLAGS: tuple[Flag, ...] = (
          help="IDX directory (default: $STREAMNET_DATA, else the dataset's installed location)"),
     Flag("--train-limit", "train_limit", int, "use only the first N training samples"),
     Flag("--test-limit", "test_limit", int, "evaluate on only the first N test samples"),
+    Flag("--eval-every", "eval_every_epochs", int, "evaluate on the test set after every N-th epoch and after "
+         "the last (default 1: every epoch)", metavar="N"),
     Flag("--seed", "seed", int, "default: 0"),
     Flag("--balance", "balance", choices=("static", "load"),
          help="load (default): each unit's batch share follows its measured speed, set live by the leader, "
@@ -125,7 +127,7 @@ def check_paths(given: dict) -> None:
 _NUMBER_TYPES = {"units": int, "threads": int, "epochs": int, "seed": int, "batch": int, "sync_period": int,
                  "train_limit": int, "test_limit": int, "input_size": int, "lr": float, "momentum": float,
                  "outer_momentum": float, "outer_lr": float, "weight_decay": float,
-                 "sync_tasks": int}
+                 "sync_tasks": int, "eval_every_epochs": int}
 
 
 def check_set_types(options: dict) -> None:

@@ -143,6 +143,7 @@ class RunConfig:
     sync_tasks: int = 1     # S: the sync bolt's parallelism, each task owning one slice of the parameters
     epochs: int = 5
     seed: int = 0
+    #: test-set evaluation after every N-th epoch and after the last (both trainers: `evaluates`)
     eval_every_epochs: int = 1
     #: "load": units' batch shares follow their measured speed (one epoch-wide schedule,
     #: schedule.SharedSchedule); "static": fixed per-unit shards, equal batches
@@ -159,10 +160,17 @@ class RunConfig:
         _require(self.threads >= 1, "threads", f"must be >= 1; got {self.threads}")
         _require(self.sync_tasks >= 1, "sync_tasks", f"must be >= 1; got {self.sync_tasks}")
         _require(self.epochs >= 1, "epochs", f"must be >= 1; got {self.epochs}")
+        _require(self.eval_every_epochs >= 1, "eval_every_epochs", f"must be >= 1; got {self.eval_every_epochs}")
         for name in ("unit_batches", "unit_sync_periods"):
             v = getattr(self.algorithm, name)
             _require(v is None or len(v) == self.units, f"algorithm.{name}",
                      f"has {len(v) if v else 0} entries for {self.units} units")
+
+    def evaluates(self, epoch: int) -> bool:
+        """Whether the run evaluates on the test set at the end of `epoch` (1-based): every
+        `eval_every_epochs`-th and the last. Epochs count from the run's start, so a resumed
+        run evaluates the same epochs (and, with --epochs raised, its own last)."""
+        return epoch % self.eval_every_epochs == 0 or epoch == self.epochs
 
 
 def run_config_to_dict(cfg: RunConfig) -> dict:
@@ -189,7 +197,7 @@ def run_config_from_dict(d: dict) -> RunConfig:
 
 ALG_KEYS = ("batch", "sync_period", "lr", "momentum", "weight_decay", "lr_schedule", "outer_lr", "outer_momentum")
 DATA_KEYS = ("dataset", "data_dir", "train_limit", "test_limit")
-RUN_KEYS = ("epochs", "units", "threads", "seed", "balance", "sync_tasks")
+RUN_KEYS = ("epochs", "units", "threads", "seed", "balance", "sync_tasks", "eval_every_epochs")
 MODEL_KEYS = ("input_size",)     # model options
 
 

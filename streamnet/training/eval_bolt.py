@@ -1,12 +1,14 @@
-"""The evaluation bolt: test accuracy and loss of the parameters at each epoch's end.
+"""The evaluation bolt: test accuracy and loss of the parameters at the end of each
+epoch the run evaluates (every `eval_every_epochs`-th and the last: RunConfig.evaluates;
+the sync tasks send nothing here at the end of the others).
 
 The evaluation is split over the bolt's E tasks (nsmap: one per unit, up to
 EVAL_TASKS): task k evaluates shard k of the test set (contiguous: shard_bounds) on
 its worker's compute threads, and tasks 1..E-1 send their counts - correct
 predictions, summed loss, samples - to task 0 (stream "part", anchored to the slices
-they evaluated), which adds them up into the epoch's result. An epoch's last round
-holds its tuple trees until the evaluation is done, and the next epoch's rounds wait
-for them: evaluated by one task, 10,000 LeNet-5 test images held both units for
+they evaluated), which adds them up into the epoch's result. An evaluated epoch's
+last round holds its tuple trees until the evaluation is done, and the next epoch's
+rounds wait for them: evaluated by one task, 10,000 LeNet-5 test images held both units for
 about 265 ms on one core; split over the units' workers, each takes its part of that.
 """
 from __future__ import annotations
@@ -45,9 +47,9 @@ def _slices_problem(parts: list, size: int) -> str | None:
 
 
 class EvalBolt(Bolt):
-    """Task 0 keeps one result per epoch, saved in the coordinator so that it survives
-    its worker, and published as `eval.0.history` after each evaluation and when the
-    topology ends. The parameters come from the sync tasks in slices, gathered before
+    """Task 0 keeps one result per evaluated epoch, saved in the coordinator so that it
+    survives its worker, and published as `eval.0.history` after each evaluation and
+    when the topology ends. The parameters come from the sync tasks in slices, gathered before
     evaluating; the slices' tuples are acked once the task's shard is evaluated (task
     0: once every task's counts are in). An epoch end that a replay sends again after
     it was evaluated (here or by an instance before this one: task 0's history says) is

@@ -90,7 +90,7 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
             seconds = time.perf_counter() - t0
             train_s += seconds
             acc = tloss = None
-            if (epoch + 1) % cfg.eval_every_epochs == 0 or epoch + 1 == cfg.epochs:
+            if cfg.evaluates(epoch + 1):
                 acc, tloss = evaluate(units[0].model, ds, ds.test)
             summary.history.append(EpochRecord(epoch + 1, loss_sum / max(samples, 1), acc, tloss, samples,
                                                seconds, samples / seconds if seconds > 0 else 0.0))

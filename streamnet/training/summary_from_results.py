@@ -19,14 +19,19 @@ def summary_of(cfg: RunConfig, run: RunStats, workers: int | None, wall_s: float
     s = RunSummary(model=cfg.model.name, dataset=cfg.data.dataset, algorithm=alg.name, epochs=cfg.epochs,
                    workers=workers or len({t.worker for t in run.timings}) or 1, units=cfg.units, batch=alg.batch,
                    sync_period=alg.sync_period)
-    for h in run.history:
+    # every evaluated epoch, and every epoch this run ended without evaluating it
+    # (eval_every_epochs > 1): test accuracy and loss None, as the in-process trainer has them
+    evaluated = {h.epoch: h for h in run.history}
+    ended = {e for e, span in stats.epoch_clock.items() if span.end is not None}
+    for epoch in sorted(evaluated.keys() | ended):
         # an epoch may lack a clock or a loss in this run's account: it ended before the
         # checkpoint this run resumed from, or before the sync task restarted
-        span = stats.epoch_clock[h.epoch] if h.epoch in stats.epoch_clock else None
+        span = stats.epoch_clock[epoch] if epoch in stats.epoch_clock else None
         seconds, samples = (span.seconds, span.samples) if span else (0.0, 0)
-        loss = stats.epoch_train_loss[h.epoch] if h.epoch in stats.epoch_train_loss else math.nan
-        s.history.append(EpochRecord(h.epoch, loss, h.test_accuracy, h.test_loss, samples, seconds,
-                                     samples / seconds if seconds > 0 else 0.0))
+        loss = stats.epoch_train_loss[epoch] if epoch in stats.epoch_train_loss else math.nan
+        h = evaluated.get(epoch)
+        s.history.append(EpochRecord(epoch, loss, h.test_accuracy if h else None, h.test_loss if h else None,
+                                     samples, seconds, samples / seconds if seconds > 0 else 0.0))
     s.num_params = stats.num_params
     if run.history:
         s.test_accuracy, s.test_loss = run.history[-1].test_accuracy, run.history[-1].test_loss

@@ -9,12 +9,14 @@ unit k with work in it:
     compute[k] --contribution(k, slice s of its vector)--> sync[s], for each s   (direct; anchored to the work)
     sync[s], once every expected unit of the round has reported:
         combine (weighted, in unit order) and one outer step, on slice s
-        --params(slice s)--> every compute task (all), and at epoch ends --> eval, checkpoint,
+        --params(slice s)--> every compute task (all), at the end of an epoch the run
+        evaluates (RunConfig.evaluates) --> eval, and at a checkpoint round --> checkpoint,
         which gather the S slices (anchored to all of the round's contributions), then ack them
     compute[j] sets the slice, acks.
 
 So unit k's tree completes only when every replica holds every slice of the new
-parameters (and, at an epoch's end, the evaluation is done); the data spout starts
+parameters (and, at an evaluated epoch's end, the evaluation is done; an epoch that
+is not evaluated sends nothing to eval, so nothing waits for it); the data spout starts
 round r + 2 only once every tree of round r + 1 is complete, which makes the tree
 completion the synchronisation barrier (round r + 1 may go out ahead, held by the
 units until its parameters come: data_spout._send_ahead; max_spout_pending is twice
@@ -328,8 +330,9 @@ class SyncBolt(SyncRecovery, Bolt):
             raise self._fenced
 
     def _combined(self, key, step: int, tuples: list, contributions: list, params, flagged: bool) -> None:
-        """The round is counted and saved: send the new parameters (and an epoch end's
-        evaluation and checkpoint) anchored to every contribution, then ack."""
+        """The round is counted and saved: send the new parameters (and an evaluated
+        epoch end's evaluation, a checkpoint round's checkpoint) anchored to every
+        contribution, then ack."""
         epoch, rnd = key
         n = sum(c.samples for c in contributions)
         self.loss.record(epoch + 1, sum(c.loss_sum for c in contributions), n)
@@ -342,7 +345,7 @@ class SyncBolt(SyncRecovery, Bolt):
         self.round_started, self.combined_at = time.perf_counter(), time.time()
         self.bytes_out += out.nbytes * len(self.compute_tasks)
         end = self.plans.epoch_end(epoch, rnd)
-        if end:
+        if end and self.cfg.evaluates(epoch + 1):
             self.collector.emit(row(EVAL, epoch=epoch + 1, step=step, slice=self.slice, params=out), stream="eval",
                                 anchors=tuples)
         if flagged:

@@ -277,9 +277,9 @@ class SyncRecovery:
 
     def _answer_replay(self, tup) -> None:
         """A step already combined: complete the tree with the current parameters. If it
-        was an epoch's last step, its evaluation and checkpoint may have been lost with a
-        worker: send them again (the eval and checkpoint bolts ack at once a copy of a
-        step they have dealt with)."""
+        was the last step of an epoch the run evaluates, its evaluation may have been lost
+        with a worker, and a checkpoint round's checkpoint too: send them again (the eval
+        and checkpoint bolts ack at once a copy of a step they have dealt with)."""
         self.counts.duplicates += 1
         next_step = self.counts.next_step
         params = self.agg.params.copy()
@@ -287,7 +287,7 @@ class SyncRecovery:
                                 generation=self.ctx.generation), stream="params", anchors=tup)
         epoch, rnd = tup["epoch"], tup["round"]
         if tup["step"] == next_step - 1:
-            if self.plans.epoch_end(epoch, rnd):
+            if self.plans.epoch_end(epoch, rnd) and self.cfg.evaluates(epoch + 1):
                 self.collector.emit(row(EVAL, epoch=epoch + 1, step=tup["step"], slice=self.slice, params=params),
                                     stream="eval", anchors=tup)
             if tup["checkpoint"]:

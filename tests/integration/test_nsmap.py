@@ -50,6 +50,26 @@ def test_mixbp_topology_with_per_unit_batches():
     assert 0 < d["sync_save_wait_s"] < summary.train_s
 
 
+def test_every_second_epoch_and_the_last_are_evaluated_on_the_topology_as_in_process():
+    """eval_every_epochs=2 over 3 epochs: both trainers evaluate epochs 2 and 3 only, and
+    agree on the parameters and on each epoch's test figures; epoch 1 is in both
+    summaries with its training figures and no test accuracy. Nothing waits for the
+    evaluation that epoch 1 does not have: the run ends, every sample counted once."""
+    c = replace(cfg(2, "mixbp", sync_period=2), epochs=3, eval_every_epochs=2)
+    summary, results = train_on_local_cluster(c, workers=2)
+    reference = train_local(c)
+    assert [h["epoch"] for h in results["eval.0.history"]] == [2, 3]
+    evaluated = lambda s: [(h.epoch, h.test_accuracy is not None) for h in s.history]  # noqa: E731
+    assert evaluated(summary) == evaluated(reference.summary) == [(1, False), (2, True), (3, True)]
+    np.testing.assert_allclose(results["sync.0.params"], reference.params, rtol=1e-5, atol=1e-6)
+    for ours, theirs in zip(summary.history[1:], reference.summary.history[1:]):
+        assert ours.test_accuracy == pytest.approx(theirs.test_accuracy, abs=1e-9)
+        assert ours.test_loss == pytest.approx(theirs.test_loss, rel=1e-4)
+    assert summary.test_accuracy == pytest.approx(reference.summary.test_accuracy, abs=1e-9)
+    assert [h.samples for h in summary.history] == [256, 256, 256] and all(h.seconds > 0 for h in summary.history)
+    assert summary.extra["each_sample_counted_once"] is True
+
+
 def test_online_topology_equals_the_in_process_trainer():
     """Online BP (batch 1 per unit) on the topology: 128 rounds of two one-sample
     gradients, ending with the in-process trainer's parameters (which equal plain SGD,

@@ -95,6 +95,27 @@ def test_resume_with_more_epochs_continues_the_run(tmp_path):
     np.testing.assert_allclose(results["sync.0.params"], train_local(longer).params, rtol=1e-5, atol=1e-6)
 
 
+def test_a_resumed_run_evaluates_the_epochs_an_uninterrupted_run_evaluates(tmp_path):
+    """eval_every_epochs=3: a run of 1 epoch (evaluated: its last) resumed with 4 evaluates
+    epochs 3 and 4 - epochs count from the run's start, not the resume - and not 2, whose
+    end nothing waits on; it ends with the parameters of an uninterrupted run."""
+    c = replace(cfg("mixbp", sync_period=2, lr_schedule="constant"), data=SMALL, epochs=1, eval_every_epochs=3)
+    ckdir = str(tmp_path / "ck")
+    first, results = train_on_local_cluster(c, workers=2, checkpoint_dir=ckdir, name="run")
+    assert [h["epoch"] for h in results["eval.0.history"]] == [1]
+    longer = replace(c, epochs=4)
+    resumed, results = train_on_local_cluster(longer, workers=2, checkpoint_dir=ckdir, name="run", resume=True)
+    assert resumed.extra["resumed_from_step"] == first.sync_rounds
+    assert [h["epoch"] for h in results["eval.0.history"]] == [3, 4]
+    assert [(h.epoch, h.test_accuracy is not None) for h in resumed.history] == [(2, False), (3, True), (4, True)]
+    reference = train_local(longer)
+    assert [(h.epoch, h.test_accuracy is not None) for h in reference.summary.history] == \
+        [(1, False), (2, False), (3, True), (4, True)]
+    assert results["sync.0.stats"]["epoch_samples"] == {str(e): 256 for e in range(1, 5)}
+    assert resumed.extra["each_sample_counted_once"] is True
+    np.testing.assert_allclose(results["sync.0.params"], reference.params, rtol=1e-5, atol=1e-6)
+
+
 def test_disk_full_at_the_checkpoint_bolt_keeps_the_previous_checkpoint_and_training_goes_on(
         tmp_path, monkeypatch, caplog):
     """The first checkpoint is written; every later one fails with ENOSPC (at its fsync,

@@ -90,6 +90,23 @@ def test_lr_schedule_cosine_by_default_and_constant_on_request(tmp_path):
     assert _losses(runs["constant"]) == [h.train_loss for h in constant.history]
 
 
+@pytest.mark.parametrize("where", ["--in-process", "--local"])
+def test_eval_every_evaluates_every_nth_epoch_and_the_last(where, tmp_path, capsys):
+    """`--eval-every 2 --epochs 3`: epochs 2 and 3 are evaluated, in the progress lines,
+    the metrics log and the summary (whose history keeps epoch 1, with no test accuracy);
+    on the engine and in the process alike."""
+    from streamnet.cli.metrics_log import read
+    log = tmp_path / "m.jsonl"
+    s = _train(tmp_path, where, *SMALL, "--epochs", "3", "--eval-every", "2", "--metrics-log", str(log))
+    err = capsys.readouterr().err
+    assert "epoch 2/3  " in err and "epoch 3/3  " in err and "epoch 1/3  " not in err, err
+    evaluated = [r for r in read(str(log)) if r["kind"] == "epoch"]
+    assert [r["epoch"] for r in evaluated] == [2, 3]
+    assert [h["epoch"] for h in s["history"]] == [1, 2, 3] and s["history"][0]["test_accuracy"] is None
+    assert [h["test_accuracy"] for h in s["history"][1:]] == [r["test_accuracy"] for r in evaluated]
+    assert s["test_accuracy"] == evaluated[-1]["test_accuracy"]
+
+
 def test_threads_are_the_embedded_workers_compute_threads(tmp_path, monkeypatch):
     """`--threads T` on the embedded cluster of K workers (one per unit): T // K compute
     threads each; by default one per unit; `auto`: the cores this process may run on,

@@ -179,3 +179,13 @@ def test_config_errors_name_the_field(kwargs, message):
 def test_per_unit_lists_must_match_units():
     with pytest.raises(ConfigError, match="algorithm.unit_batches: has 2 entries for 3 units"):
         RunConfig(algorithm=AlgorithmConfig(unit_batches=(1, 2)), units=3)
+
+
+@pytest.mark.parametrize("every", [0, -2])
+def test_eval_every_epochs_must_be_at_least_one(every):
+    """Refused where the configuration is made, naming the field (the in-process trainer
+    divided by it: ZeroDivisionError after the first epoch's training)."""
+    with pytest.raises(ConfigError, match=rf"^eval_every_epochs: must be >= 1; got {every}$"):
+        RunConfig(eval_every_epochs=every)
+    with pytest.raises(ConfigError, match="eval_every_epochs: must be >= 1"):
+        replace(cfg(1), eval_every_epochs=every)

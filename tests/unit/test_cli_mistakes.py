@@ -151,6 +151,7 @@ def test_summary_path_checked_before_the_run(command, capsys):
 @pytest.mark.parametrize("argv,says", [
     (["train", "--workers", "0"], "--workers must be >= 1; got 0"),
     (["train", "--batch", "0"], "--batch must be >= 1; got 0"),
+    (["train", "--eval-every", "0"], "--eval-every must be >= 1; got 0"),
     (["train", "--train-limit", "0"], "--train-limit must be positive; got 0"),
     (["train", "--momentum", "1"], "--momentum must be in [0, 1); got 1.0"),
     (["train", "--algorithm", "cumulative", "--sync-period", "4"],

@@ -61,6 +61,24 @@ def test_an_epoch_this_run_did_not_measure_is_unknown_not_zero_loss():
     assert s.history[1].samples_per_s == 20.0
 
 
+def test_an_epoch_ended_without_evaluation_is_in_the_history_with_no_test_figures():
+    """eval_every_epochs=2 over 3 epochs: the eval bolt has epochs 2 and 3; the summary
+    has all three, epoch 1 with its training figures and test accuracy and loss None, as
+    the in-process trainer gives them; the run's accuracy is the last evaluated one."""
+    r = _results()
+    r["sync.0.stats"] = _stats(epoch_samples={1: 200, 2: 200, 3: 200}, epoch_train_loss={1: 2.0, 2: 1.5, 3: 1.25},
+                               epoch_clock={1: EpochSpan(start=100.0, end=110.0, samples=200),
+                                            2: EpochSpan(start=110.0, end=120.0, samples=200),
+                                            3: EpochSpan(start=120.0, end=125.0, samples=200)}).to_dict()
+    r["eval.0.history"] = [{"epoch": 2, "step": 8, "test_accuracy": 0.5, "test_loss": 1.2, "time": 121.0},
+                           {"epoch": 3, "step": 12, "test_accuracy": 0.75, "test_loss": 0.9, "time": 126.0}]
+    s = summarise(lenet5_mixbp(eval_every_epochs=2, epochs=3), r, workers=2)
+    assert [(h.epoch, h.train_loss, h.test_accuracy, h.test_loss, h.samples, h.seconds) for h in s.history] == [
+        (1, 2.0, None, None, 200, 10.0), (2, 1.5, 0.5, 1.2, 200, 10.0), (3, 1.25, 0.75, 0.9, 200, 5.0)]
+    assert s.test_accuracy == 0.75 and s.test_loss == 0.9
+    assert s.extra["accuracy_at_s"] == [[21.0, 0.5], [26.0, 0.75]]
+
+
 @pytest.mark.parametrize("key", ["sync.0.stats", "eval.0.history", "data.0.replayed", "checkpoint.0.checkpoints"])
 def test_a_missing_record_is_an_error_naming_it(key):
     r = _results()

@@ -182,3 +182,36 @@ def test_a_checkpoint_keeps_the_shares_the_round_was_cut_with_not_its_sample_cou
     assert state["position"]["shares"] == [1.5, 0.5]
     odd = bolt._checkpoint_state([contribution(0, 8, 1.5), contribution(1, 2, "x")], (1, 0))
     assert odd["position"]["shares"] is None          # a share that is not one: the balancer decides afresh
+
+
+def test_only_the_epochs_the_run_evaluates_send_their_parameters_to_eval():
+    """eval_every_epochs=2 over 3 epochs of one round each: the ends of epochs 2 and 3 go
+    to the eval bolt (every 2nd and the last, as the in-process trainer evaluates), and
+    epoch 1's end sends nothing there - no evaluation its tree would wait for. A replay of
+    an epoch's last step sends its evaluation again only for an evaluated epoch."""
+    from dataclasses import replace
+    from streamnet.training.streams import EVAL
+    cfg = replace(CFG, algorithm=replace(CFG.algorithm, batch=32), epochs=3, eval_every_epochs=2)  # 64 samples: 1 round
+    events = []
+    bolt = SyncBolt(run=run_config_to_dict(cfg))
+    ctx = Context(topology="t", component="sync", task=2, task_index=0, parallelism=1, worker="w0", config={},
+                  component_config=bolt.config, component_tasks=TASKS.__getitem__, compute=_compute,
+                  publish=lambda k, v: None, save_state=lambda state: None)
+    out = Recorder(events)
+    bolt.prepare(ctx, BoltCollector(out))
+
+    def contribution(epoch):
+        values = row(CONTRIBUTION, unit=0, epoch=epoch, round=0, step=epoch, lr_scale=1.0, samples=64, steps=2,
+                     loss_sum=2.0, slice=0, vector=np.full(bolt.agg.params.size, 0.01, np.float32), finite=True,
+                     status=OK, checkpoint=False, unit_state=None, timing=None, share=1.0)
+        return Tuple(values, list(CONTRIBUTION), "default", "compute", 1, {})
+    assert bolt.plans.rounds(0) == 1
+    evaluated = []
+    for epoch in range(3):
+        for tup in (contribution(epoch), contribution(epoch)):     # the round, then a replay of it
+            del events[:]
+            asyncio.run(bolt.execute(tup))
+            evaluated.append([dict(zip(EVAL, values))["epoch"] for _, stream, values in
+                              (e for e in events if e[0] == "emit") if stream == "eval"])
+    assert evaluated == [[], [], [2], [2], [3], [3]]
+    assert bolt.counts.next_step == 3 and bolt.counts.duplicates == 3

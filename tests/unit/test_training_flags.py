@@ -7,7 +7,7 @@ from streamnet.cli.train_args import TRAINING_FLAGS, config_from_args, given_opt
 from streamnet.training.config import SETUPS, with_overrides
 
 # Adding a training flag means adding it here, and it reaches both commands.
-FROZEN = ["--balance", "--batch", "--checkpoint-dir", "--data", "--dataset", "--epochs", "--input-size",
+FROZEN = ["--balance", "--batch", "--checkpoint-dir", "--data", "--dataset", "--epochs", "--eval-every", "--input-size",
           "--keep-checkpoints", "--lr",
           "--lr-schedule", "--momentum", "--outer-momentum", "--resume", "--seed", "--sync-period",
           "--sync-tasks", "--test-limit", "--threads", "--train-limit", "--workers"]
@@ -40,7 +40,7 @@ def test_train_and_submit_take_the_same_training_flags():
 ALL = ["--epochs", "3", "--workers", "4", "--threads", "2", "--batch", "16", "--sync-period", "4", "--lr", "0.1",
        "--momentum", "0.5", "--outer-momentum", "0.3", "--lr-schedule", "constant", "--input-size", "32",
        "--dataset", "synthetic", "--data", "/nowhere", "--train-limit", "100", "--test-limit", "50",
-       "--seed", "7", "--balance", "static", "--sync-tasks", "2"]
+       "--seed", "7", "--balance", "static", "--sync-tasks", "2", "--eval-every", "2"]
 
 
 def test_every_flag_lands_in_the_configuration_the_same_way_for_both_commands():
@@ -49,7 +49,8 @@ def test_every_flag_lands_in_the_configuration_the_same_way_for_both_commands():
     cfg = config_from_args(train)
     assert cfg == with_overrides(SETUPS["lenet5-mixbp"](), given_options(submit))
     alg = cfg.algorithm
-    assert (cfg.epochs, cfg.units, cfg.threads, cfg.seed, cfg.balance, cfg.sync_tasks) == (3, 4, 2, 7, "static", 2)
+    assert (cfg.epochs, cfg.units, cfg.threads, cfg.seed, cfg.balance, cfg.sync_tasks, cfg.eval_every_epochs) == \
+        (3, 4, 2, 7, "static", 2, 2)
     assert (alg.batch, alg.sync_period, alg.lr, alg.momentum, alg.outer_momentum, alg.lr_schedule) == \
         (16, 4, 0.1, 0.5, 0.3, "constant")
     assert cfg.model.input_size == 32
@@ -99,3 +100,16 @@ def test_threads_auto_is_the_cores_this_process_may_run_on():
     import os
     a = build_parser().parse_args(["train", "--threads", "auto"])
     assert a.threads == "auto" and config_from_args(a).threads == len(os.sched_getaffinity(0))
+
+
+def test_eval_every_defaults_to_every_epoch_and_reaches_the_topology():
+    """--eval-every N sets RunConfig.eval_every_epochs for train and submit (the topology's
+    spec carries it to the sync and eval bolts); without it, every epoch is evaluated."""
+    from streamnet.cli.cluster_commands import build_topology
+    from streamnet.training.nsmap import run_config_of
+    assert config_from_args(build_parser().parse_args(["train"])).eval_every_epochs == 1
+    assert config_from_args(build_parser().parse_args(["train", "--eval-every", "3"])).eval_every_epochs == 3
+    submit = build_parser().parse_args(["submit", "lenet5-mixbp", "--zk", "z:1", "--eval-every", "3"])
+    topo, _ = build_topology("lenet5-mixbp", {"dataset": "synthetic", **given_options(submit)})
+    assert run_config_of(topo).eval_every_epochs == 3
+    assert all(c["config"]["run"]["eval_every_epochs"] == 3 for c in topo.components if c["id"] in ("sync", "eval"))
