@@ -262,12 +262,31 @@ def test_a_plain_stream_wakes_once_for_the_rest_of_a_large_frame():
         rest = reader.get_buffer(-1)
         rest[:600_000] = large[codec.PREFIX.size:codec.PREFIX.size + 600_000]
         reader.buffer_updated(600_000)
-        assert lowat() == len(large) - codec.PREFIX.size - 600_000 < frame_io.LOWAT_MAX
+        body = len(large) - TRAILER.size        # the body first: its tag is made before the trailer comes
+        assert lowat() == body - codec.PREFIX.size - 600_000 < frame_io.LOWAT_MAX
         rest = reader.get_buffer(-1)
-        rest[:] = large[codec.PREFIX.size + 600_000:]
+        rest[:body - codec.PREFIX.size - 600_000] = large[codec.PREFIX.size + 600_000:body]
+        reader.buffer_updated(body - codec.PREFIX.size - 600_000)
+        assert lowat() == TRAILER.size and len(reader.ready) == 1 and reader.body_tag is not None
+        rest = reader.get_buffer(-1)
+        rest[:] = large[body:]
         reader.buffer_updated(len(rest))
-        assert len(reader.ready) == 2 and reader.error is None
+        assert len(reader.ready) == 2 and reader.error is None and reader.body_tag is None
         assert lowat() == 1
     finally:
         for s in (client, conn, server):
             s.close()
+
+
+def test_a_large_frame_tagged_before_its_trailer_comes_is_still_refused_if_altered():
+    """The reader tags a large frame's body as soon as it is in; an altered body whose
+    trailer comes later, on its own, is refused all the same, and nothing is handed on."""
+    reader = FrameReader(FakeTransport(), Previous(), codec.DEFAULT_LIMITS, FrameAuth(KEY), 30.0)
+    large = bytearray(_wire([np.ones(100_000, np.float32)], 0))
+    large[1000] ^= 1
+    body = len(large) - TRAILER.size
+    for part in (large[:codec.PREFIX.size], large[codec.PREFIX.size:body], large[body:]):
+        buf = reader.get_buffer(-1)
+        buf[:len(part)] = part
+        reader.buffer_updated(len(part))
+    assert reader.error is not None and "bad MAC" in reader.error and not reader.ready

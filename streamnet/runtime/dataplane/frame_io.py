@@ -33,7 +33,15 @@ slower than LOWAT_MAX per READ_TIMEOUT_S is cut off as stalled.)
 
 Sending (`send_buffers`): one sendmsg gathers a frame's header, its arrays' own
 buffers and its trailer. Both ends give the socket SOCKET_BUFFER of kernel buffer, so
-that a large frame passes in one system call on each side.
+that a large frame passes in one system call on each side. A large frame written from
+the event loop's turn (transport.PeerLink.write_now) goes as its body, then its
+trailer once tagged: the reader tags the body as soon as it is in (SO_RCVLOWAT at the
+body's end first), while the sender tags it too, so the two tags of a frame overlap
+rather than follow each other. A 248 KB hop between two worker processes (a tensor
+emitted on one to its arrival in a bolt on the other, p50 of 2,700, three runs
+alternating with the code before on a 2-vCPU AMD EPYC, where a tag takes ~55 us):
+0.793 / 0.637 / 0.537 -> 0.721 / 0.550 / 0.467 ms; a round trip to the ack 1.713 /
+1.370 / 1.124 -> 1.597 / 1.177 / 0.985 ms.
 """
 from __future__ import annotations
 
@@ -144,6 +152,7 @@ class FrameReader(asyncio.BufferedProtocol):
         self.view = memoryview(self.stage)
         self.start = self.end = 0           # unparsed bytes: stage[start:end]
         self.direct = None                  # (buffer, filled) of a large frame being read
+        self.body_tag: bytes | None = None  # ... and its tag, once its body is in
         self.prefix_only = False            # after a large frame: read the next prefix alone
         self.ready: collections.deque = collections.deque()    # frames (or what on_frame left of them)
         self.sizes: collections.deque = collections.deque()    # ... and the bytes each came as
@@ -180,10 +189,7 @@ class FrameReader(asyncio.BufferedProtocol):
         if self.direct is not None:
             buf, filled = self.direct
             self.direct = (buf, filled + nbytes)
-            if filled + nbytes == len(buf):
-                self._direct_done()
-            else:
-                self._wake_at(len(buf) - filled - nbytes)
+            self._direct_read()
             return
         self.end += nbytes
         self._parse()
@@ -225,10 +231,7 @@ class FrameReader(asyncio.BufferedProtocol):
                 self.start += take
                 self.prefix_only = True
                 self.direct = (buf, take)
-                if take == total:
-                    self._direct_done()
-                else:
-                    self._wake_at(total - take)
+                if not self._direct_read():
                     break                   # the stage is empty now: the rest goes straight there
                 continue
             if avail < total:
@@ -244,12 +247,22 @@ class FrameReader(asyncio.BufferedProtocol):
         if self.start == self.end:
             self.start = self.end = 0
 
-    def _direct_done(self) -> None:
-        """A large frame is in its buffer: accept or refuse it."""
-        buf, _ = self.direct
-        self.direct = None
+    def _direct_read(self) -> bool:
+        """A large frame's bytes came: its tag is computed as soon as its body is in
+        (a sender writes the trailer after the body, tagging meanwhile: the two tags
+        overlap, see PeerLink.write_now); the frame is accepted or refused once its
+        trailer is in too. True when the frame is done."""
+        buf, filled = self.direct
+        body = len(buf) - TRAILER.size
+        if filled >= body and self.body_tag is None:
+            self.body_tag = self.auth.tag(self.seq, [buf[:body]])
+        if filled < len(buf):
+            self._wake_at(body - filled if filled < body else len(buf) - filled)
+            return False
+        tag, self.body_tag, self.direct = self.body_tag, None, None
         self._wake_at(1)
-        self._accept(buf.toreadonly(), self.auth.tag(self.seq, [buf[:len(buf) - TRAILER.size]]))
+        self._accept(buf.toreadonly(), tag)
+        return True
 
     def _wake_at(self, nbytes: int) -> None:
         """Have the socket report readable only once `nbytes` are there (at most

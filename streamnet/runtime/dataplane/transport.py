@@ -70,8 +70,8 @@ from .. import codec
 from ..control.election import LOCAL_ERRNOS
 from ..messages import DataMsg, Message, from_wire, to_wire_all
 from .accept_shortage import HELP, short_of_files
-from .frame_io import (SOCKET_BUFFER, TRAILER, FrameAuth, FrameReader, SocketSender, StreamError, TlsSender,
-                       size_buffers)
+from .frame_io import (DIRECT_BYTES, SOCKET_BUFFER, TRAILER, FrameAuth, FrameReader, SocketSender, StreamError,
+                       TlsSender, size_buffers)
 from .handshake import MAX_HELLO_BYTES, Auth, PeerAuthError, clean
 from .log_budget import LogBudget
 from .tls import TlsConfig
@@ -409,10 +409,19 @@ class PeerLink:
             return
         batch = q.take()
         try:
-            frame = self._frame(batch)
+            frame = self._frame(batch, trailer=False)
             if frame is not None:
                 self.frames_now += 1
-                self._unsent = out.write_now(frame)
+                seq, size = self._seq - 1, sum(len(b) for b in frame)
+                if size <= DIRECT_BYTES:
+                    frame.append(self._trailer(seq, frame))
+                    self._unsent = out.write_now(frame)
+                else:
+                    # the body first, then its tag: the receiver reads the body and tags it
+                    # while this side tags it too (frame_io: FrameReader._direct_read)
+                    unsent = out.write_now(frame)
+                    trailer = self._trailer(seq, frame)
+                    self._unsent = [*unsent, trailer] if unsent else out.write_now([trailer])
         except Exception as e:  # noqa: BLE001 - never raised in the caller's turn (a bolt about to wait)
             # the stream cannot go on (a broken socket, perhaps part of a frame written):
             # the task raises it and reconnects; the batch is lost with the stream, as what
@@ -601,9 +610,13 @@ class PeerLink:
         finally:
             self._plain = None
 
-    def _frame(self, batch: list) -> list | None:
-        """The next frame's buffers, trailer included, for a batch of messages (None:
-        they cannot be encoded, and are dropped with a logged error)."""
+    def _trailer(self, seq: int, buffers: list) -> bytes:
+        return TRAILER.pack(seq, self._auth.tag(seq, buffers))
+
+    def _frame(self, batch: list, trailer: bool = True) -> list | None:
+        """The next frame's buffers, with its trailer (or without: the caller adds
+        _trailer(seq, buffers), seq being the one this took), for a batch of messages
+        (None: they cannot be encoded, and are dropped with a logged error)."""
         try:
             buffers = codec.encode(to_wire_all(batch), self.limits)
         except codec.CodecError as e:
@@ -613,7 +626,8 @@ class PeerLink:
         size = sum(len(b) for b in buffers)
         if size <= SMALL_FRAME:                 # small arrays: joined, tagged in one call
             buffers = [b"".join(buffers)]
-        buffers.append(TRAILER.pack(self._seq, self._auth.tag(self._seq, buffers)))
+        if trailer:
+            buffers.append(self._trailer(self._seq, buffers))
         self._seq += 1
         self.bytes_out += size + TRAILER.size
         self.frames_out += 1
