@@ -296,12 +296,31 @@ def balancing_helped(bal: dict) -> bool:
     return bool(ratio) and max(ratio) <= 0.8 and followed_in_time(bal)
 
 
+#: the same two threads given to the same work two ways: one unit's step split over them, or a
+#: unit each (the other rows differ in threads, or in batch, so their spread is not allocation's)
+ALLOCATIONS = ("1 unit, batch 64, its step on 2 threads", "2 units, batch 32, 2 threads, one each")
+
+
+def allocation_spread(th: dict) -> float | None:
+    """How much the allocation of the same two threads matters: the faster of ALLOCATIONS
+    over the slower, in samples/s (None without both)."""
+    vals = [th.get(k) for k in ALLOCATIONS]
+    if not all(isinstance(v, (int, float)) and v > 0 for v in vals):
+        return None
+    return round(max(vals) / min(vals), 2)
+
+
+def _allocations(out: dict) -> str:
+    return f"allocations differ by {out['spread']:.2f}x in samples/s (the same 2 threads: one unit's step " \
+        "split over them, or a unit each)"
+
+
 def cotenant_verdict(out: dict) -> str:
     """Section 4's verdict when the co-tenant experiment ran (out: the section, with its balance)."""
     bal = out["balance"]
     ratio = bal["ratios"]["epoch_time_load_over_static"]
     return ("holds" if balancing_helped(bal) else "holds partly") + \
-        f": allocations differ by {out['spread']:.2f}x in samples/s; with a co-tenant on one of two worker cores, " \
+        f": {_allocations(out)}; with a co-tenant on one of two worker cores, " \
         f"load balancing took {', '.join(f'{r:.2f}x' for r in ratio)} the static epoch time (epochs wholly " \
         f"under the co-tenant), accuracy {bal['ratios']['accuracy_load_minus_static_pp']:+.2f} pp" + \
         _follow_caveat(bal)
@@ -385,9 +404,7 @@ def threads(p, run: Runner) -> dict:
         out[label] = round(median(rates), 1)
         out.setdefault("ranges", {})[label] = spread(rates)["range"]
     print(f"  threads: {out}", flush=True)
-    vals = [v for k, v in out.items() if k != "ranges"]
-    differ = max(vals) / min(vals) if min(vals) else None
-    out["spread"] = round(differ, 2) if differ else None
+    out["spread"] = allocation_spread(out)
     if run.zk_hosts and len(os.sched_getaffinity(0)) >= 2:
         from balance import cotenant
         print("  co-tenant on one worker's core, --balance static vs load ...", flush=True)
@@ -396,12 +413,19 @@ def threads(p, run: Runner) -> dict:
         out["balance"] = {k: {kk: vv for kk, vv in v.items() if kk != "series"} if isinstance(v, dict) and
                           "series" in v else v for k, v in co.items()}
         out["_balance_series"] = co
-        out["verdict"] = cotenant_verdict(out)
-    else:
-        out["verdict"] = ("holds partly" if differ and differ >= 1.1 else "does not hold here") + \
-            f": allocations differ by {differ:.2f}x in samples/s; the co-tenant experiment needs worker " \
-            "processes on 2 cores (not run in this profile)"
+    out["verdict"] = threads_verdict(out)
     return out
+
+
+def threads_verdict(out: dict) -> str:
+    """Section 4's verdict: with the co-tenant experiment (cotenant_verdict), or on the
+    allocations alone."""
+    if out.get("balance"):
+        return cotenant_verdict(out)
+    differ = out.get("spread")
+    return ("holds partly" if differ and differ >= 1.1 else "does not hold here") + \
+        (f": {_allocations(out)}" if differ else ": the allocations were not both measured") + \
+        "; the co-tenant experiment needs worker processes on 2 cores (not run in this profile)"
 
 
 # -- output ----------------------------------------------------------------------------------
@@ -588,18 +612,21 @@ def _write(report: dict, out_dir: str) -> None:
 
 def render(out_dir: str) -> int:
     """The page again from report.json: the verdicts that depend on rules changed since
-    the measurement (section 4's co-tenant, and section 2 which folds it in) derived again
-    from the stored numbers; the figures stay as drawn."""
+    the measurement (section 4's allocations and co-tenant, and section 2 which folds the
+    co-tenant in) derived again from the stored numbers; the figures stay as drawn."""
     _, report = _read_report(out_dir, "--render needs a report")
     th = report.get("threads", {})
+    if allocation_spread(th) is not None:
+        th["spread"] = allocation_spread(th)         # by today's rule: the same threads, two allocations
     if th.get("balance"):
         load = th["balance"].get("load", {})
         if load.get("share_log") and load.get("cotenant_on"):    # the follow figures, by today's rule
             from balance import share_response
             load.update(share_response(load["share_log"], load["cotenant_on"], load.get("cotenant_off")))
-        th["verdict"] = cotenant_verdict(th)
         if "recovery" in report:
             loaded_node(report)
+    if th:
+        th["verdict"] = threads_verdict(th)
     report["rendered"] = {"date": time.strftime("%Y-%m-%d %H:%M"), "commit": _commit()}
     _write(report, out_dir)
     print(f"wrote {out_dir}/README.md from report.json (verdicts derived again; nothing measured)")

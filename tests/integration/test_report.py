@@ -60,7 +60,9 @@ def test_only_reruns_the_named_sections_and_keeps_the_others(tiny_report):
 def test_render_derives_the_verdicts_again_and_measures_nothing(tiny_report, tmp_path):
     data = json.loads((tiny_report / "report.json").read_text())
     # a co-tenant run as an older rule judged it: faster under load, the shares never moved
-    data["threads"]["spread"] = 1.5
+    data["threads"]["spread"] = 1.87      # an older rule's: the fastest row over the slowest, 1 thread included
+    data["threads"]["1 unit, batch 64, its step on 2 threads"] = 30000.0
+    data["threads"]["2 units, batch 32, 2 threads, one each"] = 45000.0
     data["threads"]["balance"] = {"ratios": {"epoch_time_load_over_static": [0.79],
                                              "accuracy_load_minus_static_pp": 0.2},
                                   "load": {"rounds_to_follow": None, "rounds_to_first_change": 174,
@@ -72,7 +74,8 @@ def test_render_derives_the_verdicts_again_and_measures_nothing(tiny_report, tmp
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     after = json.loads((tmp_path / "report.json").read_text())
-    assert after["threads"]["verdict"].startswith("holds partly: allocations differ by 1.50x")
+    assert after["threads"]["verdict"].startswith("holds partly: allocations differ by 1.50x in samples/s (the "
+                                                  "same 2 threads") and after["threads"]["spread"] == 1.5
     assert "did not follow the co-tenant (first change after 174 rounds)" in after["threads"]["verdict"]
     assert after["recovery"]["verdict"].startswith(("holds partly: a node failure: fine; a loaded node",
                                                     "does not hold here: a node failure: fine; a loaded node"))
@@ -163,3 +166,17 @@ def test_a_gain_counts_for_the_balancer_only_if_the_shares_followed_within_the_e
     assert cotenant_verdict(late).startswith("holds partly")
     assert "in epoch 3, after the epochs compared (2): those ran with the shares set before it" in \
         cotenant_verdict(late)
+
+
+def test_the_allocations_compared_are_the_same_two_threads_given_two_ways():
+    """Rows with one thread or another batch differ for reasons other than allocation:
+    only the two ways of giving the same 2 threads to the work are compared."""
+    sys.path.insert(0, os.path.join(ROOT, "perf"))
+    from report import allocation_spread, threads_verdict
+    th = {"1 unit, batch 64, 1 thread": 27000.0, "1 unit, batch 64, its step on 2 threads": 40000.0,
+          "1 unit, batch 32, 1 thread": 26000.0, "2 units, batch 32, 2 threads, one each": 50000.0}
+    assert allocation_spread(th) == 1.25                # not 50000 / 26000
+    th["spread"] = allocation_spread(th)
+    assert threads_verdict(th).startswith("holds partly: allocations differ by 1.25x")
+    assert allocation_spread({"1 unit, batch 64, 1 thread": 1.0}) is None
+    assert threads_verdict({"spread": None}).startswith("does not hold here: the allocations were not both measured")
