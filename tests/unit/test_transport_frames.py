@@ -246,6 +246,7 @@ def test_a_plain_stream_wakes_once_for_the_rest_of_a_large_frame():
     server = socket.create_server(("127.0.0.1", 0))
     client = socket.create_connection(server.getsockname())
     conn, _ = server.accept()
+    conn.setblocking(False)                 # as asyncio keeps a stream's socket
     try:
         lowat = lambda: conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)  # noqa: E731
         reader = FrameReader(FakeTransport(), Previous(), codec.DEFAULT_LIMITS, FrameAuth(KEY), 30.0,
@@ -290,3 +291,32 @@ def test_a_large_frame_tagged_before_its_trailer_comes_is_still_refused_if_alter
         buf[:len(part)] = part
         reader.buffer_updated(len(part))
     assert reader.error is not None and "bad MAC" in reader.error and not reader.ready
+
+
+def test_the_rest_of_a_large_frame_already_in_the_socket_is_read_in_the_same_callback():
+    """Once a large frame's prefix is parsed, what of the frame the socket already holds is
+    read there and then, not after further wake-ups: here the whole frame, in one callback."""
+    import socket
+
+    from streamnet.runtime import wait_for
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    conn, _ = server.accept()
+    conn.setblocking(False)
+    try:
+        frame_io.size_buffers(conn, socket.SO_RCVBUF)
+        frame_io.size_buffers(client, socket.SO_SNDBUF)
+        reader = FrameReader(FakeTransport(), Previous(), codec.DEFAULT_LIMITS, FrameAuth(KEY), 30.0,
+                             lowat_sock=conn)
+        large = _wire([np.arange(100_000, dtype=np.float32)], 0)
+        client.sendall(large[codec.PREFIX.size:])
+        wait_for(lambda: len(conn.recv(len(large), socket.MSG_PEEK)) == len(large) - codec.PREFIX.size, 10,
+                 "the frame's rest to reach the socket", interval=0.001)
+        reader.get_buffer(-1)[:codec.PREFIX.size] = large[:codec.PREFIX.size]
+        reader.buffer_updated(codec.PREFIX.size)
+        assert len(reader.ready) == 1 and reader.error is None and reader.direct is None
+        assert bytes(reader.ready[0]) == large
+        assert reader.lowat == 1
+    finally:
+        for s in (client, conn, server):
+            s.close()
