@@ -616,8 +616,8 @@ def render(out_dir: str) -> int:
     co-tenant in) derived again from the stored numbers; the figures stay as drawn."""
     _, report = _read_report(out_dir, "--render needs a report")
     th = report.get("threads", {})
-    if allocation_spread(th) is not None:
-        th["spread"] = allocation_spread(th)         # by today's rule: the same threads, two allocations
+    if (spread_now := allocation_spread(th)) is not None:
+        th["spread"] = spread_now                   # by today's rule: the same threads, two allocations
     if th.get("balance"):
         load = th["balance"].get("load", {})
         if load.get("share_log") and load.get("cotenant_on"):    # the follow figures, by today's rule

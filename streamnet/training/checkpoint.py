@@ -233,12 +233,11 @@ def read_checkpoint(path: str, expected_sha256: str | None = None) -> np.ndarray
 
 def list_checkpoints(directory: str, name: str) -> list[tuple[int, str]]:
     """(step, path) of the checkpoints of `name` in `directory`, newest first."""
-    pattern = re.compile(re.escape(name) + r"-(\d{8,})\.ckpt$")
     found = []
     for path in glob.glob(os.path.join(glob.escape(directory), glob.escape(name) + "-*.ckpt")):
-        m = pattern.search(os.path.basename(path))
-        if m:
-            found.append((int(m.group(1)), path))
+        m = _FILE_NAME.match(os.path.basename(path))
+        if m and m.group(1) == name:        # not another run's whose name starts with this one's
+            found.append((int(m.group(2)), path))
     return sorted(found, reverse=True)
 
 

@@ -167,3 +167,15 @@ def test_a_checkpoint_renamed_to_another_run_or_step_is_refused(tmp_path):
             load_checkpoint(ck.checkpoint_path(d, "b", 9))
         os.replace(ck.checkpoint_path(d, "b", 9), os.path.join(d, "exported.ckpt"))
         assert load_checkpoint(os.path.join(d, "exported.ckpt"))["step"] == 3   # a name of a user's own
+
+
+def test_a_run_does_not_list_the_checkpoints_of_a_run_whose_name_holds_its_own(tmp_path):
+    """`run-foo-run-00000001.ckpt` is run "run-foo-run"'s: the file name's own run, not a
+    search for "run-<step>" at its end, says whose it is."""
+    d = str(tmp_path)
+    with ck.signing_with(b"s" * 32):
+        write_checkpoint(d, "run-foo-run", 1, np.zeros(4, np.float32), {"position": {}})
+        assert list_checkpoints(d, "run") == []
+        with pytest.raises(CheckpointError, match="no checkpoint of 'run'"):
+            latest_checkpoint(d, "run")
+        assert [step for step, _ in list_checkpoints(d, "run-foo-run")] == [1]
