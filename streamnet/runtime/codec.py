@@ -109,16 +109,21 @@ def encode(obj, limits: Limits = DEFAULT_LIMITS) -> list:
 def array_bytes(obj) -> int:
     """The bytes of the arrays inside obj (lists, tuples and dicts, at any depth):
     what a decoded value holds of its frame's payload (its arrays are views of it)."""
-    total, todo = 0, [obj]
-    while todo:        # not recursive: a header may nest deeper than Python's recursion limit
+    return sum(value.nbytes for value in _parts(obj) if isinstance(value, np.ndarray))
+
+
+def _parts(obj):
+    """obj and every value inside it (lists, tuples, a dict's keys and values), at any
+    depth; not recursive: a header may nest deeper than Python's recursion limit."""
+    todo = [obj]
+    while todo:
         value = todo.pop()
-        if isinstance(value, np.ndarray):
-            total += value.nbytes
-        elif isinstance(value, (list, tuple)):
+        yield value
+        if isinstance(value, (list, tuple)):
             todo.extend(value)
         elif isinstance(value, dict):
+            todo.extend(value.keys())
             todo.extend(value.values())
-    return total
 
 
 def encode_bytes(obj, limits: Limits = DEFAULT_LIMITS) -> bytes:
@@ -201,7 +206,7 @@ def decode_body(header: bytes | memoryview, payload: bytes | memoryview, limits:
         raise CodecError(f"malformed frame header: {type(e).__name__}: {why}") from None
     if used != plen:
         raise CodecError(f"payload of {plen} bytes, but its arrays take {used}")
-    if _MAYBE_TIMESTAMP.search(header) and _holds(obj, msgpack.Timestamp):
+    if _MAYBE_TIMESTAMP.search(header) and any(isinstance(v, msgpack.Timestamp) for v in _parts(obj)):
         raise CodecError("unknown ext code -1 (a msgpack timestamp)")
     return obj
 
@@ -209,21 +214,6 @@ def decode_body(header: bytes | memoryview, payload: bytes | memoryview, limits:
 #: msgpack decodes ext code -1 (its timestamp) itself, without calling ext_hook: a
 #: header whose bytes could hold one (an ext header, then 0xff) is searched for it
 _MAYBE_TIMESTAMP = re.compile(rb"[\xd4-\xd8]\xff|\xc7.\xff|\xc8..\xff|\xc9....\xff", re.S)
-
-
-def _holds(obj, kind: type) -> bool:
-    """Whether a decoded value holds a `kind` at any depth (iteratively, as array_bytes)."""
-    todo = [obj]
-    while todo:
-        value = todo.pop()
-        if isinstance(value, kind):
-            return True
-        if isinstance(value, (list, tuple)):
-            todo.extend(value)
-        elif isinstance(value, dict):
-            todo.extend(value.keys())
-            todo.extend(value.values())
-    return False
 
 
 def decode(frame: bytes | memoryview, limits: Limits = DEFAULT_LIMITS):

@@ -250,7 +250,7 @@ def test_a_plain_stream_wakes_once_for_the_rest_of_a_large_frame():
     try:
         lowat = lambda: conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)  # noqa: E731
         reader = FrameReader(FakeTransport(), Previous(), codec.DEFAULT_LIMITS, FrameAuth(KEY), 30.0,
-                             lowat_sock=conn)
+                             plain_sock=conn)
         small, large = _wire([1, np.ones(100, np.float32)], 0), _wire([np.ones(200_000, np.float32)], 1)
         buf = reader.get_buffer(-1)
         buf[:len(small)] = small
@@ -307,7 +307,7 @@ def test_the_rest_of_a_large_frame_already_in_the_socket_is_read_in_the_same_cal
         frame_io.size_buffers(conn, socket.SO_RCVBUF)
         frame_io.size_buffers(client, socket.SO_SNDBUF)
         reader = FrameReader(FakeTransport(), Previous(), codec.DEFAULT_LIMITS, FrameAuth(KEY), 30.0,
-                             lowat_sock=conn)
+                             plain_sock=conn)
         large = _wire([np.arange(100_000, dtype=np.float32)], 0)
         client.sendall(large[codec.PREFIX.size:])
         wait_for(lambda: len(conn.recv(len(large), socket.MSG_PEEK)) == len(large) - codec.PREFIX.size, 10,

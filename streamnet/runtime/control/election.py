@@ -66,6 +66,7 @@ class Election:
 
 
 PROBE_TIMEOUT_S = 2.0
+MAX_HELLO_BYTES = 4096      # of a /hello answer the leader's probe or a link reads (a worker's: ~250)
 
 #: connection errors that are the connecting process's own shortage - out of descriptors,
 #: memory or local ports - not news of the peer. Neither a link's report nor the probe may
@@ -91,7 +92,6 @@ def probe(info: dict, worker_id: str, auth, timeout: float = PROBE_TIMEOUT_S) ->
     import urllib.error
     import urllib.request
 
-    from ..dataplane.handshake import MAX_HELLO_BYTES
     client_nonce = os.urandom(16).hex()
     try:
         with urllib.request.urlopen(f"http://{info['host']}:{info['port']}/hello?c={client_nonce}",

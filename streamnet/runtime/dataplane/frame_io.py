@@ -143,11 +143,12 @@ class FrameReader(asyncio.BufferedProtocol):
     upgraded, and passes the connection's end on to it."""
 
     def __init__(self, transport, previous, limits: codec.Limits, auth: FrameAuth, read_timeout_s: float,
-                 lowat_sock=None):
+                 plain_sock=None):
         self.transport, self.previous, self.limits, self.auth = transport, previous, limits, auth
-        # a plain stream's socket: its SO_RCVLOWAT follows the rest of a large frame
-        self.lowat_sock = lowat_sock
-        self.lowat = 1
+        # a plain stream's socket (None under TLS): its SO_RCVLOWAT follows the rest of a
+        # large frame, and what of that rest it already holds is read at once (_read_now)
+        self.plain_sock = plain_sock
+        self.lowat = 1                      # 0: the platform has no SO_RCVLOWAT
         self.read_timeout_s = read_timeout_s
         self.seq = 0                        # the next frame's sequence number
         # np.empty, not bytearray (which zeroes it): only the pages the kernel writes to
@@ -284,10 +285,10 @@ class FrameReader(asyncio.BufferedProtocol):
         an error or the stream's end, which the transport's next read meets itself. (The
         socket is non-blocking, as asyncio keeps it; its transport gives a wrapper without
         recv_into, so the descriptor is read.)"""
-        if self.lowat_sock is None or self.paused or self.error is not None:
+        if self.plain_sock is None or self.paused or self.error is not None:
             return 0
         try:
-            n = os.readv(self.lowat_sock.fileno(), [view])
+            n = os.readv(self.plain_sock.fileno(), [view])
         except OSError:             # BlockingIOError included: nothing there yet
             return 0
         if n:
@@ -299,13 +300,13 @@ class FrameReader(asyncio.BufferedProtocol):
         LOWAT_MAX): the rest of a large frame arrives in one wake-up and one read, not
         one per 64 KB that loopback delivers at a time."""
         n = max(1, min(nbytes, LOWAT_MAX))
-        if self.lowat_sock is None or n == self.lowat:
+        if self.plain_sock is None or not self.lowat or n == self.lowat:
             return
         try:
-            self.lowat_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
+            self.plain_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
             self.lowat = n
         except OSError:
-            self.lowat_sock = None      # a platform without it: a wake-up per segment, as before
+            self.lowat = 0              # a platform without it: a wake-up per segment, as before
 
     def _accept(self, frame, tag: bytes) -> None:
         """A whole frame whose tag, computed here, is `tag`: ready if its trailer agrees."""

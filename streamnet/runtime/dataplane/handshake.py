@@ -9,7 +9,6 @@ import time
 
 NONCE_TTL_S = 30.0
 MAX_AUTH_FIELD = 256               # characters in a nonce, worker id or MAC header
-MAX_HELLO_BYTES = 4096             # of a /hello answer a link or the leader's probe reads (a worker's: ~250)
 
 
 class PeerAuthError(ConnectionError):

@@ -67,12 +67,12 @@ import numpy as np
 from aiohttp import web
 
 from .. import codec
-from ..control.election import LOCAL_ERRNOS
+from ..control.election import LOCAL_ERRNOS, MAX_HELLO_BYTES
 from ..messages import DataMsg, Message, from_wire, to_wire_all
 from .accept_shortage import HELP, short_of_files
 from .frame_io import (DIRECT_BYTES, SOCKET_BUFFER, TRAILER, FrameAuth, FrameReader, SocketSender, StreamError,
                        TlsSender, size_buffers)
-from .handshake import MAX_HELLO_BYTES, Auth, PeerAuthError, clean
+from .handshake import Auth, PeerAuthError, clean
 from .log_budget import LogBudget
 from .tls import TlsConfig
 
@@ -176,7 +176,7 @@ class StreamServer:
             size_buffers(sock, socket.SO_RCVBUF)
         key = self.auth.session_key(nonce, sender, self.auth.worker_id)
         reader = FrameReader(transport, transport.get_protocol(), self.limits, FrameAuth(key), READ_TIMEOUT_S,
-                             lowat_sock=sock if self.tls is None else None)
+                             plain_sock=sock if self.tls is None else None)
         if self.dispatch_now is not None:
             reader.on_frame = functools.partial(self._at_once, reader, sender)
         transport.set_protocol(reader)
@@ -409,10 +409,10 @@ class PeerLink:
             return
         batch = q.take()
         try:
-            frame = self._frame(batch, trailer=False)
-            if frame is not None:
+            body = self._body(batch)
+            if body is not None:
+                frame, seq, size = body
                 self.frames_now += 1
-                seq, size = self._seq - 1, sum(len(b) for b in frame)
                 if size <= DIRECT_BYTES:
                     frame.append(self._trailer(seq, frame))
                     self._unsent = out.write_now(frame)
@@ -604,8 +604,10 @@ class PeerLink:
                         continue    # woken for it: no heartbeat due
                 if batch is None:
                     return
-                frame = self._frame(batch)
-                if frame is not None:
+                body = self._body(batch)
+                if body is not None:
+                    frame, seq, _ = body
+                    frame.append(self._trailer(seq, frame))
                     await out.send(frame)   # one write with the trailer: the receiver wakes once per frame
         finally:
             self._plain = None
@@ -613,10 +615,10 @@ class PeerLink:
     def _trailer(self, seq: int, buffers: list) -> bytes:
         return TRAILER.pack(seq, self._auth.tag(seq, buffers))
 
-    def _frame(self, batch: list, trailer: bool = True) -> list | None:
-        """The next frame's buffers, with its trailer (or without: the caller adds
-        _trailer(seq, buffers), seq being the one this took), for a batch of messages
-        (None: they cannot be encoded, and are dropped with a logged error)."""
+    def _body(self, batch: list) -> tuple[list, int, int] | None:
+        """The next frame for a batch of messages, without its trailer: its buffers, its
+        sequence number and its size (None: the messages cannot be encoded, and are
+        dropped with a logged error). The caller adds _trailer(seq, buffers)."""
         try:
             buffers = codec.encode(to_wire_all(batch), self.limits)
         except codec.CodecError as e:
@@ -626,13 +628,12 @@ class PeerLink:
         size = sum(len(b) for b in buffers)
         if size <= SMALL_FRAME:                 # small arrays: joined, tagged in one call
             buffers = [b"".join(buffers)]
-        if trailer:
-            buffers.append(self._trailer(self._seq, buffers))
+        seq = self._seq
         self._seq += 1
         self.bytes_out += size + TRAILER.size
         self.frames_out += 1
         self.msgs_out += len(batch)
-        return buffers
+        return buffers, seq, size
 
     def status(self) -> dict:
         return {"connected": self.connected, "queued": self.queue.qsize(), "frames_out": self.frames_out,
