@@ -3,7 +3,10 @@ handshake, a per-stream key and a tag over every frame, frame codec, bounded
 queues):
 
 - round-trip latency of a 62k-float32 tensor (spout on one worker -> echo bolt on
-  the other -> sink -> ack to the spout; one in flight), p50 and p99;
+  the other -> sink -> ack to the spout; one in flight), p50 and p99, and the parts of
+  it: each hop (a sender's emit to the receiving bolt's execute, on the one clock of
+  the machine: bench.HopBolt) and there and back (the spout's emit to the sink's
+  execute, without the ack's way back);
 - bulk GB/s for 247 KB and 10 MB tensors (one worker -> the other, acked, 8 in flight);
 - small tuples/s over one connection (unanchored, batched into frames);
 - the frame authenticator alone (GB/s over a 247 KB frame, one core);
@@ -161,14 +164,27 @@ def measure(c, quick: bool) -> dict:
     out = {}
     n_ping = 300 if quick else 2000
     c0 = cpu_s(c)
-    s = stats_of(c.run(bench.ping(62_000, n_ping)))
+    results = c.run(bench.ping(62_000, n_ping))
     total, _ = cpu_used(c0, cpu_s(c))
-    rtt = np.array(s["rtt_s"][n_ping // 10:]) * 1e3  # drop the warm-up (connection set-up)
+    s = stats_of(results)
+
+    def p50_ms(seconds: list) -> float:     # the warm-up (connection set-up) left out
+        return float(np.percentile(np.array(seconds[n_ping // 10:]) * 1e3, 50))
+    rtt = np.array(s["rtt_s"][n_ping // 10:]) * 1e3
+    hops = {k.split(".")[0]: v for k, v in results.items() if k.endswith(".hops")}
     out["rtt_62k_float32"] = {"p50_ms": float(np.percentile(rtt, 50)), "p99_ms": float(np.percentile(rtt, 99)),
-                              "n": int(rtt.size), "cpu_ms_per_round_trip": total / n_ping * 1e3}
+                              "n": int(rtt.size), "cpu_ms_per_round_trip": total / n_ping * 1e3,
+                              "hop_out_p50_ms": p50_ms(hops["echo"]["hop_s"]),
+                              "hop_back_p50_ms": p50_ms(hops["back"]["hop_s"]),
+                              "there_and_back_p50_ms": p50_ms(hops["back"]["back_s"]),
+                              "workers": {"ping": s["worker"], "echo": hops["echo"]["worker"],
+                                          "back": hops["back"]["worker"]}}
     r = out["rtt_62k_float32"]
-    print(f"  round trip, 62k float32 (248 KB) each way: p50 {r['p50_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms  "
-          f"(CPU {r['cpu_ms_per_round_trip']:.3f} ms per round trip, both ends)")
+    print(f"  round trip, 62k float32 (248 KB) each way, emit to ack: p50 {r['p50_ms']:.3f} ms  "
+          f"p99 {r['p99_ms']:.3f} ms  (CPU {r['cpu_ms_per_round_trip']:.3f} ms per round trip, both ends)")
+    print(f"    of which: hop out p50 {r['hop_out_p50_ms']:.3f} ms, hop back {r['hop_back_p50_ms']:.3f} ms, "
+          f"there and back (emit to the tensor's return, no ack) {r['there_and_back_p50_ms']:.3f} ms; "
+          + " -> ".join(f"{k} on {w}" for k, w in r["workers"].items()))
     out["bulk"] = {}
     for label, size, count in (("247KB", 247_000 // 4, 1000 if quick else 20000),
                                ("10MB", 10 * 2 ** 20 // 4, 40 if quick else 200)):
@@ -356,15 +372,18 @@ def main() -> int:
         return 0
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
     width = 0.8 / len(kinds)
+    parts = (("p50_ms", "emit to ack"), ("there_and_back_p50_ms", "there and back"), ("hop_out_p50_ms", "one hop"))
     for i, kind in enumerate(kinds):
         r = out[kind]
-        axes[0].bar([i], [r["rtt_62k_float32"]["p50_ms"]], label=kind)
+        axes[0].bar(np.arange(len(parts)) + i * width, [r["rtt_62k_float32"][k] for k, _ in parts], width,
+                    label=kind)
         labels = list(r["bulk"])
         axes[1].bar(np.arange(len(labels)) + i * width, [r["bulk"][k]["gb_s"] for k in labels], width, label=kind)
         axes[1].set_xticks(np.arange(len(labels)) + width * (len(kinds) - 1) / 2, labels)
         axes[2].bar([i], [r["small_tuples_per_s"]], label=kind)
     axes[0].axhline(TARGETS["rtt_p50_ms"], ls="--", c="k"); axes[0].set_ylabel("ms")
-    axes[0].set_title("62k float32 round trip, p50"); axes[0].set_xticks(range(len(kinds)), kinds)
+    axes[0].set_title("62k float32 round trip, p50")
+    axes[0].set_xticks(np.arange(len(parts)) + width * (len(kinds) - 1) / 2, [label for _, label in parts])
     axes[1].axhline(TARGETS["bulk_gb_s"], ls="--", c="k"); axes[1].set_ylabel("GB/s"); axes[1].set_title("bulk")
     axes[1].legend()
     axes[2].axhline(TARGETS["small_tuples_s"], ls="--", c="k"); axes[2].set_title("small tuples/s")

@@ -1,7 +1,9 @@
 """Components for perf/transport.py: ping-pong latency, bulk tensors, small tuples.
 
-Timing happens inside the components (monotonic clock, one process) and is
-published as results.
+Timing happens inside the components and is published as results. A tensor carries
+the time it was sent (`time.perf_counter`: CLOCK_MONOTONIC on Linux, one clock for
+every process of the machine), so the bolt that takes it records the hop it made,
+from the sender's emit to its own execute, across worker processes too.
 """
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from ..runtime import Bolt, Spout, TopologyBuilder
 
 
 class TensorSpout(Spout):
-    """Emits `count` float32 tensors of `size` values, reliably; records emit->ack times."""
-    outputs = ["i", "x"]
+    """Emits `count` float32 tensors of `size` values, reliably, each with the time it
+    was sent; records emit->ack times."""
+    outputs = ["i", "x", "t"]
 
     def open(self, ctx, collector):
         super().open(ctx, collector)
@@ -32,8 +35,8 @@ class TensorSpout(Spout):
             self.sent += 1
             if self.t0 is None:
                 self.t0 = time.perf_counter()
-            self.t_emit[i] = time.perf_counter()
-            self.collector.emit([i, self.x], msg_id=i)
+            self.t_emit[i] = now = time.perf_counter()
+            self.collector.emit([i, self.x, now], msg_id=i)
 
     def ack(self, i):
         self.t1 = time.perf_counter()
@@ -47,22 +50,46 @@ class TensorSpout(Spout):
         return self.sent >= self.count and not self.t_emit
 
     def close(self):
-        self.ctx.publish("stats", {"rtt_s": self.rtt, "elapsed_s": (self.t1 or 0) - (self.t0 or 0),
+        self.ctx.publish("stats", {"worker": self.ctx.worker, "rtt_s": self.rtt, "elapsed_s": (self.t1 or 0) - (self.t0 or 0),
                                    "bytes": self.size * 4 * len(self.rtt), "failed": self.failed})
 
 
-class EchoBolt(Bolt):
-    outputs = ["i", "x"]
+class HopBolt(Bolt):
+    """Records each input's hop: from the time it carries (`t`, when its sender emitted
+    it) to its execute here; with `t0` (the spout's emit, carried on by an echo) also
+    the whole way there and back. Published at close with this task's worker."""
+
+    def prepare(self, ctx, collector):
+        super().prepare(ctx, collector)
+        self.hop_s: list[float] = []
+        self.back_s: list[float] = []
+
+    def arrived(self, tup) -> float:
+        now = time.perf_counter()
+        self.hop_s.append(now - tup["t"])
+        if "t0" in tup.fields:
+            self.back_s.append(now - tup["t0"])
+        return now
+
+    def close(self):
+        self.ctx.publish("hops", {"worker": self.ctx.worker, "hop_s": self.hop_s, "back_s": self.back_s})
+
+
+class EchoBolt(HopBolt):
+    """Sends each tensor back on, stamped anew, with the spout's stamp as t0."""
+    outputs = ["i", "x", "t", "t0"]
 
     def execute(self, tup):
-        self.collector.emit([tup["i"], tup["x"]], anchors=tup)
+        now = self.arrived(tup)
+        self.collector.emit([tup["i"], tup["x"], now, tup["t"]], anchors=tup)
         self.collector.ack(tup)
 
 
-class AckSink(Bolt):
+class AckSink(HopBolt):
     outputs = []
 
     def execute(self, tup):
+        self.arrived(tup)
         self.collector.ack(tup)
 
 

@@ -7,7 +7,7 @@ import aiohttp
 import msgpack
 import pytest
 
-from streamnet.examples import flood, tensor_pipe, wordcount
+from streamnet.examples import bench, flood, tensor_pipe, wordcount
 from streamnet.runtime import Bolt, LocalCluster, Spout, TopologyBuilder, wait_for
 from streamnet.runtime.codec import ARRAY_EXT, MAGIC, PREFIX
 from streamnet.runtime.dataplane.transport import PROTOCOL, TRAILER, Auth, FrameAuth
@@ -37,6 +37,20 @@ def test_tensor_pipe_moves_10mb_arrays_intact():
     with LocalCluster(workers=2) as c:
         results = c.run(tensor_pipe.topology(count=n, size=size, transformers=2, sinks=2), timeout=120)
     assert tensor_pipe.merge_checksums(results) == tensor_pipe.expected(n, size)
+
+
+def test_the_ping_benchmark_times_each_hop_on_the_one_clock_of_the_machine():
+    """perf/transport.py's parts of a round trip: the echo on the other worker records the
+    hop out, the sink back on the spout's worker the hop back and the whole way."""
+    n = 20
+    with LocalCluster(workers=2) as c:
+        results = c.run(bench.ping(1000, n), timeout=60)
+    stats, echo, back = results["ping.0.stats"], results["echo.0.hops"], results["back.0.hops"]
+    assert echo["worker"] != stats["worker"] == back["worker"]
+    assert len(stats["rtt_s"]) == len(echo["hop_s"]) == len(back["hop_s"]) == len(back["back_s"]) == n
+    assert echo["back_s"] == []                     # the spout's tensors carry no t0
+    for out, hop_back, whole, rtt in zip(echo["hop_s"], back["hop_s"], back["back_s"], stats["rtt_s"]):
+        assert 0 < out < whole and 0 < hop_back < whole < rtt     # one in flight: each tensor's own times
 
 
 def _tasks(status, topology, component):
