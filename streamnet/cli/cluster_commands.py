@@ -80,6 +80,8 @@ def cmd_submit(a) -> int:
     check_writable(a.metrics_log, "--metrics-log")
     if a.metrics_log and not a.wait:
         raise StreamnetError("--metrics-log needs --wait (the figures are read while following the run)")
+    if a.summary and not a.wait:
+        raise StreamnetError("--summary needs --wait (the summary is written when the run ends)")
     opts = parse_set(a.set)
     if a.name:
         opts["name"] = a.name
@@ -91,13 +93,17 @@ def cmd_submit(a) -> int:
     from ..training.checkpoint import signing_with
     # check the checkpoint's MAC here when we hold the cluster secret (the workers always do)
     secret = parse(read_secret(a.secret_file))[1] if getattr(a, "resume", None) and a.secret_file else None
-    try:
-        with signing_with(secret):
-            topo, check = build_topology(a.topology, opts, {f.key: f.flag for f in TRAINING_FLAGS if f.key in given})
-    except ConfigError as e:
-        raise naming_the_flag(e, given, opts) from None
-    except TopologyError as e:
-        raise StreamnetError(str(e)) from None
+
+    def build(extra: dict):
+        try:
+            with signing_with(secret):
+                return build_topology(a.topology, {**opts, **extra},
+                                      {f.key: f.flag for f in TRAINING_FLAGS if f.key in given})
+        except ConfigError as e:
+            raise naming_the_flag(e, given, opts) from None
+        except TopologyError as e:
+            raise StreamnetError(str(e)) from None
+    topo, check = build({})
     try:   # what the workers will check: refuse here, before anything is written
         topo.validate(check_classes=True, allow=allowed_modules(a))
     except TopologyError as e:
@@ -108,7 +114,9 @@ def cmd_submit(a) -> int:
         if not workers:
             raise StreamnetError(f"no workers in cluster {a.cluster!r}; start streamnet-worker first")
         if _is_training(a.topology) and "sync_tasks" not in opts:   # its default depends on the cluster
-            topo, check = build_topology(a.topology, {**opts, "live_workers": len(workers)})
+            # built again, the checkpoint to resume from included: with the secret, as above
+            # (without it, the newest file was taken whatever its MAC, and the workers refused it)
+            topo, check = build({"live_workers": len(workers)})
         if getattr(a, "resume", None):
             from ..training.nsmap import check_recorded
             check_recorded(topo.to_dict(), state.checkpoint(topo.name))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 
@@ -77,13 +78,18 @@ def positive_int(text: str) -> int:
 
 
 def threads_option(text: str) -> int | str:
-    """--threads: a number of compute threads, or 'auto'."""
+    """--threads: a number of compute threads (at most an assignment's MAX_THREADS: a
+    worker starts them all at once), or 'auto'."""
+    from ..runtime.assignment import MAX_THREADS
     if text == "auto":
         return text
     try:
-        return positive_int(text)
+        n = positive_int(text)
     except argparse.ArgumentTypeError as e:
         raise argparse.ArgumentTypeError(f"{e}, or 'auto'") from None
+    if n > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_THREADS}; got {n}")
+    return n
 
 
 def _int(text: str) -> int:
@@ -98,9 +104,18 @@ def positive_float(text: str) -> float:
         x = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not x > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0; got {text}")
+    if not 0 < x < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0; got {text}")
     return x
+
+
+def worker_name(text: str) -> str:
+    """--name: one element of a ZooKeeper path, in ASCII (the handshake's fields are)."""
+    from ..runtime.names import name_problem
+    problem = name_problem(text) or (None if text.isascii() else f"must be ASCII; got {text!r}")
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def parse_set(items: list[str], flag: str = "--set", what: str = "KEY=VALUE") -> dict:

@@ -39,7 +39,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         progress.close()
         if log:
             log.close()
-    print(f"final test accuracy {summary.test_accuracy:.2%}  {summary.samples_per_s:,.0f} samples/s  "
+    print(f"final {summary.accuracy_line()}  {summary.samples_per_s:,.0f} samples/s  "
           f"wall {summary.wall_s:.1f} s")
     held = stragglers_line(summary.extra.get("stragglers"))
     if held:
@@ -85,7 +85,8 @@ def _train(a: argparse.Namespace, cfg, progress: RunProgress):
         print(f"streamnet-submit: stopped by a signal at step {summary.extra['stopped_at']['step']} before "
               "the last epoch"
               + (f"; checkpoint {ck['path']}; continue with the same command and --resume" if ck else
-                 " (no --checkpoint-dir: nothing to resume from)"), file=sys.stderr)
+                 f" (no checkpoint was written: {summary.extra['checkpoint_errors']} failed; see the log)"
+                 if a.checkpoint_dir else " (no --checkpoint-dir: nothing to resume from)"), file=sys.stderr)
     return summary
 
 

@@ -118,10 +118,14 @@ def auto_threads(options: dict) -> bool:
 
 
 def check_paths(given: dict) -> None:
-    """--data must be a directory: say so when it is a file (the loader would say "does not exist")."""
+    """--data and --checkpoint-dir must be directories: say so when one is a file (the
+    loader would say "does not exist"; every checkpoint write failed, logged, the run going on)."""
     d = given.get("data_dir")
     if d and os.path.exists(d) and not os.path.isdir(d):
         raise ConfigError(f"--data {d} is a file; give the directory that holds the dataset's IDX files")
+    d = given.get("checkpoint_dir")
+    if d and os.path.exists(d) and not os.path.isdir(d):
+        raise ConfigError(f"--checkpoint-dir {d} is a file; give a directory (made if it does not exist)")
 
 
 _NUMBER_TYPES = {"units": int, "threads": int, "epochs": int, "seed": int, "batch": int, "sync_period": int,

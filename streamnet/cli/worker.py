@@ -27,10 +27,12 @@ import sys
 from ..errors import StreamnetError
 from ..runtime.control.coordinator import NodeExistsError
 from .common import (ENVIRONMENT, Parser, add_allow_option, add_cluster_options, add_common_options, allowed_modules,
-                     completing, connect, error_exit, port_number, positive_float, threads_option)
+                     completing, connect, error_exit, port_number, positive_float, threads_option,
+                     worker_name)
 
 
 ON_SIGNAL = ("leave", "checkpoint")
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 #: run at start, before the worker registers: loads the compiled kernels (training/warmup.py)
 DEFAULT_PRELOAD = ("streamnet.training.warmup:load_kernels",)
 
@@ -46,7 +48,8 @@ def build_parser() -> Parser:
                    help="compute threads (default: one per core it may run on), or 'auto': start with one per "
                         "core and let the leader's load balancing set them to the cores other processes leave "
                         "free (topologies with --balance load)")
-    p.add_argument("--name", help="worker id (default: HOSTNAME-PORT)")
+    p.add_argument("--name", type=worker_name,
+                   help="worker id, unique in the cluster (default: HOSTNAME-PORT; with --port 0, HOSTNAME-PID)")
     p.add_argument("--on-signal", choices=ON_SIGNAL, default=os.environ.get("STREAMNET_ON_SIGNAL") or "leave",
                    help="on SIGTERM/SIGINT: leave, handing the tasks to the other workers (default: "
                         "$STREAMNET_ON_SIGNAL, else leave), or checkpoint: stop the topologies running here "
@@ -90,7 +93,7 @@ async def serve(a) -> int:
     token = read_token(a.monitor_token_file) if a.monitor_token_file else None
     tls = TlsConfig(cert=a.tls_cert, key=a.tls_key, ca=a.tls_ca) if a.tls_cert else None
     coord, state, secret = await asyncio.to_thread(connect, a, True)
-    name = a.name or f"{socket.gethostname()}-{a.port}"
+    name = a.name or f"{socket.gethostname()}-{a.port or os.getpid()}"
     duplicate = StreamnetError(f"a worker named {name} is already registered in cluster {a.cluster}; "
                                "stop it or pick another --name")
     try:
@@ -147,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.on_signal not in ON_SIGNAL:
         p.error(f"$STREAMNET_ON_SIGNAL must be one of {', '.join(ON_SIGNAL)}; got {a.on_signal!r}")
+    if a.host in WILDCARD_HOSTS and not a.advertise_host:
+        # peers would dial 0.0.0.0, which reaches each peer's own machine, not this worker
+        p.error(f"--host {a.host} listens on every address; give --advertise-host, the address other "
+                "workers and clients reach this one at")
     given = [f for f in ("tls_cert", "tls_key", "tls_ca") if getattr(a, f)]
     if given and len(given) < 3:
         p.error("--tls-cert, --tls-key and --tls-ca go together; missing: "

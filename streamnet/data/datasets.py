@@ -113,8 +113,8 @@ def _read_split(directory: str, xkey: str, ykey: str) -> Split:
         raise DataError(f"{xpath}: expected images of 3 dimensions, got {images.dtype} {images.shape}")
     if images.dtype != np.uint8:
         images = images.astype(np.float32)  # float files may hold NaN/Inf: quarantined later
-    if images.shape[1] != images.shape[2]:
-        raise DataError(f"{xpath}: images must be square, got {images.shape[1]}x{images.shape[2]}")
+    if images.shape[1] != images.shape[2] or not images.shape[1]:
+        raise DataError(f"{xpath}: images must be square, with pixels; got {images.shape[1]}x{images.shape[2]}")
     if labels.ndim != 1:
         raise DataError(f"{ypath}: expected a 1-dimensional label file, got shape {labels.shape}")
     if len(labels) != len(images):
@@ -150,6 +150,8 @@ def load_idx_dir(directory: str, name: str = "idx") -> Dataset:
         raise DataError(f"{directory}: train images {train.images.shape[1:]} and test images "
                         f"{test.images.shape[1:]} differ in size")
     finite = train.images[np.isfinite(train.images)] if train.images.dtype.kind == "f" else train.images
+    if not finite.size:     # no sample to train on: load_data says so
+        finite = np.zeros(1, np.float32)
     mean, std = STATS.get(name, (float(finite.mean() / 255), float(finite.std() / 255) or 1.0))
     return Dataset(name, train, test, classes, mean, std)
 

@@ -21,6 +21,7 @@ import importlib
 from dataclasses import dataclass, field
 
 from ..errors import StreamnetError
+from .names import name_problem
 
 GROUPINGS = ("shuffle", "fields", "all", "global", "direct", "local_or_shuffle", "custom")
 DEFAULT_CONFIG = {
@@ -130,8 +131,9 @@ class Declarer:
 
 class TopologyBuilder:
     def __init__(self, name: str):
-        if not name or "/" in name:
-            raise TopologyError(f"topology name must be non-empty without '/'; got {name!r}")
+        problem = name_problem(name)
+        if problem:
+            raise TopologyError(f"a topology's name {problem}")
         self.name = name
         self._components: list[dict] = []
 
@@ -225,6 +227,9 @@ class Topology:
     def validate(self, check_classes: bool = True, allow=None) -> None:
         """Check the shape; with check_classes also import and check every class (from
         the module prefixes in `allow`, when given)."""
+        problem = name_problem(self.spec.get("name"))
+        if problem:
+            raise TopologyError(f"a topology's name {problem}")
         ids = [c["id"] for c in self.components]
         if not ids:
             raise TopologyError(f"topology {self.name!r} has no components")

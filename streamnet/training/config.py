@@ -5,6 +5,8 @@ few fields with `dataclasses.replace`.
 """
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass, field, replace
 
 from ..errors import ConfigError
@@ -30,6 +32,20 @@ def _require(cond: bool, field_name: str, problem: str) -> None:
         raise FieldError(field_name, problem)
 
 
+def _count(value, field_name: str, least: int = 1) -> None:
+    """A whole number >= least (2.5 units, or a seed of -1, failed later with a TypeError
+    or in numpy)."""
+    try:
+        operator.index(value)
+    except TypeError:
+        raise FieldError(field_name, f"must be a whole number; got {value!r}") from None
+    _require(value >= least, field_name, f"must be >= {least}; got {value}")
+
+
+def _finite_positive(value, field_name: str) -> None:
+    _require(0 < value < math.inf, field_name, f"must be a finite number > 0; got {value}")
+
+
 @dataclass(kw_only=True, frozen=True)
 class DataConfig:
     dataset: str = "fashion-mnist"
@@ -43,7 +59,8 @@ class DataConfig:
         _require(self.dataset in DATASETS, "dataset", f"must be one of {', '.join(DATASETS)}; got {self.dataset!r}")
         for name in ("train_limit", "test_limit"):
             v = getattr(self, name)
-            _require(v is None or v > 0, name, f"must be positive; got {v}")
+            if v is not None:
+                _count(v, name)
 
 
 # LeNet-5's feature layers, (kernel, stride) as streamnet.nn.zoo.lenet5 stacks them: conv 5x5,
@@ -108,18 +125,18 @@ class AlgorithmConfig:
 
     def __post_init__(self):
         _require(self.name in ALGORITHMS, "algorithm", f"must be one of {', '.join(ALGORITHMS)}; got {self.name!r}")
-        _require(self.batch >= 1, "batch", f"must be >= 1; got {self.batch}")
-        _require(self.sync_period >= 1, "sync_period", f"must be >= 1; got {self.sync_period}")
+        _count(self.batch, "batch")
+        _count(self.sync_period, "sync_period")
         _require(self.name == "mixbp" or self.sync_period == 1, "sync_period",
                  f"must be 1 for {self.name}, which synchronises every step; got {self.sync_period} (mixbp "
                  "takes longer periods)")
-        _require(self.lr > 0, "lr", f"must be > 0; got {self.lr}")
+        _finite_positive(self.lr, "lr")
         _require(0 <= self.momentum < 1, "momentum", f"must be in [0, 1); got {self.momentum}")
-        _require(self.weight_decay >= 0, "weight_decay", f"must be >= 0; got {self.weight_decay}")
+        _require(0 <= self.weight_decay < math.inf, "weight_decay", f"must be a finite number >= 0; got {self.weight_decay}")
         _require(self.lr_schedule in ("constant", "cosine"), "lr_schedule",
                  f"must be constant or cosine; got {self.lr_schedule!r}")
         _require(0 <= self.outer_momentum < 1, "outer_momentum", f"must be in [0, 1); got {self.outer_momentum}")
-        _require(self.outer_lr > 0, "outer_lr", f"must be > 0; got {self.outer_lr}")
+        _finite_positive(self.outer_lr, "outer_lr")
         for name in ("unit_batches", "unit_sync_periods"):
             v = getattr(self, name)
             _require(v is None or all(int(i) >= 1 for i in v), name, f"must have every entry >= 1; got {v}")
@@ -150,17 +167,16 @@ class RunConfig:
     balance: str = "static"
 
     def __post_init__(self):
-        _require(self.units >= 1, "units", f"must be >= 1; got {self.units}")
+        _count(self.units, "units")
+        _count(self.seed, "seed", 0)
         _require(self.balance in BALANCE_MODES, "balance", f"must be one of {', '.join(BALANCE_MODES)}; "
                  f"got {self.balance!r}")
         _require(self.balance == "static" or (self.algorithm.unit_batches is None and
                                               self.algorithm.unit_sync_periods is None), "balance",
                  "must be static with per-unit batches or sync periods (load sets each unit's batch by its "
                  "speed)")
-        _require(self.threads >= 1, "threads", f"must be >= 1; got {self.threads}")
-        _require(self.sync_tasks >= 1, "sync_tasks", f"must be >= 1; got {self.sync_tasks}")
-        _require(self.epochs >= 1, "epochs", f"must be >= 1; got {self.epochs}")
-        _require(self.eval_every_epochs >= 1, "eval_every_epochs", f"must be >= 1; got {self.eval_every_epochs}")
+        for name in ("threads", "sync_tasks", "epochs", "eval_every_epochs"):
+            _count(getattr(self, name), name)
         for name in ("unit_batches", "unit_sync_periods"):
             v = getattr(self.algorithm, name)
             _require(v is None or len(v) == self.units, f"algorithm.{name}",

@@ -104,6 +104,9 @@ def resume_point(cfg: RunConfig, checkpoint_dir: str | None, name: str, path: st
     if differ:
         raise CheckpointError(f"{path} was written by a run with different {', '.join(differ)}: "
                               f"{ {k: saved.get(k) for k in differ} }; resume with the same settings")
+    if position["epoch"] >= cfg.epochs:
+        raise CheckpointError(f"{path} was written after epoch {position['epoch']}: with --epochs {cfg.epochs} "
+                              f"nothing is left to train; give more than {position['epoch']} epochs to go on")
     return {"path": os.path.abspath(path), "sha256": ck["sha256"], "step": position["step"],
             "epoch": position["epoch"], "round": position["round"],
             "shares": position.get("shares")}    # the load balancer's, with --balance load
@@ -148,7 +151,7 @@ def _builder(setup: str):
 
         def check(results, wall_s=None):
             s = summarise(cfg, results, workers=None, wall_s=wall_s)
-            return True, f"test accuracy {s.test_accuracy:.2%}, {s.samples_per_s:,.0f} samples/s", s.to_dict()
+            return True, f"{s.accuracy_line()}, {s.samples_per_s:,.0f} samples/s", s.to_dict()
         return topo, check
     return build
 

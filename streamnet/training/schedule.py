@@ -16,6 +16,7 @@ from dataclasses import asdict
 import numpy as np
 
 from ..data import Dataset, batch_slices, epoch_order, load_dataset, shard_indices, shard_sizes
+from ..errors import DataError
 from ..nn import Model, build_model
 from .config import DataConfig, RunConfig
 
@@ -32,7 +33,13 @@ def load_data(cfg: DataConfig, seed: int = 0) -> Dataset:
         cut = lambda s, n: s if n is None else Split(s.images[:n], s.labels[:n])
         ds = Dataset(ds.name, cut(ds.train, cfg.train_limit), cut(ds.test, cfg.test_limit),
                      ds.num_classes, ds.mean, ds.std)
-    return quarantine(ds)
+    ds = quarantine(ds)
+    for split in ("train", "test"):
+        if not len(getattr(ds, split)):
+            dropped = ds.quarantined.get(split, {}).get("count", 0)
+            raise DataError(f"dataset {ds.name}: no {split} samples" + (f" ({dropped} quarantined: NaN or infinite "
+                            "pixels, or labels out of range)" if dropped else "") + "; nothing to train on or score")
+    return ds
 
 
 @functools.lru_cache(maxsize=4)

@@ -26,8 +26,10 @@ class RunSummary:
     units: int
     batch: int
     sync_period: int
-    test_accuracy: float = 0.0
-    test_loss: float = 0.0
+    #: after the last evaluated epoch; None where no evaluated epoch ended (a run stopped
+    #: before its first), not 0.0, which read as a measured accuracy
+    test_accuracy: float | None = None
+    test_loss: float | None = None
     samples_per_s: float = 0.0
     wall_s: float = 0.0
     train_s: float = 0.0
@@ -36,6 +38,17 @@ class RunSummary:
     num_params: int = 0
     history: list[EpochRecord] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
+
+    def accuracy_line(self) -> str:
+        """The final test accuracy in words: of which epoch, when a later one ended
+        unevaluated (a run stopped with --eval-every), and none when none was measured."""
+        if self.test_accuracy is None:
+            return "no test accuracy (the run ended before an evaluated epoch did)"
+        line = f"test accuracy {self.test_accuracy:.2%}"
+        evaluated = [h.epoch for h in self.history if h.test_accuracy is not None]
+        if evaluated and self.history and evaluated[-1] < self.history[-1].epoch:
+            line += f" (after epoch {evaluated[-1]}; epoch {self.history[-1].epoch} ended unevaluated)"
+        return line
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -90,8 +90,13 @@ class SyncRecovery:
 
     def resume(self, where: dict) -> None:
         """Continue a stopped run from the checkpoint `where` (nsmap.resume_point) points at."""
-        from .checkpoint import load_checkpoint
+        from .checkpoint import CheckpointError, load_checkpoint
         ck = load_checkpoint(where["path"], where.get("sha256"))
+        if ck["params"].size != self.num_params:
+            # a model of the same name that is not the same model (a dataset with more
+            # classes, another version): the units would refuse every parameter tuple
+            raise CheckpointError(f"{where['path']} holds {ck['params'].size} parameters; "
+                                  f"{self.cfg.model.name} on this dataset has {self.num_params}")
         st = ck["state"]
         self.agg = Aggregator(ck["params"][self.lo:self.hi], self.agg.plan)
         self.agg.set_state(slice_of_outer_state(st["outer"], self.lo, self.hi))

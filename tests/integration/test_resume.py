@@ -87,6 +87,10 @@ def test_resume_with_more_epochs_continues_the_run(tmp_path):
     c = replace(cfg("mixbp", sync_period=2, outer_momentum=0.5, lr_schedule="constant"), data=SMALL, epochs=2)
     ckdir = str(tmp_path / "ck")
     first, _ = train_on_local_cluster(c, workers=2, checkpoint_dir=ckdir, name="run")
+    # the same command again has nothing left to train: it ran 0 rounds and reported 0 %
+    with pytest.raises(CheckpointError, match=r"run-\d+.ckpt was written after epoch 2: with --epochs 2 "
+                                              "nothing is left to train; give more than 2 epochs to go on"):
+        train_on_local_cluster(c, workers=2, checkpoint_dir=ckdir, name="run", resume=True)
     longer = replace(c, epochs=3)
     resumed, results = train_on_local_cluster(longer, workers=2, checkpoint_dir=ckdir, name="run", resume=True)
     assert resumed.extra["resumed_from_step"] == first.sync_rounds
@@ -147,3 +151,18 @@ def test_disk_full_at_the_checkpoint_bolt_keeps_the_previous_checkpoint_and_trai
     assert len(failures) == 2 and all("No space left on device" in m for m in failures), failures
     assert summary.extra["each_sample_counted_once"] is True
     np.testing.assert_allclose(results["sync.0.params"], train_local(c).params, rtol=1e-5, atol=1e-6)
+
+
+def test_a_checkpoint_of_another_size_fails_the_resumed_run_naming_both(tmp_path):
+    """A checkpoint whose configuration matches but whose parameters do not fit the model
+    (a dataset with more classes, another version): every unit refused the parameters and
+    asked again, forever."""
+    from streamnet.runtime.control import TopologyFailed
+    from streamnet.training.checkpoint import write_checkpoint
+    from streamnet.training.config import run_config_to_dict
+    c = replace(cfg("mixbp", sync_period=2), data=SMALL, epochs=2)
+    state = {"config": run_config_to_dict(c), "position": {"step": 4, "epoch": 1, "round": 0, "shares": None}}
+    write_checkpoint(str(tmp_path), "run", 4, np.zeros(7, np.float32), state)
+    with pytest.raises(TopologyFailed, match=r"run-00000004.ckpt holds 7 parameters; lenet5 on this dataset has "
+                                             r"\d+"):
+        train_on_local_cluster(c, workers=2, checkpoint_dir=str(tmp_path), name="run", resume=True)

@@ -168,12 +168,29 @@ def test_training_is_reproducible():
     (dict(name="sgd"), "algorithm: must be one of online, cumulative, mixbp"),
     (dict(name="cumulative", sync_period=4), "sync_period: must be 1 for cumulative, which synchronises every step"),
     (dict(batch=0), "batch: must be >= 1"),
+    (dict(batch=2.5), "batch: must be a whole number; got 2.5"),
+    (dict(lr=float("inf")), "lr: must be a finite number > 0; got inf"),
+    (dict(lr=float("nan")), "lr: must be a finite number > 0; got nan"),
+    (dict(outer_lr=float("inf")), "outer_lr: must be a finite number > 0"),
+    (dict(weight_decay=float("inf")), "weight_decay: must be a finite number >= 0"),
     (dict(momentum=1.5), "momentum: must be in"),
     (dict(lr_schedule="step"), "lr_schedule"),
 ])
 def test_config_errors_name_the_field(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         AlgorithmConfig(**kwargs)
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: RunConfig(seed=-1), "^seed: must be >= 0; got -1$"),     # numpy's ValueError in make_model, before
+    (lambda: RunConfig(units=2.5), "^units: must be a whole number; got 2.5$"),
+    (lambda: RunConfig(epochs=1.5), "^epochs: must be a whole number; got 1.5$"),
+    (lambda: DataConfig(train_limit=2.5), "^train_limit: must be a whole number; got 2.5$"),
+])
+def test_counts_are_whole_numbers(make, message):
+    with pytest.raises(ConfigError, match=message):
+        make()
+    assert RunConfig(seed=np.int64(3), units=np.int64(2)).units == 2      # numpy's integers are whole
 
 
 def test_per_unit_lists_must_match_units():

@@ -79,3 +79,19 @@ def test_resuming_from_a_checkpoint_without_a_run_position_is_a_clear_error(tmp_
     p = write_checkpoint(str(tmp_path), "run", 1, np.zeros(4, np.float32), state, key=b"k" * 32)["path"]
     with pytest.raises(CheckpointError, match="holds no run configuration and position"):   # was a KeyError
         resume_point(lenet5_mixbp(), None, "run", path=p)
+
+
+def test_resuming_a_run_with_no_epoch_left_is_a_clear_error(tmp_path):
+    """The same command again after a run ended trained nothing and reported 0 %."""
+    from dataclasses import replace
+
+    from streamnet.training.checkpoint import CheckpointError, write_checkpoint
+    from streamnet.training.config import lenet5_mixbp, run_config_to_dict
+    from streamnet.training.nsmap import resume_point
+    cfg = replace(lenet5_mixbp(), epochs=3)
+    state = {"config": run_config_to_dict(cfg), "position": {"step": 30, "epoch": 3, "round": 0}}
+    p = write_checkpoint(str(tmp_path), "run", 30, np.zeros(4, np.float32), state, key=b"k" * 32)["path"]
+    with pytest.raises(CheckpointError, match="written after epoch 3: with --epochs 3 nothing is left to train; "
+                                              "give more than 3 epochs to go on"):
+        resume_point(cfg, None, "run", path=p)
+    assert resume_point(replace(cfg, epochs=4), None, "run", path=p)["epoch"] == 3

@@ -65,11 +65,13 @@ def test_timed_out_or_stopped_before_its_end_exits_1(e, capsys):
     ["submit", "wordcount", "--wait", "--timeout", "-5"],
     ["kill", "t", "--timeout", "0"],
     ["kill", "t", "--timeout", "-1"],
+    ["kill", "t", "--timeout", "inf"],          # kazoo and Event.wait overflow on it
+    ["kill", "t", "--timeout", "nan"],
 ])
 def test_timeouts_must_be_positive(argv, capsys):
     assert run_main(submit.main, argv + ["--zk", UNREACHABLE_ZK]) == 2
     line = one_line_error(capsys, f"streamnet-submit {argv[0]}")
-    assert "argument --timeout: must be > 0" in line
+    assert "argument --timeout: must be a finite number > 0" in line
 
 
 def test_plot_of_an_epoch_record_without_test_accuracy_names_the_line(tmp_path, capsys):

@@ -79,6 +79,16 @@ def test_zk_port_not_a_number(capsys):
     (["--port", "-5"], "argument --port: must be from 0 to 65535"),
     (["--threads", "0"], "argument --threads: must be an integer >= 1; got 0"),
     (["--zk", "zk1:2181,zk2:x"], "argument --zk: 'zk2:x' is not HOST:PORT"),
+    (["--session-timeout", "inf"], "argument --session-timeout: must be a finite number > 0; got inf"),
+    # a worker's id is one node under workers/: 'rack1/w1' made a node 'rack1' that
+    # every listing took for a worker, and the leader placed nothing any more
+    (["--name", "rack1/w1"], "argument --name: cannot hold '/'; got 'rack1/w1'"),
+    (["--name", ".."], "argument --name: cannot be '..'"),
+    (["--name", "wé"], "argument --name: must be ASCII; got 'wé'"),
+    (["--name", ""], "argument --name: must be 1 to 200 characters; got 0"),
+    (["--threads", "5000"], "argument --threads: must be at most 1024; got 5000"),   # all started at once
+    # peers would dial 0.0.0.0: their own machine
+    (["--host", "0.0.0.0"], "--host 0.0.0.0 listens on every address; give --advertise-host"),
 ])
 def test_worker_numbers_checked_before_connecting(argv, says, capsys):
     # no --secret-file either: the flag is refused before the secret or ZooKeeper is looked at
@@ -152,7 +162,11 @@ def test_summary_path_checked_before_the_run(command, capsys):
     (["train", "--workers", "0"], "--workers must be >= 1; got 0"),
     (["train", "--batch", "0"], "--batch must be >= 1; got 0"),
     (["train", "--eval-every", "0"], "--eval-every must be >= 1; got 0"),
-    (["train", "--train-limit", "0"], "--train-limit must be positive; got 0"),
+    (["train", "--train-limit", "0"], "--train-limit must be >= 1; got 0"),
+    (["train", "--seed", "-1"], "--seed must be >= 0; got -1"),       # was numpy's ValueError, a traceback
+    (["train", "--lr", "inf"], "--lr must be a finite number > 0; got inf"),
+    (["describe", "lenet5-mixbp", "--set", "name=5", "--set", "dataset=synthetic"],
+     "a topology's name must be a string; got 5"),
     (["train", "--momentum", "1"], "--momentum must be in [0, 1); got 1.0"),
     (["train", "--algorithm", "cumulative", "--sync-period", "4"],
      "--sync-period must be 1 for cumulative, which synchronises every step; got 4"),
@@ -402,3 +416,22 @@ def test_an_error_not_caused_by_an_interrupt_is_not_called_one(monkeypatch):
     monkeypatch.setattr(submit, "cmd_train", _raises(SystemError("a real bug")))
     with pytest.raises(SystemError, match="a real bug"):
         submit.main(["train", "--in-process", "--dataset", "synthetic"])
+
+
+@pytest.mark.parametrize("command", [["train", "--dataset", "synthetic"],
+                                     ["submit", "lenet5-mixbp", "--zk", UNREACHABLE_ZK]])
+def test_a_checkpoint_dir_that_is_a_file_is_refused_before_the_run(command, tmp_path, capsys):
+    """Every checkpoint write failed, logged while the run went on, and a Ctrl-C then said
+    there was no --checkpoint-dir."""
+    f = tmp_path / "ck"
+    f.write_text("")
+    assert run_main(submit.main, command + ["--checkpoint-dir", str(f)]) == 2
+    assert f"--checkpoint-dir {f} is a file; give a directory" in one_line_error(capsys, "streamnet-submit")
+
+
+def test_a_summary_without_wait_is_refused_as_a_metrics_log_is(tmp_path, capsys):
+    """Without --wait nothing follows the run to its end: the summary was silently not written."""
+    for flag, says in (("--summary", "--summary needs --wait"), ("--metrics-log", "--metrics-log needs --wait")):
+        argv = ["submit", "wordcount", flag, str(tmp_path / "out"), "--zk", UNREACHABLE_ZK]
+        assert run_main(submit.main, argv) == 2
+        assert says in one_line_error(capsys, "streamnet-submit")

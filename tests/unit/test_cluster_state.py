@@ -1,4 +1,5 @@
-"""ClusterState over a coordinator whose connection drops with a write in flight."""
+"""ClusterState over a coordinator whose connection drops with a write in flight; what it
+lists as workers."""
 import pytest
 
 from streamnet.runtime.control.cluster_state import ClusterState
@@ -71,3 +72,14 @@ def test_done_marks_and_results_survive_a_lost_connection(states, drop):
     mine.publish_result("t", "sync.0.stats", {"steps": 7})
     assert other.done_tasks("t") == {3}
     assert other.results("t") == {"sync.0.stats": {"steps": 7}}
+
+
+def test_a_node_under_workers_that_holds_no_info_is_no_worker(states):
+    """A worker once named 'rack1/w1' made its parent 'rack1' a permanent node with no
+    data: listed as a worker whose info was None, it broke every placement."""
+    _, state, _ = states
+    state.register_worker("w0", {"host": "127.0.0.1", "port": 1})
+    state.coord.create(state.path("workers", "rack1", "w1"), b"{}", ephemeral=True)
+    state.coord.create(state.path("workers", "garbled"), b"not json")
+    assert state.workers() == {"w0": {"host": "127.0.0.1", "port": 1}}
+

@@ -145,3 +145,24 @@ def test_a_float_label_file_whose_labels_are_not_whole_numbers_is_refused(tmp_pa
         _load(tmp_path, "idx")
     write_idx(tmp_path / "train-labels-idx1-ubyte", np.array([0.0, 1.0, 3.0, 2.0][:len(labels)], ">f4"))
     assert _load(tmp_path, "idx").train.labels.tolist() == [0, 1, 3, 2][:len(labels)]    # whole: fine
+
+
+def test_a_dataset_with_no_samples_left_to_train_on_is_refused(tmp_path):
+    """Every label out of range (mnist's are 0-9): the spout divided by its 0 rounds, or,
+    under load balancing, the run ended at once and reported an untrained model."""
+    _label_dir(tmp_path, [10, 11, 12])
+    with pytest.raises(DataError, match=r"dataset mnist: no train samples \(3 quarantined: "):
+        _load(tmp_path, "mnist")
+    _label_dir(tmp_path, [], [])
+    with pytest.raises(DataError, match=r"dataset idx: no train samples; nothing to train on"):
+        _load(tmp_path, "idx")
+    _label_dir(tmp_path, [1, 2], [12])
+    with pytest.raises(DataError, match=r"dataset mnist: no test samples \(1 quarantined"):
+        _load(tmp_path, "mnist")
+
+
+def test_images_of_no_pixels_are_refused(tmp_path):
+    _label_dir(tmp_path, [0, 1])
+    write_idx(tmp_path / "train-images-idx3-ubyte", np.zeros((2, 0, 0), np.uint8))    # an IndexError in training
+    with pytest.raises(DataError, match="train-images-idx3-ubyte: images must be square, with pixels; got 0x0"):
+        _load(tmp_path, "idx")

@@ -79,6 +79,22 @@ def test_an_epoch_ended_without_evaluation_is_in_the_history_with_no_test_figure
     assert s.extra["accuracy_at_s"] == [[21.0, 0.5], [26.0, 0.75]]
 
 
+def test_a_run_stopped_before_an_evaluated_epoch_reports_no_accuracy_not_zero():
+    """Its summary said test_accuracy 0.0 and `train` printed "final test accuracy 0.00%";
+    a run stopped after an unevaluated epoch said its older accuracy was the final one."""
+    r = _results()
+    r["eval.0.history"] = []
+    s = summarise(lenet5_mixbp(eval_every_epochs=2, epochs=3), r, workers=2)
+    assert s.test_accuracy is None and s.test_loss is None and s.to_dict()["test_accuracy"] is None
+    assert s.accuracy_line() == "no test accuracy (the run ended before an evaluated epoch did)"
+    r["eval.0.history"] = _results()["eval.0.history"][:1]
+    r["sync.0.stats"] = _stats(epoch_clock={1: EpochSpan(start=100.0, end=110.0, samples=200),
+                                            2: EpochSpan(start=110.0, end=120.0, samples=200)}).to_dict()
+    s = summarise(lenet5_mixbp(eval_every_epochs=1, epochs=3), r, workers=2)
+    assert s.accuracy_line() == "test accuracy 50.00% (after epoch 1; epoch 2 ended unevaluated)"
+    assert summarise(lenet5_mixbp(), _results(), workers=2).accuracy_line() == "test accuracy 75.00%"
+
+
 @pytest.mark.parametrize("key", ["sync.0.stats", "eval.0.history", "data.0.replayed", "checkpoint.0.checkpoints"])
 def test_a_missing_record_is_an_error_naming_it(key):
     r = _results()

@@ -67,7 +67,7 @@ def test_the_process_key_signs_and_verifies_by_default_within_its_block(tmp_path
 def test_resume_refuses_a_forged_checkpoint_naming_it(tmp_path):
     from streamnet.training.config import SETUPS, with_overrides
     from streamnet.training.nsmap import resume_point
-    cfg = with_overrides(SETUPS["lenet5-mixbp"](), {"epochs": 1})
+    cfg = with_overrides(SETUPS["lenet5-mixbp"](), {"epochs": 2})
     from streamnet.training.config import run_config_to_dict
     state = {"config": run_config_to_dict(cfg), "position": {"step": 4, "epoch": 1, "round": 2}}
     with ck.signing_with(b"s" * 32):
@@ -179,3 +179,40 @@ def test_a_run_does_not_list_the_checkpoints_of_a_run_whose_name_holds_its_own(t
         with pytest.raises(CheckpointError, match="no checkpoint of 'run'"):
             latest_checkpoint(d, "run")
         assert [step for step, _ in list_checkpoints(d, "run-foo-run")] == [1]
+
+
+def test_submit_resume_skips_a_newest_checkpoint_without_the_mac_also_when_it_builds_again(tmp_path, monkeypatch):
+    """`submit --resume` builds its topology twice (the second time for the cluster's default
+    sync tasks): the second build ran without the secret and took the newest checkpoint
+    whatever its MAC, which the workers then refused, failing the run, where README says
+    the one before it is used."""
+    from streamnet.cli import cluster_commands, submit
+    from streamnet.cli.common import read_secret, write_secret
+    from streamnet.runtime.control.cluster_state import ClusterState
+    from streamnet.runtime.control.inprocess import InProcessServer
+    from streamnet.runtime.control.roles import parse
+    from streamnet.training.config import run_config_to_dict
+    from streamnet.training.nsmap import default_name, run_config_of
+    secret_file, ckdir = str(tmp_path / "secret"), str(tmp_path / "ck")
+    write_secret(secret_file)
+    argv = ["submit", "lenet5-mixbp", "--dataset", "synthetic", "--secret-file", secret_file,
+            "--zk", "127.0.0.1:1", "--cluster", "c"]
+    topo, _ = cluster_commands.build_topology("lenet5-mixbp", {"dataset": "synthetic"})
+    cfg = run_config_of(topo)
+    state = {"config": run_config_to_dict(cfg), "position": {"step": 10, "epoch": 1, "round": 0}}
+    signed = write_checkpoint(ckdir, default_name(cfg), 10, np.ones(4, np.float32), state,
+                              key=checkpoint_key(parse(read_secret(secret_file))[1]))
+    write_checkpoint(ckdir, default_name(cfg), 20, np.ones(4, np.float32), dict(state, position={
+        "step": 20, "epoch": 1, "round": 5}))         # newer, written without the cluster's key
+    server = InProcessServer()
+    try:
+        cluster = ClusterState(server.session(), "c")
+        for w in ("w0", "w1"):
+            cluster.register_worker(w, {"host": "127.0.0.1", "port": 1})
+        monkeypatch.setattr(cluster_commands, "connect", lambda a: (server.session(), cluster, None))
+        assert submit.main(argv + ["--resume", "--checkpoint-dir", ckdir]) == 0
+        spec = cluster.topology(default_name(cfg))
+    finally:
+        server.shutdown()
+    sync = next(c for c in spec["components"] if c["id"] == "sync")
+    assert sync["config"]["resume"]["path"] == signed["path"] and sync["parallelism"] == 2

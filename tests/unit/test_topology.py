@@ -1,4 +1,5 @@
 import json
+import re
 
 import msgpack
 import pytest
@@ -109,3 +110,16 @@ def test_a_topology_of_more_tasks_than_an_assignment_can_hold_is_refused():
     b.add_bolt("x", SPLIT, parallelism=1).shuffle("s")
     with pytest.raises(TopologyError, match=f"has {MAX_TASKS + 1} tasks; at most {MAX_TASKS}"):
         b.build()
+
+
+@pytest.mark.parametrize("name,says", [
+    ("a/b", "cannot hold '/'"), ("..", "cannot be '..'"), ("", "must be 1 to 200 characters"),
+    ("x" * 201, "must be 1 to 200 characters; got 201"), ("a\nb", "cannot hold '\\n'"), (5, "must be a string; got 5"),
+])
+def test_a_topology_name_is_one_zookeeper_node(name, says):
+    """The name is a node under topologies/: 'a/b' would be a deeper path, and 5 (from
+    `--set name=5`) raised a TypeError."""
+    with pytest.raises(TopologyError, match="a topology's name " + re.escape(says)):
+        TopologyBuilder(name)
+    with pytest.raises(TopologyError, match=re.escape(says)):
+        Topology.from_dict({"name": name, "components": [], "config": {}})

@@ -110,12 +110,18 @@ class ClusterState:
         self.coord.set(self.path("workers", worker_id), _j(info))
 
     def workers(self) -> dict[str, dict]:
+        """The registered workers' infos; a node under workers/ that holds none is no
+        worker (one made by hand, or the parent of a node named 'a/b' by an older version)."""
         out = {}
         for w in self.coord.children(self.path("workers")):
             try:
-                out[w] = _unj(self.coord.get(self.path("workers", w))[0])
+                info = _unj(self.coord.get(self.path("workers", w))[0])
             except NoNodeError:
-                pass  # left between the listing and the read
+                continue  # left between the listing and the read
+            except ValueError:
+                info = None
+            if isinstance(info, dict):
+                out[w] = info
         return out
 
     def watch_workers(self, callback: Callable[[list[str]], None]):
