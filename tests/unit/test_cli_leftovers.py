@@ -17,7 +17,7 @@ from tests.unit.test_cli_mistakes import UNREACHABLE_ZK, one_line_error, run_mai
 
 @pytest.mark.parametrize("argv,says", [
     (["--port", "-5"], "argument --port: must be from 0 to 65535"),
-    (["--poll", "0"], "argument --poll: must be > 0"),
+    (["--poll", "0"], "argument --poll: must be a finite number > 0"),
     (["--log-level", "verbose"], "argument --log-level: invalid choice: 'VERBOSE'"),
     (["--zk", "host:abc"], "argument --zk: 'host:abc' is not HOST:PORT"),
 ])
