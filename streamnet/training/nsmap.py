@@ -98,18 +98,37 @@ def resume_point(cfg: RunConfig, checkpoint_dir: str | None, name: str, path: st
             and all(isinstance(position.get(k), int) for k in ("step", "epoch", "round"))):
         raise CheckpointError(f"{path} holds no run configuration and position to resume from "
                               "(not a checkpoint of a training run)")
-    saved, now = state["config"], run_config_to_dict(cfg)
-    free = {"epochs", "threads", "sync_tasks"}    # may change; everything else decides the arithmetic
-    differ = sorted(k for k in set(saved) | set(now) if k not in free and saved.get(k) != now.get(k))
+    saved, now = _settings(state["config"]), _settings(run_config_to_dict(cfg))
+    differ = sorted(k for k in saved.keys() | now.keys() if k not in FREE_ON_RESUME and saved.get(k) != now.get(k))
     if differ:
-        raise CheckpointError(f"{path} was written by a run with different {', '.join(differ)}: "
-                              f"{ {k: saved.get(k) for k in differ} }; resume with the same settings")
+        raise CheckpointError(f"{path} was written by a run with different settings: "
+                              + ", ".join(f"{k} {saved.get(k)!r} (now {now.get(k)!r})" for k in differ)
+                              + "; resume with the same settings")
     if position["epoch"] >= cfg.epochs:
         raise CheckpointError(f"{path} was written after epoch {position['epoch']}: with --epochs {cfg.epochs} "
                               f"nothing is left to train; give more than {position['epoch']} epochs to go on")
     return {"path": os.path.abspath(path), "sha256": ck["sha256"], "step": position["step"],
             "epoch": position["epoch"], "round": position["round"],
             "shares": position.get("shares")}    # the load balancer's, with --balance load
+
+
+#: settings a resumed run may change: none of them decides the training's arithmetic
+FREE_ON_RESUME = {"epochs", "threads", "sync_tasks", "eval_every_epochs", "data.test_limit", "data.synthetic_test"}
+
+
+def _settings(config: dict) -> dict:
+    """A run configuration as flat settings ("data.data_dir": ...), the data directory as
+    the one it stands for: the default's path given with --data is the same data."""
+    from ..data.datasets import DEFAULT_DIRS
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    data = flat.get("data.data_dir") or os.environ.get("STREAMNET_DATA") or DEFAULT_DIRS.get(flat.get("data.dataset"))
+    flat["data.data_dir"] = os.path.realpath(data) if data else None
+    return flat
 
 
 def check_recorded(spec: dict, pointer: dict | None) -> None:

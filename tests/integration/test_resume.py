@@ -69,7 +69,7 @@ def test_resume_refuses_a_corrupt_checkpoint_and_uses_the_previous(tmp_path, cap
                "units": replace(c, units=3, threads=3),
                "seed": replace(c, seed=6)}
     for field, other in changed.items():
-        with pytest.raises(CheckpointError, match=f"different {field}: "):
+        with pytest.raises(CheckpointError, match=f"different settings: {field}"):
             train_on_local_cluster(other, workers=2, checkpoint_dir=str(ckdir), name="run", resume=True)
 
 

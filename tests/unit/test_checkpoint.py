@@ -1,3 +1,6 @@
+import os
+import re
+
 import numpy as np
 import pytest
 
@@ -95,3 +98,29 @@ def test_resuming_a_run_with_no_epoch_left_is_a_clear_error(tmp_path):
                                               "give more than 3 epochs to go on"):
         resume_point(cfg, None, "run", path=p)
     assert resume_point(replace(cfg, epochs=4), None, "run", path=p)["epoch"] == 3
+
+
+def test_resume_compares_what_the_settings_mean_and_names_both_values(tmp_path, monkeypatch):
+    """The default data directory given with --data was refused as 'different data', and the
+    message showed only the saved value; --test-limit and --eval-every, which do not touch
+    the training, were refused too."""
+    from dataclasses import replace
+
+    from streamnet.data.datasets import DEFAULT_DIRS
+    from streamnet.training.checkpoint import CheckpointError, write_checkpoint
+    from streamnet.training.config import lenet5_mixbp, run_config_to_dict
+    from streamnet.training.nsmap import resume_point
+    monkeypatch.delenv("STREAMNET_DATA", raising=False)
+    cfg = replace(lenet5_mixbp(), epochs=3)
+    state = {"config": run_config_to_dict(cfg), "position": {"step": 10, "epoch": 1, "round": 0}}
+    p = write_checkpoint(str(tmp_path), "run", 10, np.zeros(4, np.float32), state, key=b"k" * 32)["path"]
+    same = replace(cfg, data=replace(cfg.data, data_dir=DEFAULT_DIRS["fashion-mnist"] + "/", test_limit=500),
+                   eval_every_epochs=2)
+    assert resume_point(same, None, "run", path=p)["step"] == 10
+    lr = cfg.algorithm.lr
+    other = replace(cfg, algorithm=replace(cfg.algorithm, lr=lr * 2), data=replace(cfg.data, data_dir=str(tmp_path)))
+    with pytest.raises(CheckpointError, match=re.escape(
+            f"different settings: algorithm.lr {lr!r} (now {lr * 2!r}), data.data_dir "
+            f"{os.path.realpath(DEFAULT_DIRS['fashion-mnist'])!r} (now {os.path.realpath(tmp_path)!r}); resume "
+            "with the same settings")):
+        resume_point(other, None, "run", path=p)
