@@ -316,10 +316,13 @@ def _allocations(out: dict) -> str:
 
 
 def cotenant_verdict(out: dict) -> str:
-    """Section 4's verdict when the co-tenant experiment ran (out: the section, with its balance)."""
+    """Section 4's verdict when the co-tenant experiment ran (out: the section, with its
+    balance): holds when load balancing helped under the co-tenant and the allocations of
+    the same threads differ (>= 1.1x), partly when one of the two does, else not."""
     bal = out["balance"]
     ratio = bal["ratios"]["epoch_time_load_over_static"]
-    return ("holds" if balancing_helped(bal) else "holds partly") + \
+    helped, differ = balancing_helped(bal), (out.get("spread") or 0) >= 1.1
+    return ("holds" if helped and differ else "holds partly" if helped or differ else "does not hold here") + \
         f": {_allocations(out)}; with a co-tenant on one of two worker cores, " \
         f"load balancing took {', '.join(f'{r:.2f}x' for r in ratio)} the static epoch time (epochs wholly " \
         f"under the co-tenant), accuracy {bal['ratios']['accuracy_load_minus_static_pp']:+.2f} pp" + \
@@ -351,7 +354,8 @@ def loaded_node(report: dict) -> None:
                      else "does not hold here") + rc["verdict"][rc["verdict"].index(":"):rc["verdict"].index(
                          "; a loaded node")] + f"; a loaded node (section 4): load balancing ran the epochs under " \
         f"the co-tenant in {', '.join(f'{r:.2f}x' for r in ratio)} of the static time, shares followed in " \
-        f"{_rounds(bal['load'].get('rounds_to_follow'))} and came back in {_rounds(bal['load'].get('rounds_to_return'))}"
+        f"{_rounds(bal['load'].get('rounds_to_follow'))} and came back in {_rounds(bal['load'].get('rounds_to_return'))}" \
+        + _follow_caveat(bal)
 
 
 def _rounds(n) -> str:

@@ -163,9 +163,30 @@ def test_a_gain_counts_for_the_balancer_only_if_the_shares_followed_within_the_e
     assert balancing_helped(section(1)["balance"])          # followed during epoch 2, the one compared
     late = section(2)
     assert not balancing_helped(late["balance"])
-    assert cotenant_verdict(late).startswith("holds partly")
+    assert cotenant_verdict(late).startswith("holds partly")       # the allocations differ (1.87x)
     assert "in epoch 3, after the epochs compared (2): those ran with the shares set before it" in \
         cotenant_verdict(late)
+    late["spread"] = 1.0           # neither part holds: the verdict could not say so before
+    assert cotenant_verdict(late).startswith("does not hold here")
+    helped = section(1)
+    assert cotenant_verdict(helped).startswith("holds:")
+    helped["spread"] = 1.05
+    assert cotenant_verdict(helped).startswith("holds partly")
+
+
+def test_the_loaded_node_verdict_says_when_the_shares_followed_after_the_epochs_compared():
+    """Section 2 credited a faster epoch under the co-tenant to the balancer although the
+    shares had moved only after it; section 4 said so, section 2 did not."""
+    sys.path.insert(0, os.path.join(ROOT, "perf"))
+    from report import loaded_node
+    load = {"epoch_s": [2.04, 1.99, 1.88, 1.9], "rounds_to_follow": 174, "seconds_to_follow": 3.0,
+            "epoch_followed": 2, "rounds_to_first_change": 174, "rounds_to_return": 55}
+    report = {"recovery": {"failure_ok": True, "verdict": "holds: a node failure: fine; a loaded node: x"},
+              "threads": {"balance": {"ratios": {"epoch_time_load_over_static": [0.79]}, "load": load}}}
+    loaded_node(report)
+    assert report["recovery"]["verdict"].startswith("holds partly: a node failure: fine; a loaded node (section 4)")
+    assert report["recovery"]["verdict"].endswith("after the epochs compared (2): those ran with the shares set "
+                                                  "before it")
 
 
 def test_the_allocations_compared_are_the_same_two_threads_given_two_ways():
