@@ -3,9 +3,11 @@ each trial SIGKILLs a random worker (the leader included) at a random time.
 
 Reports completed/trials, final accuracy against a fault-free run, detection time
 (kill -> the dead worker's tasks reassigned), resume time (kill -> the next
-synchronisation round completes) and recovery time (kill -> throughput over a 2 s
-window is back to >= 95 % of the survivors' capacity, measured as the steady rate
-from detection + 2 s to the end), and draws throughput over time around each kill.
+synchronisation round completes), recovery time (kill -> throughput over a 2 s
+window is back to >= 95 % of the survivors' steady rate, measured over the later half
+of the time from detection + 2 s to the end) and that steady rate against the rate of
+the 5 s before the kill - recovery to a steady rate says nothing of how fast that rate
+is, this ratio does - and draws throughput over time around each kill.
 
     python perf/chaos.py [--trials 20] [--quick]
 
@@ -21,7 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import every_sample_once, machine, out_option, png_beside, started_zookeeper, write_json  # noqa: E402
+from common import every_sample_once, machine, out_option, png_beside, spread, started_zookeeper, write_json  # noqa: E402
 
 from streamnet.runtime import wait_for  # noqa: E402
 from streamnet.runtime.control import is_done  # noqa: E402
@@ -43,20 +45,36 @@ def rounds_at(timeline: list, t: float) -> float:
     return prev[1]
 
 
+def rate_before(timeline: list, kill_s: float, span: float = 5.0) -> float | None:
+    """Rounds/s over the `span` seconds of progress before the kill."""
+    before = [x for x in timeline if kill_s - span <= x[0] <= kill_s]
+    if len(before) < 2 or before[-1][0] <= before[0][0]:
+        return None
+    return (before[-1][1] - before[0][1]) / (before[-1][0] - before[0][0])
+
+
 def recovery(timeline: list, kill_s: float, detection_s: float, window: float = 2.0) -> dict:
-    """Survivors' capacity (rounds/s from detection + 2 s to the end) and the first time
-    after the kill at which a `window`-second rate reaches 95 % of it."""
+    """The survivors' steady rate (rounds/s over the later half of the time from detection
+    + 2 s to the end: a slow ramp back does not lower it), the first time after the kill
+    at which a `window`-second rate reaches 95 % of it, and that steady rate over the rate
+    before the kill (a rate that fell for good is 'recovered' to at once: this ratio says so)."""
     end = timeline[-1][0]
     start = kill_s + detection_s + 2.0
+    before = rate_before(timeline, kill_s)
+    out = {"capacity_rps": None, "recovered_s": None, "rate_before_rps": before, "steady_over_before": None}
     if end - start < 3.0:
-        return {"capacity_rps": None, "recovered_s": None}
-    capacity = (rounds_at(timeline, end) - rounds_at(timeline, start)) / (end - start)
+        return out
+    mid = (start + end) / 2
+    capacity = out["capacity_rps"] = (rounds_at(timeline, end) - rounds_at(timeline, mid)) / (end - mid)
+    if before:
+        out["steady_over_before"] = capacity / before
     t = kill_s
     while t + window <= end:
         if (rounds_at(timeline, t + window) - rounds_at(timeline, t)) / window >= 0.95 * capacity:
-            return {"capacity_rps": capacity, "recovered_s": t - kill_s}
+            out["recovered_s"] = t - kill_s
+            break
         t += 0.1
-    return {"capacity_rps": capacity, "recovered_s": None}
+    return out
 
 
 def trial(zk_hosts: str, cfg, rng: random.Random, kill_at: float | None, name: str) -> dict:
@@ -103,9 +121,6 @@ def trial(zk_hosts: str, cfg, rng: random.Random, kill_at: float | None, name: s
     out["train_s"] = s.train_s      # the run's start to its last combine: not the teardown after it
     if kill_at is not None:
         out.update(recovery(timeline, out["kill_at_s"], out["detection_s"]))
-        before = [x for x in timeline if out["kill_at_s"] - 5 <= x[0] <= out["kill_at_s"]]
-        out["rate_before_rps"] = ((before[-1][1] - before[0][1]) / (before[-1][0] - before[0][0])
-                                  if len(before) > 1 and before[-1][0] > before[0][0] else None)
     out.update({"completed": True, "test_accuracy": s.test_accuracy,
                 "each_sample_counted_once": every_sample_once(cfg, s),
                 "samples_replayed": s.extra["samples_replayed"], "sync_recoveries": s.extra["sync_recoveries"],
@@ -115,6 +130,15 @@ def trial(zk_hosts: str, cfg, rng: random.Random, kill_at: float | None, name: s
 
 def _s(v) -> str:
     return "n/a" if v is None else f"{v:.1f} s"
+
+
+def _spread_of(values: list) -> dict | None:
+    known = [v for v in values if v is not None]
+    return spread(known) if known else None
+
+
+def _x(v) -> str:
+    return "n/a" if v is None else f"{v:.2f}x"
 
 
 def main() -> int:
@@ -147,7 +171,8 @@ def main() -> int:
             k = r.get("killed") or {}
             print(f"trial {i + 1:2d}: killed {k.get('worker')}{' (leader)' if k.get('was_leader') else ''} "
                   f"tasks {k.get('tasks')}: " + (f"detected {r['detection_s']:.1f} s, resumed {r['resume_s']:.1f} s, "
-                                                 f"recovered {_s(r.get('recovered_s'))}, "
+                                                 f"recovered {_s(r.get('recovered_s'))} to "
+                                                 f"{_x(r.get('steady_over_before'))} the rate before the kill, "
                                                  f"accuracy {r['test_accuracy']:.2%}, counted once "
                                                  f"{r['each_sample_counted_once']}" if r["completed"] else r["error"]))
             write_json(a.out, out)
@@ -163,6 +188,8 @@ def main() -> int:
         "recovered_within_detection_plus_2s": sum(1 for r in done if r.get("recovered_s") is not None
                                                   and r["recovered_s"] <= r["detection_s"] + 2.0),
         "recovery_not_measurable": sum(1 for r in done if r.get("recovered_s") is None),
+        # what "recovered" recovered to: the survivors' steady rate over the rate before the kill
+        "steady_over_before": _spread_of([r.get("steady_over_before") for r in done]),
         "all_counted_once": all(r["each_sample_counted_once"] for r in done) if done else None,
     }
     print(out["summary"])
