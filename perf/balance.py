@@ -5,7 +5,9 @@ co-tenant slowing one node, with --balance static against --balance load.
     2 compute threads each, and 1 or 2 units: samples/s of each allocation.
 (b) co-tenant: 2 worker processes pinned to their own cores (taskset); halfway
     through epoch 1 a CPU-bound process is started on the core of the worker that
-    hosts unit 1 and stopped halfway through the last epoch. The same run with
+    hosts unit 1 and stopped halfway through the last epoch (3 epochs) or the one
+    before it (4 or more, the default: the shares get the rest of the run to come
+    back). The same run with
     static and with load balancing: each epoch's time, rounds/s and each unit's
     batch share over time, accuracy at the end; how many rounds the shares took to
     follow the co-tenant and to come back: the data spout's step when the co-tenant

@@ -56,8 +56,18 @@ def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name as /proc/cpuinfo gives it (platform names the kernel, not the host)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        return None
+
+
 def machine() -> dict:
-    return {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+    return {"cpu_count": os.cpu_count(), "cpu_model": cpu_model(), "hostname": platform.node(),
+            "platform": platform.platform(), "python": platform.python_version(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
             # numpy's OpenBLAS kernel family, where the environment names one: it decides the GEMMs' speed
             # (2026-12-01, this AVX-512 host: Haswell 130 GFLOP/s against SkylakeX 240 for a 512^3 matmul)
