@@ -63,13 +63,17 @@ def _config(mode: str, workers: int, a):
 
 
 def epoch_rate(history) -> float | None:
-    """samples/s over the epochs' own time: for the in-process trainer its training loops
-    (its evaluations, run between epochs, are not in them), for the engine each epoch's
-    span from its first round to its last (an evaluation running beside the next epoch
-    is in it, the start-up, the first parameters and the last evaluation are not) - the
+    """samples/s over the epochs' own time after the first: for the in-process trainer
+    its training loops (its evaluations, run between epochs, are not in them), for the
+    engine each epoch's span from the end of the one before to its last round (an
+    evaluation running beside the next epoch is in it, the last evaluation is not) - the
     like-for-like rate, where samples_per_s takes the engine over the sync task's whole
-    life against the in-process trainer's loops alone."""
+    life against the in-process trainer's loops alone. The engine's first epoch starts
+    at the run's start (its start-up and first parameters are in it), so the first epoch
+    is left out on both sides where a later one was timed."""
     spans = [(h.samples, h.seconds) for h in history if h.seconds and h.samples]
+    if len(spans) > 1 and history[0].seconds and history[0].samples:
+        spans = spans[1:]
     return sum(n for n, _ in spans) / sum(t for _, t in spans) if spans else None
 
 

@@ -35,3 +35,15 @@ def test_the_spread_of_a_few_values_stays_within_them():
     s = spread([1.0, 2.0, 4.0])
     assert 1.0 <= s["q1"] <= s["median"] == 2.0 <= s["q3"] <= 4.0
     assert spread([3.0]) == {"median": 3.0, "q1": 3.0, "q3": 3.0, "n": 1}
+
+
+def test_the_epochs_own_rate_leaves_out_the_first_epoch_whose_clock_starts_with_the_run():
+    """The engine's epoch 1 runs from the run's start (start-up and first parameters in it):
+    counted, the 'epochs' own time' ratio was the samples/s ratio under another name."""
+    from types import SimpleNamespace as E
+
+    from scaling import epoch_rate
+    assert epoch_rate([E(samples=100, seconds=4.0), E(samples=100, seconds=1.0), E(samples=100, seconds=1.0)]) == 100.0
+    assert epoch_rate([E(samples=100, seconds=4.0)]) == 25.0                 # one epoch: what there is
+    assert epoch_rate([E(samples=0, seconds=0.0), E(samples=100, seconds=2.0)]) == 50.0   # epoch 1 not timed here
+    assert epoch_rate([]) is None
