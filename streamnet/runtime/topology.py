@@ -129,6 +129,16 @@ class Declarer:
         return self._sub(component, {"type": "custom", "class": grouping, "config": config}, stream)
 
 
+def spec_version(spec: dict) -> int:
+    """A spec's version (0 until a rebalance changes its shape), checked: "1" or null
+    (a spec written past the client) was a TypeError on every worker, or an assignment
+    the leader wrote again on every pass."""
+    v = spec.get("version", 0)
+    if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+        raise TopologyError(f"topology {spec.get('name')!r}: version must be a whole number >= 0; got {v!r}")
+    return v
+
+
 class TopologyBuilder:
     def __init__(self, name: str):
         problem = name_problem(name)
@@ -230,6 +240,7 @@ class Topology:
         problem = name_problem(self.spec.get("name"))
         if problem:
             raise TopologyError(f"a topology's name {problem}")
+        spec_version(self.spec)
         ids = [c["id"] for c in self.components]
         if not ids:
             raise TopologyError(f"topology {self.name!r} has no components")

@@ -31,7 +31,7 @@ from .control.scheduler import SchedulerService
 from .json_reply import json_reply
 from .load import LoadMeter
 from .dataplane.topology_runtime import TopologyRuntime
-from .topology import DEFAULT_ALLOWED_MODULES, TopologyError, resolve
+from .topology import DEFAULT_ALLOWED_MODULES, TopologyError, resolve, spec_version
 from .dataplane.guard import HEADER_TIMEOUT_S, ConnectionGuard, GuardedRunner
 from .dataplane.transport import Auth, StreamServer
 
@@ -67,6 +67,10 @@ class Worker:
         self.started = asyncio.Event()
         self._unwatch: list = []
         self._watched: set[str] = set()
+        # one assignment applied at a time per topology: two events close together (the first
+        # placement, then a change) each found no runtime across their awaits and each built
+        # one, and the first one's tasks ran on, duplicated, never stopped
+        self._applying: dict[str, asyncio.Lock] = {}
         self.closing = False
         self.scheduler = SchedulerService(state, worker_id, self.auth) if schedule else None
         self.publisher = ResultPublisher(state)
@@ -301,6 +305,11 @@ class Worker:
     async def _on_assignment(self, name: str, assignment: Assignment | None, version: int) -> None:
         if assignment is None or self.closing:
             return
+        async with self._applying.setdefault(name, asyncio.Lock()):
+            if not self.closing:
+                await self._apply_assignment(name, assignment, version)
+
+    async def _apply_assignment(self, name: str, assignment: Assignment, version: int) -> None:
         rt = self.runtimes.get(name)
         if rt is not None and rt.spec_version < assignment.spec_version:
             log.info("worker %s: topology %s changed shape; restarting its tasks here", self.id, name)
@@ -311,9 +320,9 @@ class Worker:
             if status not in RUNNING:
                 return
             spec = await asyncio.to_thread(self.state.topology, name)
-            if spec.get("version", 0) < assignment.spec_version:
-                return  # the new spec is not readable yet; its watch will call again
             try:
+                if spec_version(spec) < assignment.spec_version:
+                    return  # the new spec is not readable yet; its watch will call again
                 rt = TopologyRuntime(self, name, spec)
             except TopologyError as e:
                 self._refuse(name, spec.get("version", 0), e)

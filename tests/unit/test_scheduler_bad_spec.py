@@ -114,3 +114,85 @@ def test_done_markers_and_balance_log_entries_of_another_shape_are_left_out(stat
     assert state.balance_log("t") == [good]                    # `status` raised KeyError 'time'
     state.coord.put(state.path("topologies", "t", "balance"), b"{not json")
     assert state.balance_log("t") == []
+
+
+@pytest.mark.parametrize("request_", [{"parallelism": {"s": "three"}}, {"parallelism": 5}, ["s", 3]])
+def test_a_rebalance_request_of_the_wrong_shape_is_dropped_and_the_run_goes_on(state, request_, caplog):
+    """A ValueError, TypeError or AttributeError in the plan refused the topology on every
+    pass, the request never cleared."""
+    state.submit_topology("t", spec("t"))
+    s = SchedulerService(state, "w0", auth=None, period_s=3600)
+    s.reconcile()
+    before = state.assignment("t")[0]
+    state.coord.put(state.path("topologies", "t", "rebalance"), json.dumps(request_).encode())
+    s.reconcile()
+    s.reconcile()
+    assert state.rebalance_request("t") is None and state.failures("t") == {}
+    assert state.assignment("t")[0] == before
+    assert "rebalance request" in caplog.text and "refused" in caplog.text
+
+
+def test_a_rebalance_request_written_while_the_leader_plans_is_not_lost(state):
+    """The leader cleared the request by name: one written after its read went with it."""
+    state.submit_topology("t", spec("t"))
+    state.request_rebalance("t", {"threads": {"w0": 3}})
+    request, version = state.rebalance_request_version("t")
+    state.request_rebalance("t", {"threads": {"w0": 4}})          # a newer one, mid-pass
+    state.clear_rebalance("t", version)
+    assert state.rebalance_request("t") == {"threads": {"w0": 4}}
+    state.clear_rebalance("t", state.rebalance_request_version("t")[1])
+    assert state.rebalance_request("t") is None
+
+
+@pytest.mark.parametrize("info,problem", [
+    ({"host": "127.0.0.1", "threads": 2}, "port None"),
+    ({"host": "127.0.0.1", "port": 7, "threads": "auto"}, "threads 'auto'"),
+    ({"port": 7}, "no host"),
+])
+def test_a_worker_record_placement_cannot_use_is_left_out_and_the_others_scheduled(state, info, problem, caplog):
+    """A KeyError in the placement refused every topology on every pass."""
+    state.coord.create(state.path("workers", "w9"), json.dumps(info).encode(), ephemeral=True)
+    assert set(state.workers()) == {"w0"}
+    assert f"the node of worker w9 is not a worker's registration ({problem})" in caplog.text
+    state.submit_topology("t", spec("t"))
+    SchedulerService(state, "w0", auth=None, period_s=3600).reconcile()
+    assert state.assignment("t")[0] is not None and state.failures("t") == {}
+
+
+def test_a_topology_node_the_leader_may_not_read_stops_only_that_topology(state, monkeypatch):
+    """A submitter may set a node's ACL: the UnauthorisedError of its status read aborted
+    the whole pass, every pass, and no topology after it was placed or moved."""
+    from streamnet.runtime.control.coordinator import CoordinatorError
+    state.submit_topology("a-locked", spec("a-locked"))
+    state.submit_topology("b-good", spec("b-good"))
+    status = state.status
+
+    def locked(name):
+        if name == "a-locked":
+            raise CoordinatorError("ZooKeeper refused access to /t/topologies/a-locked/status")
+        return status(name)
+    monkeypatch.setattr(state, "status", locked)
+    SchedulerService(state, "w0", auth=None, period_s=3600).reconcile()
+    assert state.assignment("b-good")[0] is not None
+    assert "refused access" in state.failures("a-locked")["refused.scheduler"]
+
+
+def test_a_refusal_is_withdrawn_once_the_topology_is_placed(state):
+    """The refusal stayed in the results after the cause was mended: a submitter waiting
+    then failed on it."""
+    state.submit_topology("t", spec("t", balance="bogus"))
+    s = SchedulerService(state, "w0", auth=None, period_s=3600)
+    s.reconcile()
+    assert "refused.scheduler" in state.failures("t")
+    state.update_topology("t", spec("t"))        # mended (a rebalance, or by hand)
+    s.reconcile()
+    assert state.assignment("t")[0] is not None and state.failures("t") == {}
+
+
+@pytest.mark.parametrize("version", ["1", None, -1, 1.5])
+def test_a_spec_whose_version_is_not_a_whole_number_is_refused(state, version):
+    """"1" was a TypeError on every worker; null an assignment rewritten on every pass."""
+    state.submit_topology("t", dict(spec("t"), version=version))
+    SchedulerService(state, "w0", auth=None, period_s=3600).reconcile()
+    assert state.assignment("t")[0] is None
+    assert f"version must be a whole number >= 0; got {version!r}" in state.failures("t")["refused.scheduler"]

@@ -18,9 +18,9 @@ def stub_service(monkeypatch, planned: list, current: Assignment = CURRENT, spec
     would place on in `planned` and stops there (one_pass)."""
     stub = types.SimpleNamespace(coord=types.SimpleNamespace(session_timeout=4.0),
                                  assignment=lambda name: (current, 3), topology=lambda name: spec or {},
-                                 applied_workers=lambda *a: None, rebalance_request=lambda *a: None, **state)
+                                 applied_workers=lambda *a: None, rebalance_request_version=lambda *a: (None, -1), **state)
     s = SchedulerService(stub, "w0", auth=None)
-    s.election = types.SimpleNamespace(node="n-1", join=lambda: None)
+    s.election = types.SimpleNamespace(node="n-1", join=lambda: None, stand=lambda: None)
 
     def plan(spec, workers, *rest):
         planned.append(sorted(workers))

@@ -44,3 +44,46 @@ def test_a_new_topology_is_watched_from_a_thread_while_the_event_loop_goes_on():
     finally:
         state.coord.close()
         server.shutdown()
+
+
+def test_two_assignment_events_close_together_build_one_runtime(monkeypatch):
+    """Each event found no runtime across its awaits (the status and spec reads) and built
+    one; the first one's tasks ran on, duplicated, and were never stopped."""
+    import time
+
+    from streamnet.examples import wordcount
+    from streamnet.runtime import worker as worker_module
+    from streamnet.runtime.assignment import Assignment
+    server = InProcessServer()
+    state = ClusterState(server.session(), "c")
+    topo = wordcount.topology(count=10)
+    state.submit_topology(topo.name, topo.to_dict())
+    built = []
+    real = worker_module.TopologyRuntime
+
+    def counting(*args, **kwargs):
+        built.append(args[1])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(worker_module, "TopologyRuntime", counting)
+    read = state.topology
+
+    def slow_read(name):            # widens the window between the check and the build
+        time.sleep(0.05)
+        return read(name)
+    state.topology = slow_read
+    w = Worker(worker_id="w0", state=state, secret=b"s" * 32, port=0, threads=1, schedule=False)
+
+    async def run():
+        await w.start()
+        try:
+            a = Assignment(tasks={t: "w0" for t in range(topo.num_tasks)}, workers={"w0": f"http://127.0.0.1:{w.port}"},
+                           threads={"w0": 1})
+            await asyncio.gather(w._on_assignment(topo.name, a, 0), w._on_assignment(topo.name, a, 1))
+            assert built == [topo.name] and list(w.runtimes) == [topo.name]
+        finally:
+            await w.stop(drain_s=0)
+    try:
+        asyncio.run(run())
+    finally:
+        state.coord.close()
+        server.shutdown()

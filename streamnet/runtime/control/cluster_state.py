@@ -75,6 +75,25 @@ def _unj(data: bytes | None):
     return None if data is None or data == b"" else json.loads(data)
 
 
+_said: set = set()     # (worker, problem) already logged by workers()
+
+
+def _worker_info_problem(info) -> str | None:
+    """Why a worker node's data is not a registration that placement and the probe can
+    use (None: it is): one written by hand, by another version, or by a client."""
+    if not isinstance(info, dict):
+        return "no info"
+    if not (isinstance(info.get("host"), str) and info["host"]):
+        return "no host"
+    port = info.get("port")
+    if not (isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536):
+        return f"port {port!r}"
+    threads = info.get("threads", 1)
+    if not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
+        return f"threads {threads!r}"
+    return None
+
+
 def _assignment(data: bytes | None) -> Assignment | None:
     """An assignment node, parsed; None where there is none, or where it cannot be read
     (written by something other than the leader): the leader then places the topology
@@ -120,8 +139,12 @@ class ClusterState:
                 continue  # left between the listing and the read
             except ValueError:
                 info = None
-            if isinstance(info, dict):
+            problem = _worker_info_problem(info)
+            if problem is None:
                 out[w] = info
+            elif (w, problem) not in _said:
+                _said.add((w, problem))
+                log.warning("the node of worker %s is not a worker's registration (%s): leaving it out", w, problem)
         return out
 
     def watch_workers(self, callback: Callable[[list[str]], None]):
@@ -178,15 +201,24 @@ class ClusterState:
         self.coord.put(self.path("topologies", name, "rebalance"), _j(request))
 
     def rebalance_request(self, name: str) -> dict | None:
-        try:
-            return _unj(self.coord.get(self.path("topologies", name, "rebalance"))[0])
-        except NoNodeError:
-            return None
+        return self.rebalance_request_version(name)[0]
 
-    def clear_rebalance(self, name: str) -> None:
+    def rebalance_request_version(self, name: str) -> tuple[dict | None, int]:
+        """The request and its node's version (-1: none), for clear_rebalance."""
         try:
-            self.coord.delete(self.path("topologies", name, "rebalance"))
+            data, version = self.coord.get(self.path("topologies", name, "rebalance"))
         except NoNodeError:
+            return None, -1
+        try:
+            return _unj(data), version
+        except ValueError:
+            return {"unreadable": data[:80].decode("utf-8", "replace")}, version
+
+    def clear_rebalance(self, name: str, version: int = -1) -> None:
+        """Remove the request (only as read at `version`: one written since stays)."""
+        try:
+            self.coord.delete(self.path("topologies", name, "rebalance"), version)
+        except (NoNodeError, BadVersionError):
             pass
 
     def put_balance_log(self, name: str, history: list[dict]) -> None:
@@ -334,6 +366,12 @@ class ClusterState:
     def put_result(self, name: str, key: str, data: bytes) -> None:
         """An encoded result, sent again while the connection is lost (it is idempotent)."""
         retry_while_lost(lambda: self.coord.put(self.path("topologies", name, "results", key), data), RESEND_S)
+
+    def withdraw_result(self, name: str, key: str) -> None:
+        try:
+            self.coord.delete(self.path("topologies", name, "results", key))
+        except NoNodeError:
+            pass
 
     def results(self, name: str) -> dict:
         out = {}

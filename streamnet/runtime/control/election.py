@@ -1,15 +1,20 @@
 """Leader election: each candidate holds an ephemeral sequential node under leader/;
 the lowest one leads. When it vanishes (its session ended, or the next in line
-deleted it after confirming the leader dead) the next one takes over. And the
-liveness probe the leader (or the next in line) runs before acting on a report.
+deleted it after confirming the leader dead) the next one takes over; a candidate
+whose node was deleted while its session lives stands again, at the back of the line.
+And the liveness probe the leader (or the next in line) runs before acting on a report.
 """
 from __future__ import annotations
 
 import errno
+import logging
+import threading
 
 from .cluster_state import ClusterState
 from .coordinator import CoordinatorError
 from ...errors import StreamnetError
+
+log = logging.getLogger(__name__)
 
 
 class Election:
@@ -19,14 +24,36 @@ class Election:
         self.leader: str | None = None
         self.kids: list[str] = []      # the candidates' nodes, as the watch last saw them (sorted)
         self._cancel = None
+        self._lock = threading.Lock()  # one node at a time: the watch and a rejoin may both stand
+        self._left = False
 
     def join(self) -> None:
-        self.node = self.state.coord.create(self.state.path("leader", "n-"), self.candidate.encode(),
-                                            ephemeral=True, sequence=True)
+        self.stand()
         if self._cancel is None:
             self._cancel = self.state.coord.watch_children(self.state.path("leader"), self._children)
 
+    def stand(self) -> None:
+        """Hold a candidate node: a new one unless the one we hold is still there (after
+        a session expiry, or once the next in line deleted ours, taking us for dead)."""
+        with self._lock:
+            if self._left or (self.node is not None and self.node.rsplit("/", 1)[-1] in self._kids()):
+                return
+            self.node = self.state.coord.create(self.state.path("leader", "n-"), self.candidate.encode(),
+                                                ephemeral=True, sequence=True)
+
     def _children(self, kids: list[str]) -> None:
+        mine = self.node
+        if mine is not None and not self._left and mine.rsplit("/", 1)[-1] not in kids:
+            # deposed while alive (or our session expired: then the create fails, and the
+            # worker's rejoin stands again on the new session). Before, such a candidate was
+            # neither leader nor in line for good: with two workers, once the other one
+            # died no one led, and no task moved again
+            try:
+                self.stand()
+                log.warning("%s: my candidate node was removed while my session lives (taken for dead?); "
+                            "standing again", self.candidate)
+            except CoordinatorError as e:
+                log.info("%s: could not stand again yet: %s", self.candidate, e)
         self.kids = sorted(kids)
         leader = None
         if kids:
@@ -55,6 +82,8 @@ class Election:
             return []
 
     def leave(self) -> None:
+        with self._lock:
+            self._left = True
         if self._cancel:
             self._cancel()
         if self.node:

@@ -30,12 +30,12 @@ from dataclasses import replace
 
 from .balance import Memory, decide
 from .client import spout_tasks
-from .cluster_state import REFUSED, RUNNING, ClusterState
-from .coordinator import BadVersionError, CoordinatorError, NoNodeError
+from .cluster_state import REFUSED, RUNNING, ClusterState, UnknownTopologyError
+from .coordinator import BadVersionError, ConnectionLostError, CoordinatorError, NoNodeError
 from .election import Election, ProbeInconclusive, probe
 from .placement import NoWorkersError, plan, worker_url
 from ..assignment import Assignment, moved_tasks
-from ..topology import Topology, TopologyError
+from ..topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +89,7 @@ class SchedulerService:
         sessions have probably expired with ours (see the module's docstring)."""
         self._grace_until = time.monotonic() + getattr(self.state.coord, "session_timeout", 0.0)
         self._graced = set()
-        self.election.node = None
-        self.election.join()
+        self.election.stand()
         self._wake.set()
 
     def stop(self) -> None:
@@ -163,6 +162,8 @@ class SchedulerService:
                     self._depose_dead_leader()
                 except CoordinatorError as e:
                     log.warning("checking the leader failed (will retry): %s", e)
+                except Exception:  # noqa: BLE001 - the thread must live on to lead one day
+                    log.exception("checking the leader failed")
                 continue
             try:
                 self.reconcile()
@@ -182,9 +183,9 @@ class SchedulerService:
         reports = self.state.unreachable_reports()
         if leader not in reports:
             return
-        kids = sorted(self.election._kids())
-        if len(kids) < 2 or kids[1] != self.election.node.rsplit("/", 1)[-1]:
-            return    # the candidates changed since the watch saw them
+        kids, node = sorted(self.election._kids()), self.election.node
+        if node is None or len(kids) < 2 or kids[1] != node.rsplit("/", 1)[-1]:
+            return    # the candidates changed since the watch saw them (or we stand again)
         info = self.state.workers().get(leader)
         try:
             why = probe(info, leader, self.auth) if info else "not registered"
@@ -213,20 +214,22 @@ class SchedulerService:
                 del said[gone]
         self._finished_seen &= set(names)     # a name submitted again is a new run
         for name in names:
-            if self.state.status(name) not in RUNNING:
-                continue
             try:
+                if self.state.status(name) not in RUNNING:
+                    continue
                 self._reconcile_topology(name, workers)
             except NoWorkersError as e:
                 log.warning("topology %s: %s", name, e)
-            except (BadVersionError, NoNodeError):
+            except (BadVersionError, NoNodeError, UnknownTopologyError):
                 self._wake.set()  # someone wrote first (or it went away): look again
-            except CoordinatorError:
+            except ConnectionLostError:
                 raise             # the pass as a whole is retried
-            except Exception as e:  # noqa: BLE001 - one topology's spec must not stop the others'
+            except Exception as e:  # noqa: BLE001 - one topology must not stop the others: a spec that
+                # does not place, or a node of it we may not read (a submitter chose its ACL)
                 self._refuse(name, e)
             else:
-                self._refused.pop(name, None)
+                if self._refused.pop(name, None) is not None:
+                    self._withdraw_refusal(name)
 
     def _refuse(self, name: str, error: Exception) -> None:
         """A topology that cannot be scheduled (a spec that does not parse or place: one
@@ -242,6 +245,16 @@ class SchedulerService:
         except CoordinatorError as e:
             del self._refused[name]      # said again on the next pass
             log.warning("topology %s: could not publish why it cannot be scheduled: %s", name, e)
+
+    def _withdraw_refusal(self, name: str) -> None:
+        """A topology this leader refused is placed now (its spec or request was mended):
+        the refusal goes from its results, or a submitter waiting later would fail on it."""
+        try:
+            self.state.withdraw_result(name, f"{REFUSED}scheduler")
+        except CoordinatorError as e:
+            log.warning("topology %s: could not withdraw its refusal: %s", name, e)
+        else:
+            log.info("topology %s: placed after all; its refusal is withdrawn", name)
 
     def _reachable(self, workers: dict) -> dict:
         """The registered workers minus those peers report unreachable and our own probe
@@ -286,16 +299,18 @@ class SchedulerService:
         if current is not None and topology is not None and self._finished(name, topology):
             return
         stopped = self.state.applied_workers(name, version) if current and current.draining else set()
-        request = self.state.rebalance_request(name)
+        request, request_version = self.state.rebalance_request_version(name)
         try:
             step = plan(spec, workers, current, request, stopped, time.time(), topology)
-        except TopologyError as e:
-            if not (request and request.get("parallelism")):
+        except Exception as e:  # noqa: BLE001 - judged below
+            if request is None:
                 raise
-            # the spec the request would make cannot run (written past the client's checks):
-            # the request goes, the topology runs on as it was
-            log.error("topology %s: rebalance request %s refused: %s", name, request, e)
-            self.state.clear_rebalance(name)
+            # the request cannot be carried out (a spec it would make that cannot run, or a
+            # request of the wrong shape, written past the client's checks): the request
+            # goes, the topology runs on as it was (the next pass places it without it)
+            log.error("topology %s: rebalance request %r refused: %s: %s", name, request, type(e).__name__, e)
+            self.state.clear_rebalance(name, request_version)
+            self._wake.set()
             return
         for note in step.notes:
             log.info("topology %s: %s", name, note)
@@ -316,7 +331,7 @@ class SchedulerService:
                 self._log_moves(name, current, assignment, workers)
             self.state.write_assignment(name, assignment, version)
         if step.request == {}:
-            self.state.clear_rebalance(name)
+            self.state.clear_rebalance(name, request_version)
         elif step.request:
             self.state.request_rebalance(name, step.request)
         if step.again:
