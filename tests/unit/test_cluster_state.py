@@ -83,3 +83,20 @@ def test_a_node_under_workers_that_holds_no_info_is_no_worker(states):
     state.coord.create(state.path("workers", "garbled"), b"not json")
     assert state.workers() == {"w0": {"host": "127.0.0.1", "port": 1}}
 
+
+
+def test_a_name_submitted_again_starts_clean_of_what_a_racing_kill_left(states):
+    """A leader pass that read the spec before a kill wrote the assignment after it (the same
+    name submitted again then looked placed, and no worker started it); a late result made
+    the topology's node again, without a spec (the name then read as already submitted)."""
+    from streamnet.runtime.control.cluster_state import TopologyExistsError
+    _, state, _ = states
+    state.coord.create(state.path("assignments", "t"), b'{"tasks": {}}')       # the orphan
+    state.publish_result("u", "refused.scheduler", "late")                     # makes topologies/u again
+    for name in ("t", "u"):
+        state.submit_topology(name, {"name": name})
+        assert state.topology(name) == {"name": name} and state.status(name) == "active"
+    assert state.assignment("t")[0] is None and state.results("u") == {}
+    with pytest.raises(TopologyExistsError, match="'t' is already submitted"):
+        state.submit_topology("t", {"name": "t"})
+    assert state.topology("t") == {"name": "t"}

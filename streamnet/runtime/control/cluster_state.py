@@ -180,8 +180,25 @@ class ClusterState:
 
     # -- topologies ---------------------------------------------------------------
     def submit_topology(self, name: str, spec: dict) -> None:
+        """A new topology. What a kill racing the leader's pass or a worker's late write
+        left of an earlier one of this name goes first: an assignment the leader wrote
+        after the kill (the new run's placement then looked unchanged, and no worker
+        started it), or a topology node a late result made again, holding no spec (the
+        name then read as submitted)."""
+        path = self.path("topologies", name)
         try:
-            self.coord.create(self.path("topologies", name), _j(spec))
+            left = not self.coord.get(path)[0]
+        except NoNodeError:
+            left = None
+        if left is False:
+            raise TopologyExistsError(f"topology {name!r} is already submitted; kill it first")
+        for stale in ((path,) if left else ()) + (self.path("assignments", name),):
+            try:
+                self.coord.delete(stale, recursive=True)
+            except NoNodeError:
+                pass
+        try:
+            self.coord.create(path, _j(spec))
         except NodeExistsError:
             raise TopologyExistsError(f"topology {name!r} is already submitted; kill it first") from None
         self.coord.create(self.path("topologies", name, "status"), b"active")
