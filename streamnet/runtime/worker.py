@@ -24,7 +24,7 @@ from .dataplane.executor import Wake
 from .control.cluster_state import REFUSED, RUNNING, ClusterState
 from .dataplane.compute import ComputePool
 from .dataplane.cpu_policy import short_slice
-from .control.coordinator import CoordinatorError
+from .control.coordinator import CoordinatorError, NodeExistsError
 from .prometheus import CONTENT_TYPE as PROMETHEUS_TYPE, prometheus
 from .control.publisher import ResultPublisher
 from .control.scheduler import SchedulerService
@@ -176,12 +176,30 @@ class Worker:
         if self.closing:
             return
         log.warning("worker %s: new ZooKeeper session; registering again", self.id)
+        self.loop.call_soon_threadsafe(self._spawn, self._register_again())
+
+    async def _register_again(self) -> None:
+        """Register, and stand for leader, again - retried until both hold or the worker
+        closes: tried once, a lost connection there left the worker running unregistered
+        (given no work) and out of the election for good."""
+        delay, said = 0.1, ""
+        for step in (self._reregister, self.scheduler.rejoin if self.scheduler else None):
+            while step is not None and not self.closing:
+                try:
+                    await asyncio.to_thread(step)
+                    break
+                except Exception as e:  # noqa: BLE001 - a lost connection, the old node not yet gone, ...
+                    if str(e) != said:
+                        said = str(e)
+                        log.warning("worker %s: registering again: %s; retrying", self.id, e)
+                    await asyncio.sleep(delay)
+                    delay = min(2 * delay, 5.0)
+
+    def _reregister(self) -> None:
         try:
             self.state.register_worker(self.id, self.info())
-        except Exception as e:  # noqa: BLE001 - e.g. the old node not yet expired everywhere
-            log.warning("worker %s: re-registration: %s", self.id, e)
-        if self.scheduler:
-            self.scheduler.rejoin()
+        except NodeExistsError:     # a try whose answer was lost made it: it is ours
+            self.state.update_worker(self.id, self.info())
 
     def _threadsafe(self, fn):
         """Coordinator callbacks arrive on its thread; run them on our loop."""

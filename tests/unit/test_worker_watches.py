@@ -87,3 +87,35 @@ def test_two_assignment_events_close_together_build_one_runtime(monkeypatch):
     finally:
         state.coord.close()
         server.shutdown()
+
+
+def test_a_worker_registers_again_after_a_session_expiry_until_it_holds():
+    """Tried once, a lost connection there left the worker running unregistered, given no
+    work, for good."""
+    from streamnet.runtime.control.coordinator import ConnectionLostError
+    server = InProcessServer()
+    state = ClusterState(server.session(), "c")
+    w = Worker(worker_id="w0", state=state, secret=b"s" * 32, port=0, threads=1, schedule=False)
+    register, fails = state.register_worker, [2]
+
+    def flaky(*args):
+        if fails[0]:
+            fails[0] -= 1
+            raise ConnectionLostError("lost the ZooKeeper connection: ConnectionLoss")
+        return register(*args)
+
+    async def run():
+        await w.start()
+        try:
+            state.coord.delete(state.path("workers", "w0"))     # as the session's expiry does
+            state.register_worker = flaky
+            await asyncio.to_thread(w._session_restarted)        # the coordinator's thread calls it
+            await until(lambda: "w0" in state.workers(), "w0 registered again", timeout=10)
+            assert fails == [0]
+        finally:
+            await w.stop(drain_s=0)
+    try:
+        asyncio.run(run())
+    finally:
+        state.coord.close()
+        server.shutdown()

@@ -7,10 +7,13 @@ node's ACL. A client without a credential can neither read nor change the cluste
 (ZooKeeper answers NoAuth); a submitter cannot write assignments. Connection loss
 is retried: reads (idempotent) are sent again after a reconnect, for up to the
 session timeout; a write that was in flight when the connection dropped raises
-ConnectionLostError, since it may or may not have been applied. Every call has a
-deadline (the session timeout): kazoo queues a request while it has no connection
-and would wait for one forever, so without a quorum a caller gets NoQuorumError
-("ZooKeeper has no quorum (1 of 3 servers reachable)") instead of hanging. A session that
+ConnectionLostError, since it may or may not have been applied. Every call but the
+watches has a deadline (the session timeout): kazoo queues a request while it has no
+connection and would wait for one forever, so without a quorum a caller gets NoQuorumError
+("ZooKeeper has no quorum (1 of 3 servers reachable)") instead of hanging. Setting up a
+watch reads its node through kazoo's own retries, which wait for the ensemble however
+long it is away: callers set watches from threads of their own, never from an event
+loop (the worker: _watch_topology). A session that
 expires loses its ephemeral nodes, so owners register `on_session_restart`
 callbacks to re-create them and resynchronise.
 """
