@@ -125,9 +125,10 @@ def test_kill_checkpoint_then_submit_resume_with_two_sync_tasks(zk, tmp_path):
 @fault_scenario
 @pytest.mark.usefixtures("two_sync_tasks")
 def test_sigterm_to_the_workers_stops_with_a_checkpoint_with_two_sync_tasks(zk, tmp_path, monkeypatch):
-    # the resumed run (submit --wait) writes a summary; the first submit does not wait and ignores it
+    # the resumed run (submit --wait) writes a summary (the first submit does not wait: it
+    # would refuse --summary)
     summary = tmp_path / "summary.json"
-    monkeypatch.setattr(faults, "TRAIN_ARGS", faults.TRAIN_ARGS + ["--summary", str(summary)])
+    monkeypatch.setattr(faults, "RESUME_ARGS", ["--summary", str(summary)])
     faults.test_sigterm_to_the_workers_stops_with_a_checkpoint(zk, tmp_path, monkeypatch)
     _ran_with_two_sync_tasks(summary)
 

@@ -103,6 +103,7 @@ def _progressed(state, name, rounds):
 
 
 TRAIN_ARGS = ["--train-limit", "12000", "--test-limit", "2000", "--epochs", "3", "--workers", "2"]
+RESUME_ARGS: list[str] = []     # added to a resumed run's submit (--wait) only
 
 
 def test_kill_checkpoint_then_submit_resume(zk, tmp_path):
@@ -161,7 +162,7 @@ def test_sigterm_to_the_workers_stops_with_a_checkpoint(zk, tmp_path, monkeypatc
         assert "tasks on workers no longer registered: w0, w1 (left there: the topology is done)" in status.stdout, \
             status.stdout
         r = c.submit_cli("submit", "lenet5-mixbp", "--name", "term", "--checkpoint-dir", ckdir, "--resume", "--wait",
-                         *TRAIN_ARGS, timeout=600)
+                         *TRAIN_ARGS, *RESUME_ARGS, timeout=600)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "removed the stopped term" in r.stderr
         # the stopped run was not started again on the new workers before the resume (its
