@@ -360,6 +360,10 @@ def cmd_rebalance(a) -> int:
     coord, state, _ = connect(a)
     try:
         spec = state.topology(a.topology)
+        if request["parallelism"] and spec.get("config", {}).get("fixed_parallelism"):
+            raise StreamnetError(f"topology {a.topology!r} fixes its components' parallelism (a training run's units "
+                                 "and sync slices follow its configuration); --threads WORKER=N may change, "
+                                 "--parallelism may not")
         known = {c["id"] for c in spec["components"]}
         for cid, n in request["parallelism"].items():
             if cid not in known:

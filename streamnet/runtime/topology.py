@@ -29,6 +29,9 @@ DEFAULT_CONFIG = {
     "message_timeout_s": 30.0,     # a root not acked by then is failed and replayed
     "queue_size": 1024,            # inbound tuples per task (backpressure beyond)
     "balance": "static",           # "load": the leader sets work shares and threads by measured speed
+    # the components' parallelism is part of what the topology computes (a training run's
+    # units and sync slices): a rebalance may move its tasks and set threads, not change it
+    "fixed_parallelism": False,
 }
 BALANCE_MODES = ("static", "load")
 #: tasks in one topology, all components together: its assignment (a worker per task)
@@ -267,6 +270,8 @@ class Topology:
                 if g.get("type") not in GROUPINGS:
                     raise TopologyError(f"bolt {c['id']!r}: unknown grouping {g.get('type')!r}; "
                                         f"known: {', '.join(GROUPINGS)}")
+        if not isinstance(self.config.get("fixed_parallelism", False), bool):
+            raise TopologyError(f"fixed_parallelism must be true or false; got {self.config['fixed_parallelism']!r}")
         balance = self.config.get("balance", "static")
         if balance not in BALANCE_MODES:
             raise TopologyError(f"balance must be one of {', '.join(BALANCE_MODES)}; got {balance!r}")

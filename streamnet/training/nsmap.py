@@ -57,9 +57,10 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
     # the spout holds one tree per unit: a round's trees completing is the sync barrier. The
     # timeout covers an epoch's end, whose trees include the evaluation (AlexNet-64 on 10,000
     # test images takes over a minute on one core); a lost worker is handled sooner, when the
-    # assignment changes.
+    # assignment changes. The parallelism is the run's configuration (units, sync slices, eval
+    # tasks): a rebalance of it had the spout cut cfg.units shares for another number of units.
     return b.build(allow_cycles=True, max_spout_pending=2 * cfg.units, message_timeout_s=message_timeout_s,
-                   queue_size=64, balance=cfg.balance)
+                   queue_size=64, balance=cfg.balance, fixed_parallelism=True)
 
 
 #: the most eval tasks a topology gets: each one gathers every slice of the parameters

@@ -196,3 +196,38 @@ def test_a_spec_whose_version_is_not_a_whole_number_is_refused(state, version):
     SchedulerService(state, "w0", auth=None, period_s=3600).reconcile()
     assert state.assignment("t")[0] is None
     assert f"version must be a whole number >= 0; got {version!r}" in state.failures("t")["refused.scheduler"]
+
+
+def test_a_rebalance_of_a_fixed_parallelism_is_dropped_by_the_leader(state, caplog):
+    """A training run's units and sync slices follow its configuration: the data spout cut
+    cfg.units shares for however many compute tasks a rebalance made. Threads may change."""
+    state.submit_topology("t", spec("t", fixed_parallelism=True))
+    s = SchedulerService(state, "w0", auth=None, period_s=3600)
+    s.reconcile()
+    before = state.assignment("t")[0]
+    state.request_rebalance("t", {"parallelism": {"s": 2}, "threads": {}})
+    s.reconcile()
+    assert state.rebalance_request("t") is None and state.assignment("t")[0] == before
+    assert state.topology("t")["components"][0]["parallelism"] == 1
+    assert "fixes its components' parallelism" in caplog.text
+
+
+def test_training_topologies_fix_their_parallelism():
+    from streamnet.training.config import DataConfig, lenet5_mixbp
+    from streamnet.training.nsmap import build_topology
+    assert build_topology(lenet5_mixbp(units=2, data=DataConfig(dataset="synthetic"))).config["fixed_parallelism"]
+    with pytest.raises(Exception, match="fixed_parallelism must be true or false"):
+        from streamnet.runtime.topology import Topology
+        Topology.from_dict(spec("t", fixed_parallelism="yes"))
+
+
+def test_a_rebalance_of_a_fixed_parallelism_is_refused_by_the_client(state, monkeypatch, capsys):
+    from streamnet.cli import cluster_commands, submit
+    state.submit_topology("t", spec("t", fixed_parallelism=True))
+    monkeypatch.setattr(cluster_commands, "connect", lambda a: (state.coord, state, None))
+    monkeypatch.setattr(state.coord, "close", lambda: None)
+    assert submit.main(["rebalance", "t", "--parallelism", "s=2", "--zk", "127.0.0.1:1"]) == 2
+    assert "'t' fixes its components' parallelism" in capsys.readouterr().err
+    assert state.rebalance_request("t") is None
+    assert submit.main(["rebalance", "t", "--threads", "w0=2", "--zk", "127.0.0.1:1"]) == 0
+    assert state.rebalance_request("t") == {"parallelism": {}, "threads": {"w0": 2}}

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from ...errors import StreamnetError
 from ..assignment import DRAIN_TIMEOUT_S, DRAINING, MAX_THREADS, Assignment, threads_ok
-from ..topology import Topology
+from ..topology import Topology, TopologyError
 
 
 class NoWorkersError(StreamnetError):
@@ -81,6 +81,9 @@ def plan(spec: dict, workers: dict[str, dict], current: Assignment | None, reque
     """
     request = request or {}
     if request.get("parallelism") and not (current and current.draining):
+        if spec.get("config", {}).get("fixed_parallelism"):
+            raise TopologyError(f"topology {spec.get('name')!r} fixes its components' parallelism (a training "
+                                "run's units and sync slices); a rebalance may set threads, not parallelism")
         new_spec = copy.deepcopy(spec)
         notes = []
         for comp in new_spec["components"]:
