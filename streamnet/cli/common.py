@@ -254,13 +254,14 @@ def connect(a: argparse.Namespace, worker: bool = False):
     credential instead (runtime/control/roles.py), and is warned once when it holds
     the cluster secret (which lets it do whatever a worker does)."""
     from ..runtime.control import roles
-    from ..runtime.control.cluster_state import ClusterState
+    from ..runtime.control.cluster_state import ClusterState, check_place
     from ..runtime.control.zk import ZkCoordinator
     global _warned_full_access
     if not a.zk:
         raise StreamnetError("no ZooKeeper ensemble given: pass --zk HOST:PORT (or set STREAMNET_ZK)")
     if isinstance(a.zk, BadEnvironment):
         raise a.zk.error()
+    check_place(a.cluster, getattr(a, "zk_root", None) or _zk_root_default())
     secret = read_secret(a.secret_file)
     role = roles.parse(secret)[0].role
     if worker and role != roles.WORKER:

@@ -435,3 +435,16 @@ def test_a_summary_without_wait_is_refused_as_a_metrics_log_is(tmp_path, capsys)
         argv = ["submit", "wordcount", flag, str(tmp_path / "out"), "--zk", UNREACHABLE_ZK]
         assert run_main(submit.main, argv) == 2
         assert says in one_line_error(capsys, "streamnet-submit")
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--cluster", "a/b"], "a cluster's name cannot hold '/'; got 'a/b'"),
+    (["--cluster", ".."], "a cluster's name cannot be '..'"),
+    (["--zk-root", "streamnet"], "the ZooKeeper root must be an absolute path like /streamnet; got 'streamnet'"),
+    (["--zk-root", "/a//b"], "the ZooKeeper root must be an absolute path"),
+])
+def test_a_cluster_place_that_cannot_be_is_refused_before_connecting(argv, says, capsys):
+    """Checked only once the ZooKeeper session was up: with the ensemble away the user was
+    told 'unreachable' (exit 1), not what was wrong with the flag."""
+    assert run_main(submit.main, ["list", "--zk", UNREACHABLE_ZK, *argv]) == 2
+    assert says in one_line_error(capsys, "streamnet-submit")

@@ -75,6 +75,18 @@ def _unj(data: bytes | None):
     return None if data is None or data == b"" else json.loads(data)
 
 
+def check_place(cluster: str, root: str) -> None:
+    """A cluster's name (one ZooKeeper node) and the root it lives under (an absolute path):
+    checked before connecting, so a bad one is a usage error, not news of the ensemble."""
+    from ..names import name_problem
+    problem = name_problem(cluster)
+    if problem:
+        raise StreamnetError(f"a cluster's name {problem}")
+    parts = root.rstrip("/").split("/")[1:] if isinstance(root, str) and root.startswith("/") else []
+    if not parts or any(name_problem(p) for p in parts):
+        raise StreamnetError(f"the ZooKeeper root must be an absolute path like /streamnet; got {root!r}")
+
+
 _said: set = set()     # (worker, problem) already logged by workers()
 
 
@@ -108,10 +120,7 @@ def _assignment(data: bytes | None) -> Assignment | None:
 
 class ClusterState:
     def __init__(self, coord: Coordinator, cluster: str = "default", root: str = "/streamnet"):
-        if not cluster or "/" in cluster:
-            raise StreamnetError(f"cluster name must be non-empty without '/'; got {cluster!r}")
-        if not root.startswith("/") or "" in root.rstrip("/").split("/")[1:] or root.rstrip("/") == "":
-            raise StreamnetError(f"the ZooKeeper root must be an absolute path like /streamnet; got {root!r}")
+        check_place(cluster, root)
         self.coord = coord
         self.cluster = cluster
         self.base = f"{root.rstrip('/')}/{cluster}"
