@@ -66,7 +66,8 @@ class Worker:
         self.runtimes: dict[str, TopologyRuntime] = {}
         self.started = asyncio.Event()
         self._unwatch: list = []
-        self._watched: set[str] = set()
+        # topology -> the cancels of its assignment and status watches, while it is listed
+        self._watched: dict[str, list] = {}
         # one assignment applied at a time per topology: two events close together (the first
         # placement, then a change) each found no runtime across their awaits and each built
         # one, and the first one's tasks ran on, duplicated, never stopped
@@ -242,7 +243,7 @@ class Worker:
         if self.closing:
             return False
         self.closing = True
-        for cancel in self._unwatch:
+        for cancel in self._unwatch + [c for cancels in self._watched.values() for c in cancels]:
             cancel()
         if self.scheduler:
             await asyncio.to_thread(self.scheduler.stop)
@@ -295,10 +296,19 @@ class Worker:
     def _on_topologies(self, names: list[str]) -> None:
         for name in names:
             if name not in self._watched:
-                self._watched.add(name)
+                self._watched[name] = []
                 self._spawn(self._watch_topology(name))
+        listed = set(names)
+        for name in [n for n in self._watched if n not in listed]:
+            # gone: its watches go too (they were kept for every name ever seen, two a name;
+            # a name submitted again is watched anew)
+            for cancel in self._watched.pop(name):
+                cancel()
+            lock = self._applying.get(name)
+            if lock is not None and not lock.locked():
+                del self._applying[name]
         for name in list(self.runtimes):
-            if name not in names:
+            if name not in listed:
                 self._spawn(self._drop_runtime(name))
 
     async def _watch_topology(self, name: str) -> None:
@@ -308,12 +318,13 @@ class Worker:
         links, every other topology's tuples)."""
         on_assignment = lambda a, v: self._spawn(self._on_assignment(name, a, v))    # noqa: E731
         on_status = lambda s: self._spawn(self._on_status(name, s))                   # noqa: E731
+        cancels = self._watched.get(name)
         for watch, callback in ((self.state.watch_assignment, on_assignment), (self.state.watch_status, on_status)):
             cancel = await asyncio.to_thread(watch, name, self._threadsafe(callback))
-            if self.closing:        # stopped meanwhile: its watches were cancelled without this one
-                cancel()
+            if self.closing or self._watched.get(name) is not cancels:
+                cancel()            # stopped, or the topology went, meanwhile: the others were cancelled
                 return
-            self._unwatch.append(cancel)
+            cancels.append(cancel)
 
     def _spawn(self, coro) -> None:
         task = self.loop.create_task(coro)

@@ -24,18 +24,23 @@ def test_a_new_topology_is_watched_from_a_thread_while_the_event_loop_goes_on():
         returned.set()
         return cancel
     state.watch_assignment = slow_watch
+    from streamnet.examples import wordcount
+    state.submit_topology("t", wordcount.topology(name="t", count=10).to_dict())   # listed: the worker watches it
     w = Worker(worker_id="w0", state=state, secret=b"s" * 32, port=0, threads=1, schedule=False)
 
     async def run():
         await w.start()
         try:
-            watches = len(w._unwatch)
-            w._on_topologies(["t"])
             await until(entered.is_set, "watch started")
             # the loop runs this coroutine while the watch is still being made
-            assert not returned.is_set() and len(w._unwatch) == watches
+            assert not returned.is_set() and w._watched == {"t": []}
             release.set()
-            await until(lambda: len(w._unwatch) == watches + 2, "assignment and status watches")
+            await until(lambda: len(w._watched["t"]) == 2, "assignment and status watches")
+            # the topology gone, its watches go (they were kept for every name ever seen)
+            cancels, cancelled = w._watched["t"], []
+            w._watched["t"] = [lambda c=c: (cancelled.append(c), c()) for c in cancels]
+            await asyncio.to_thread(state.remove_topology, "t")
+            await until(lambda: w._watched == {} and len(cancelled) == 2, "its watches cancelled")
         finally:
             release.set()
             await w.stop(drain_s=0)
