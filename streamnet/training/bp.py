@@ -84,6 +84,14 @@ class Contribution:
         return self.loss_sum / max(self.samples, 1)
 
 
+def trained_loss(contributions: Iterable[Contribution]) -> tuple[float, int]:
+    """The training loss summed over the contributions whose update could be used, and
+    their samples: a diverged unit's (not finite, refused by the combine) made its
+    epoch's reported loss NaN. (Its samples still count as processed: the data went.)"""
+    used = [c for c in contributions if c.finite is not False and math.isfinite(c.loss_sum)]
+    return sum(c.loss_sum for c in used), sum(c.samples for c in used)
+
+
 #: a step is split across threads only when each thread gets at least this much work
 #: (samples x parameters). Measured first on a loaded machine (perf/report.py): LeNet-5
 #: (62k parameters) batch 32 on 2 threads 0.81x of one thread, batch 64 1.27-1.57x;

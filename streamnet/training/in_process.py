@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from ..data import Dataset
-from .bp import Aggregator, ComputeUnit, lr_scale, plan_for
+from .bp import Aggregator, ComputeUnit, lr_scale, plan_for, trained_loss
 from .config import RunConfig
 from .evaluate import evaluate
 from .schedule import load_data, make_model, schedule_for
@@ -69,7 +69,7 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
         for epoch in range(cfg.epochs):
             unit_rounds, rounds = (first_plan, rounds_per_epoch) if epoch == 0 else schedule.epoch(epoch)
             t0 = time.perf_counter()
-            samples, loss_sum = 0, 0.0
+            samples, loss_sum, loss_samples = 0, 0.0, 0
             for r in range(rounds):
                 scale = lr_scale(alg, done_rounds / total_rounds)
                 futures = [pool.submit(run, u, unit_rounds[u.unit][r], scale)
@@ -79,24 +79,23 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
                 for u in units:
                     u.receive(params)
                 done_rounds += 1
-                n = sum(c.samples for c in contributions)
-                samples += n
-                loss_sum += sum(c.loss_sum for c in contributions)
+                samples += sum(c.samples for c in contributions)
+                round_loss, n = trained_loss(contributions)
+                loss_sum, loss_samples = loss_sum + round_loss, loss_samples + n
                 if progress:
                     el = time.perf_counter() - t0
-                    progress(Progress(epoch + 1, cfg.epochs, r + 1, rounds, samples,
-                                      sum(c.loss_sum for c in contributions) / max(n, 1),
+                    progress(Progress(epoch + 1, cfg.epochs, r + 1, rounds, samples, round_loss / max(n, 1),
                                       samples / el if el > 0 else 0.0))
             seconds = time.perf_counter() - t0
             train_s += seconds
             acc = tloss = None
             if cfg.evaluates(epoch + 1):
                 acc, tloss = evaluate(units[0].model, ds, ds.test)
-            summary.history.append(EpochRecord(epoch + 1, loss_sum / max(samples, 1), acc, tloss, samples,
+            summary.history.append(EpochRecord(epoch + 1, loss_sum / max(loss_samples, 1), acc, tloss, samples,
                                                seconds, samples / seconds if seconds > 0 else 0.0))
             summary.samples_processed += samples
             if progress:
-                progress(Progress(epoch + 1, cfg.epochs, rounds, rounds, samples, loss_sum / max(samples, 1),
+                progress(Progress(epoch + 1, cfg.epochs, rounds, rounds, samples, loss_sum / max(loss_samples, 1),
                                   samples / seconds if seconds > 0 else 0.0, acc))
     for u in units:
         u.close()

@@ -33,7 +33,7 @@ import logging
 import time
 
 from ..runtime import Bolt, CoordinatorError, FencedError
-from .bp import Aggregator, Contribution, TrainingDiverged, plan_for
+from .bp import Aggregator, Contribution, TrainingDiverged, plan_for, trained_loss
 from .config import run_config_from_dict
 from .epoch_clock import LossMeter, progress_record
 from .run_stats import SyncStats
@@ -334,8 +334,7 @@ class SyncBolt(SyncRecovery, Bolt):
         epoch end's evaluation, a checkpoint round's checkpoint) anchored to every
         contribution, then ack."""
         epoch, rnd = key
-        n = sum(c.samples for c in contributions)
-        self.loss.record(epoch + 1, sum(c.loss_sum for c in contributions), n)
+        self.loss.record(epoch + 1, *trained_loss(contributions))
         next_step = self.counts.next_step
         out = params.copy()  # receivers in this process share the array: never hand out the live one
         self._hand_over_states(tuples, next_step, out)

@@ -206,3 +206,15 @@ def test_eval_every_epochs_must_be_at_least_one(every):
         RunConfig(eval_every_epochs=every)
     with pytest.raises(ConfigError, match="eval_every_epochs: must be >= 1"):
         replace(cfg(1), eval_every_epochs=every)
+
+
+def test_the_reported_loss_leaves_out_a_diverged_units_contribution():
+    """A unit whose update the combine refuses (not finite) made its epoch's train loss NaN
+    in the summary and the progress; its samples still count as processed."""
+    from streamnet.training.bp import trained_loss
+    v = np.zeros(3, np.float32)
+    ok = Contribution(0, 32, 1, 64.0, v)
+    nan_loss = Contribution(1, 32, 1, float("nan"), v)
+    refused = Contribution(2, 16, 1, 8.0, v, finite=False)      # a slice of a unit it judged not finite
+    assert trained_loss([ok, nan_loss, refused]) == (64.0, 32)
+    assert trained_loss([]) == (0, 0)
