@@ -336,13 +336,30 @@ def cmd_status(a) -> int:
 
 def cmd_describe(a) -> int:
     if a.zk:
-        coord, state, _ = connect(a)
+        try:
+            coord, state, _ = connect(a)
+        except StreamnetError as e:
+            if not _built_in(a.topology):
+                raise
+            # $STREAMNET_ZK set, say, without a secret: a built-in one needs no cluster
+            print(f"streamnet-submit: not looking for a running {a.topology!r} ({e}); the built-in one:",
+                  file=sys.stderr)
+            return _describe_built(a)
         try:
             if a.topology in state.topology_names():
                 print(Topology.from_dict(state.topology(a.topology)).describe())
                 return 0
         finally:
             coord.close()
+    return _describe_built(a)
+
+
+def _built_in(what: str) -> bool:
+    from ..examples.registry import EXAMPLES
+    return what in EXAMPLES or _is_training(what)
+
+
+def _describe_built(a) -> int:
     options = parse_set(a.set)
     try:
         topo, _ = build_topology(a.topology, options)

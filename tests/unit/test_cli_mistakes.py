@@ -448,3 +448,16 @@ def test_a_cluster_place_that_cannot_be_is_refused_before_connecting(argv, says,
     told 'unreachable' (exit 1), not what was wrong with the flag."""
     assert run_main(submit.main, ["list", "--zk", UNREACHABLE_ZK, *argv]) == 2
     assert says in one_line_error(capsys, "streamnet-submit")
+
+
+def test_describe_of_a_built_in_topology_needs_no_cluster_when_one_cannot_be_reached(monkeypatch, capsys):
+    """With $STREAMNET_ZK set and no secret, `describe lenet5-mixbp` failed ('a cluster secret
+    is required'); it now says why it did not look for a running one and describes the
+    built-in one. A name that is not built in still needs the cluster."""
+    monkeypatch.setenv("STREAMNET_ZK", UNREACHABLE_ZK)
+    monkeypatch.delenv("STREAMNET_SECRET_FILE", raising=False)
+    assert run_main(submit.main, ["describe", "lenet5-mixbp", "--set", "dataset=synthetic"]) == 0
+    out, err = capsys.readouterr()
+    assert "compute" in out and "not looking for a running 'lenet5-mixbp'" in err and "secret" in err
+    assert run_main(submit.main, ["describe", "mine"]) == 2
+    assert "secret" in one_line_error(capsys, "streamnet-submit")
