@@ -15,6 +15,7 @@ the user) and must hold at least MIN_TOKEN_CHARS characters.
 from __future__ import annotations
 
 import hmac
+import http.client
 import json
 import os
 import urllib.request
@@ -24,6 +25,7 @@ from aiohttp import web
 
 from ..errors import StreamnetError
 from ..private_file import read_private
+from .http_body import read_bounded
 
 MIN_TOKEN_CHARS = 16
 ENV = "STREAMNET_MONITOR_TOKEN_FILE"
@@ -80,18 +82,51 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 def _status(body: bytes, url: str) -> dict:
     if len(body) > MAX_STATUS_BYTES:
         raise ValueError(f"{url}/status answered more than {MAX_STATUS_BYTES} bytes")
-    status = json.loads(body)
+    try:
+        status = json.loads(body)
+    except RecursionError:
+        raise ValueError(f"{url}/status answered JSON nested too deep") from None
     if not isinstance(status, dict):
         raise ValueError(f"{url}/status answered a JSON {type(status).__name__}, not an object")
+    problem = _shape_problem(status)
+    if problem:
+        # another program on a dead worker's port, or another version: its reply broke the
+        # UI's pages (KeyError), or killed its sampler for good (a task id not a number)
+        raise ValueError(f"{url}/status is not a worker's status ({problem})")
     return status
+
+
+def _shape_problem(status: dict) -> str | None:
+    """What the readers index in a worker's status, checked (None: all there)."""
+    threads, busy = status.get("threads"), status.get("busy_fraction")
+    if not (isinstance(threads, int) and not isinstance(threads, bool)):
+        return f"threads {threads!r}"
+    if not (busy is None or isinstance(busy, (int, float)) and not isinstance(busy, bool)):
+        return f"busy_fraction {busy!r}"
+    tops = status.get("topologies")
+    if not isinstance(tops, dict):
+        return "no topologies"
+    for name, top in tops.items():
+        tasks = top.get("tasks") if isinstance(top, dict) else None
+        if not isinstance(tasks, dict):
+            return f"topology {name!r} has no tasks"
+        for task, m in tasks.items():
+            if not (task.isdigit() and isinstance(m, dict) and isinstance(m.get("figures", []), list)
+                    and all(isinstance(f, dict) and isinstance(f.get("labels"), dict) and "name" in f
+                            and "value" in f for f in m.get("figures", []))):
+                return f"topology {name!r}: task {task!r}"
+    return None
 
 
 def get_status(url: str, token: str | None, timeout: float = 3.0) -> dict:
     """A worker's /status at `url` (http://host:port), sending the token and following no
     redirect; OSError if it cannot be read, ValueError if it is not a status."""
     request = urllib.request.Request(url + "/status", headers=headers(token))
-    with urllib.request.build_opener(_NoRedirects).open(request, timeout=timeout) as r:
-        return _status(r.read(MAX_STATUS_BYTES + 1), url)
+    try:
+        with urllib.request.build_opener(_NoRedirects).open(request, timeout=timeout) as r:
+            return _status(r.read(MAX_STATUS_BYTES + 1), url)
+    except http.client.HTTPException as e:     # another program's answer (an SSH banner, say)
+        raise ValueError(f"{url} did not answer HTTP: {type(e).__name__}: {e}") from None
 
 
 async def fetch_status(session: aiohttp.ClientSession, url: str, token: str | None) -> dict:
@@ -99,4 +134,4 @@ async def fetch_status(session: aiohttp.ClientSession, url: str, token: str | No
     async with session.get(url + "/status", headers=headers(token), allow_redirects=False) as r:
         if r.status != 200:
             raise aiohttp.ClientResponseError(r.request_info, r.history, status=r.status, message=r.reason or "")
-        return _status(await r.content.read(MAX_STATUS_BYTES + 1), url)
+        return _status(await read_bounded(r.content, MAX_STATUS_BYTES), url)

@@ -89,7 +89,10 @@ class Sampler:
             async with aiohttp.ClientSession(timeout=timeout) as session:
                 while True:
                     started = time.monotonic()
-                    await self.sample(session)
+                    try:
+                        await self.sample(session)
+                    except Exception:  # noqa: BLE001 - one bad pass must not freeze every page for good
+                        log.exception("the UI's sampling pass failed; trying again")
                     await asyncio.sleep(max(0.05, self.poll_s - (time.monotonic() - started)))
         finally:
             self.close()
@@ -140,7 +143,11 @@ def make_app(sampler: Sampler, names: frozenset[str] | None = None) -> web.Appli
         kinds = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
         suffix = name[name.rfind("."):] if "." in name else ""
         f = STATIC / name
-        if "/" in name or suffix not in kinds or not f.is_file():
+        try:
+            found = "/" not in name and suffix in kinds and f.is_file()
+        except OSError:             # a name too long for the file system, say
+            found = False
+        if not found:
             raise web.HTTPNotFound()
         return web.Response(text=f.read_text(), content_type=kinds[suffix])
 

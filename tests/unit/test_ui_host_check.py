@@ -50,3 +50,43 @@ def test_a_request_by_another_name_is_refused_and_one_by_address_served():
     assert refused.startswith(b"HTTP/1.1 403") and b"--allow-host" in refused, refused[:200]
     for host, answer in answers.items():
         assert answer.startswith(b"HTTP/1.1 200"), (host, answer[:200])
+
+
+def test_a_static_name_too_long_for_the_file_system_is_not_found_and_a_failed_pass_does_not_stop_sampling():
+    """ENAMETOOLONG was a 500 with a traceback; an exception in a sampling pass (a status of
+    a shape it did not expect) ended the sampler, and every page froze without a word."""
+    import aiohttp
+    server = InProcessServer()
+    state = ClusterState(server.session(), "c")
+    sampler = Sampler(state, poll_s=0.05)
+    passes = []
+
+    async def failing(session):
+        passes.append(1)
+        raise KeyError("threads")
+    sampler.sample = failing
+
+    async def go():
+        runner = web.AppRunner(make_app(sampler, default_names()), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        task = asyncio.get_running_loop().create_task(sampler.run())
+        try:
+            async with aiohttp.ClientSession() as s:
+                async with s.get(f"http://127.0.0.1:{port}/static/{'a' * 300}.js") as r:
+                    assert r.status == 404
+            deadline = asyncio.get_running_loop().time() + 10
+            while len(passes) < 3 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            assert len(passes) >= 3 and not task.done()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await runner.cleanup()
+    try:
+        asyncio.run(go())
+    finally:
+        state.coord.close()
+        server.shutdown()

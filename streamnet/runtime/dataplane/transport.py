@@ -68,6 +68,7 @@ from aiohttp import web
 
 from .. import codec
 from ..control.election import LOCAL_ERRNOS, MAX_HELLO_BYTES
+from ..http_body import read_bounded
 from ..messages import DataMsg, Message, from_wire, to_wire_all
 from .accept_shortage import HELP, short_of_files
 from .frame_io import (DIRECT_BYTES, SOCKET_BUFFER, TRAILER, FrameAuth, FrameReader, SocketSender, StreamError,
@@ -489,7 +490,7 @@ class PeerLink:
         async with self.session.get(self.url + HELLO, params={"c": client_nonce}, allow_redirects=False,
                                     timeout=aiohttp.ClientTimeout(total=HANDSHAKE_TIMEOUT_S)) as r:
             r.raise_for_status()
-            body = await r.content.read(MAX_HELLO_BYTES + 1)   # whoever answers at a peer's address: bounded
+            body = await read_bounded(r.content, MAX_HELLO_BYTES)   # whoever answers at a peer's address: bounded
         try:
             hello = json.loads(body) if len(body) <= MAX_HELLO_BYTES else None
         except ValueError:
