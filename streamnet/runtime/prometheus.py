@@ -57,7 +57,10 @@ class StatusCollector:
         rows = list(_task_rows(s))
         engine = list(_engine_families(s, rows))
         yield from engine
-        yield from _figures(rows, {f.name for f in engine})
+        # the engine's families and every series name they hold (a summary's x_count and
+        # x_sum): a gauge figure named task_execute_seconds_count was a second series of one
+        # name and labels, and Prometheus dropped one of the two
+        yield from _figures(rows, {f.name for f in engine} | {s.name for f in engine for s in f.samples})
 
 
 def _engine_families(s: dict, rows: list):
@@ -142,16 +145,16 @@ def _figures(rows, taken: set[str] = frozenset()):
         base = dict(zip(TASK_LABELS, labels))
         for f in t.get("figures", ()):
             family = "streamnet_" + (f["name"][:-len("_total")] if f["type"] == "counter" else f["name"])
+            sample = family + ("_total" if f["type"] == "counter" else "")
             m = families.get(family)
-            if family in taken or (m is not None and m.type != f["type"]):
+            if family in taken or sample in taken or (m is not None and m.type != f["type"]):
                 if family not in _clashes:
                     _clashes.add(family)
                     log.warning("/metrics leaves out the figure %r of task %s: its family %s is %s", f["name"],
-                                base.get("task"), family, "the engine's" if family in taken else "of another type")
+                                base.get("task"), family, "the engine's" if family in taken or sample in taken else "of another type")
                 continue
             if m is None:
                 m = families[family] = Metric(family, f["help"] or f["name"], f["type"])
-            sample = family + ("_total" if f["type"] == "counter" else "")
             m.add_sample(sample, {**base, **{k: str(v) for k, v in f["labels"].items()}}, f["value"])
     return families.values()
 

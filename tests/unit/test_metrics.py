@@ -83,6 +83,18 @@ def test_figures_that_would_take_an_engine_family_or_one_of_another_type_are_lef
     assert "leaves out the figure 'x_total'" in caplog.text
 
 
+def test_a_figure_named_like_a_series_of_an_engine_summary_is_left_out(caplog):
+    """Only family names were compared: a gauge 'task_execute_seconds_count' was a second
+    series of one name and labels beside the engine summary's, and Prometheus drops one."""
+    ctx = _ctx()
+    ctx.figure("task_execute_seconds_count", 99.0, help="named like the summary's count")
+    text = prometheus(_status(ctx.figures_status()))
+    assert len([line for line in text.splitlines() if line.startswith("streamnet_task_execute_seconds_count{")]) == 1
+    summary = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples}
+    assert summary["streamnet_task_execute_seconds_count"].value == 10         # the engine's, not 99
+    assert "leaves out the figure 'task_execute_seconds_count'" in caplog.text
+
+
 def test_a_task_keeps_at_most_max_figures_and_warns_once(caplog, monkeypatch):
     monkeypatch.setattr(component, "MAX_FIGURES", 3)
     ctx = _ctx()
