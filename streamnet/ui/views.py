@@ -182,7 +182,9 @@ def training_view(snap: Snapshot, name: str) -> dict:
                 elif fname == "training_round_trip_seconds_total":
                     u["round_trip_s"] = v
                 elif fname == "training_barrier_wait_seconds_total":
-                    u["barrier_s"] = v
+                    # one per sync task: the most of any slice, as the run's summary takes it
+                    # (the last one read, a slice that changed with the workers' order, before)
+                    u["barrier_s"] = max(u["barrier_s"], v)
             elif fname in SUMMED:           # one per sync task (each has its slice)
                 run[fname] = run.get(fname, 0.0) + v
             else:

@@ -129,3 +129,14 @@ def test_a_diverged_runs_figures_go_out_as_json_a_browser_reads():
     body = json.loads(reply.text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))   # NaN: not JSON
     assert body["loss"] is None and body["rates"] == [None, 1.5]
     assert not math.isnan(body["run"]["loss"][0][1])
+
+
+def test_a_units_barrier_wait_is_the_most_of_any_sync_slice():
+    """Each sync task reports its own; the view kept the last one read, a slice that changed
+    with the order of the workers. The run's summary takes the most of any slice."""
+    snap = _snapshot([_fig("training_barrier_wait_seconds_total", 0.5, unit="0")])
+    second = {"component": "sync", "executed": 2, "emitted": 2, "acked": 2, "failed": 0, "execute_s_total": 0.2,
+              "execute_ms_p99": 150.0, "figures": [_fig("training_barrier_wait_seconds_total", 0.25, unit="0")]}
+    snap.statuses["w1"] = {"threads": 2, "busy_fraction": 0.5, "topologies": {"run": {"tasks": {"4": second}}}}
+    r = views.training_view(snap, "run")
+    assert r["per_unit"][0]["wait_s"] == 0.5 and r["per_unit"][0]["communication_s"] == 1.0
