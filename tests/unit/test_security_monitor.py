@@ -48,6 +48,9 @@ def test_status_needs_the_token_when_one_is_set():
     assert [r[0] for r in asyncio.run(main(None))] == [200] * 5      # no token set: open, as before
 
 
+STATUS = {"worker": "w0", "threads": 1, "busy_fraction": 0.0, "topologies": {}}    # a worker's, as readers check it
+
+
 def test_the_ui_reads_workers_that_require_the_token():
     from aiohttp import ClientSession
     from aiohttp.test_utils import TestServer
@@ -65,7 +68,7 @@ def test_the_ui_reads_workers_that_require_the_token():
 
     async def main():
         async def status(request):
-            return monitor.refusal(request, TOKEN) or web.json_response({"worker": "w0", "topologies": {}})
+            return monitor.refusal(request, TOKEN) or web.json_response(STATUS)
         app = web.Application()
         app.add_routes([web.get("/status", status)])
         async with TestServer(app) as server, ClientSession() as session:
@@ -80,4 +83,4 @@ def test_the_ui_reads_workers_that_require_the_token():
             return seen
     (without, why), (with_token, none) = asyncio.run(main())
     assert without == {} and "401" in why["w0"]
-    assert with_token == {"w0": {"worker": "w0", "topologies": {}}} and none == {}
+    assert with_token == {"w0": STATUS} and none == {}
