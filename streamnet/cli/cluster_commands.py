@@ -10,7 +10,7 @@ from ..errors import ConfigError, StreamnetError
 from ..runtime.control import (ClusterTimeout, TopologyFailed, TopologyGone, UnknownTopologyError, drain_topology,
                                is_done, kill_topology, wait_done)
 from ..runtime.assignment import MAX_THREADS, threads_ok
-from ..runtime.topology import Topology, TopologyError, resolve
+from ..runtime.topology import Topology, TopologyError, parallelism_fixed, resolve
 from ..training.run_stats import CHECKPOINTS, EVAL_HISTORY, STOPPED_AT, STRAGGLERS
 from .common import (add_cluster_options, allowed_modules, check_writable, connect, parse_set, positive_float,
                      read_secret, write_secret)
@@ -377,7 +377,7 @@ def cmd_rebalance(a) -> int:
     coord, state, _ = connect(a)
     try:
         spec = state.topology(a.topology)
-        if request["parallelism"] and spec.get("config", {}).get("fixed_parallelism"):
+        if request["parallelism"] and parallelism_fixed(spec):
             raise StreamnetError(f"topology {a.topology!r} fixes its components' parallelism (a training run's units "
                                  "and sync slices follow its configuration); --threads WORKER=N may change, "
                                  "--parallelism may not")

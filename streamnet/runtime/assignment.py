@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..errors import StreamnetError
+from .values import whole
 
 RUNNING, DRAINING = "running", "draining"
 DRAIN_TIMEOUT_S = 30.0
@@ -37,7 +38,7 @@ MAX_THREADS = 1024
 
 def threads_ok(n) -> bool:
     """Whether `n` is a number of compute threads an assignment may give a worker."""
-    return isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_THREADS
+    return whole(n) and 1 <= n <= MAX_THREADS
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from .codec import CodecError
-
-
-def _int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+from .values import whole
 
 
 @dataclass(slots=True)
@@ -130,17 +127,17 @@ def to_wire_all(msgs: list) -> list:
 
 def _anchors_ok(anchors) -> bool:
     return isinstance(anchors, list) and all(
-        isinstance(a, list) and len(a) == 2 and _int(a[0]) and _int(a[1]) for a in anchors)
+        isinstance(a, list) and len(a) == 2 and whole(a[0]) and whole(a[1]) for a in anchors)
 
 
 def from_wire(msg) -> Message:
     """The typed message of a decoded wire list; CodecError if it is not one."""
-    if not (isinstance(msg, list) and len(msg) >= 4 and isinstance(msg[1], str) and _int(msg[2])):
+    if not (isinstance(msg, list) and len(msg) >= 4 and isinstance(msg[1], str) and whole(msg[2])):
         raise CodecError(f"malformed message {str(msg)[:80]}")
     kind = msg[0]
     if kind == "T" and len(msg) == 8:
         _, topology, target, stream, source, version, values, anchors = msg
-        if (isinstance(stream, str) and _int(source) and (version is None or _int(version))
+        if (isinstance(stream, str) and whole(source) and (version is None or whole(version))
                 and isinstance(values, list) and isinstance(anchors, list) and len(values) == len(anchors)
                 and all(type(v) is list for v in values)
                 and all(type(a) is list and (not a or _anchors_ok(a)) for a in anchors)):
@@ -148,11 +145,11 @@ def from_wire(msg) -> Message:
     elif kind == "t" and len(msg) in (7, 8):
         _, topology, target, stream, source, values, anchors, *rest = msg
         version = rest[0] if rest else None
-        if (isinstance(stream, str) and _int(source) and isinstance(values, list) and _anchors_ok(anchors)
-                and (version is None or _int(version))):
+        if (isinstance(stream, str) and whole(source) and isinstance(values, list) and _anchors_ok(anchors)
+                and (version is None or whole(version))):
             return DataMsg(topology, target, stream, source, values, anchors, version)
-    elif kind == "a" and len(msg) == 5 and _int(msg[3]) and _int(msg[4]):
+    elif kind == "a" and len(msg) == 5 and whole(msg[3]) and whole(msg[4]):
         return AckMsg(msg[1], msg[2], msg[3], msg[4])
-    elif kind == "f" and len(msg) == 4 and _int(msg[3]):
+    elif kind == "f" and len(msg) == 4 and whole(msg[3]):
         return FailMsg(msg[1], msg[2], msg[3])
     raise CodecError(f"malformed message {str(msg)[:80]}")

@@ -26,6 +26,7 @@ from aiohttp import web
 from ..errors import StreamnetError
 from ..private_file import read_private
 from .http_body import read_bounded
+from .values import real, whole
 
 MIN_TOKEN_CHARS = 16
 ENV = "STREAMNET_MONITOR_TOKEN_FILE"
@@ -99,9 +100,9 @@ def _status(body: bytes, url: str) -> dict:
 def _shape_problem(status: dict) -> str | None:
     """What the readers index in a worker's status, checked (None: all there)."""
     threads, busy = status.get("threads"), status.get("busy_fraction")
-    if not (isinstance(threads, int) and not isinstance(threads, bool)):
+    if not whole(threads):
         return f"threads {threads!r}"
-    if not (busy is None or isinstance(busy, (int, float)) and not isinstance(busy, bool)):
+    if not (busy is None or real(busy)):
         return f"busy_fraction {busy!r}"
     tops = status.get("topologies")
     if not isinstance(tops, dict):

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from ..errors import StreamnetError
 from .names import name_problem
+from .values import whole
 
 GROUPINGS = ("shuffle", "fields", "all", "global", "direct", "local_or_shuffle", "custom")
 DEFAULT_CONFIG = {
@@ -137,16 +138,26 @@ def spec_version(spec: dict) -> int:
     (a spec written past the client) was a TypeError on every worker, or an assignment
     the leader wrote again on every pass."""
     v = spec.get("version", 0)
-    if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+    if not (whole(v) and v >= 0):
         raise TopologyError(f"topology {spec.get('name')!r}: version must be a whole number >= 0; got {v!r}")
     return v
 
 
+def parallelism_fixed(spec: dict) -> bool:
+    """Whether a rebalance may not change the components' parallelism (a training run's
+    units and sync slices follow its configuration); threads may still change."""
+    return bool(spec.get("config", {}).get("fixed_parallelism"))
+
+
+def _check_name(name) -> None:
+    problem = name_problem(name)
+    if problem:
+        raise TopologyError(f"a topology's name {problem}")
+
+
 class TopologyBuilder:
     def __init__(self, name: str):
-        problem = name_problem(name)
-        if problem:
-            raise TopologyError(f"a topology's name {problem}")
+        _check_name(name)
         self.name = name
         self._components: list[dict] = []
 
@@ -240,9 +251,7 @@ class Topology:
     def validate(self, check_classes: bool = True, allow=None) -> None:
         """Check the shape; with check_classes also import and check every class (from
         the module prefixes in `allow`, when given)."""
-        problem = name_problem(self.spec.get("name"))
-        if problem:
-            raise TopologyError(f"a topology's name {problem}")
+        _check_name(self.spec.get("name"))
         spec_version(self.spec)
         ids = [c["id"] for c in self.components]
         if not ids:

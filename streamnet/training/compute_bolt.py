@@ -13,7 +13,8 @@ from .config import run_config_from_dict
 from .run_stats import UnitTiming
 from .schedule import dataset_for, make_model
 from .slices import bounds, slice_index
-from .streams import APPLIED, CONTRIBUTION, OK, REPLICA, RESYNC, row, whole
+from .streams import APPLIED, CONTRIBUTION, OK, REPLICA, RESYNC, row
+from ..runtime.values import whole
 from .sync_recovery import vector_problem
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,8 @@ from .evaluate import evaluate_counts, evaluated_size
 from .run_stats import Evaluation
 from .schedule import dataset_for, make_model
 from .slices import Gather, bounds, joined, slice_index
-from .streams import EVAL_PART, real, row, whole
+from .streams import EVAL_PART, row
+from ..runtime.values import real, whole
 from .sync_recovery import vector_problem
 
 log = logging.getLogger(__name__)

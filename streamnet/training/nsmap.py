@@ -6,7 +6,7 @@ import os
 from ..runtime import TopologyBuilder
 from .config import SETUPS, FieldError, RunConfig, run_config_to_dict, with_overrides
 from .schedule import load_data, make_model
-from .streams import whole
+from ..runtime.values import whole
 
 PKG = "streamnet.training"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..nn.parallel import shard_bounds
-from .streams import whole
+from ..runtime.values import whole
 
 
 def bounds(size: int, slices: int) -> list[tuple[int, int]]:

@@ -36,17 +36,6 @@ CHECKPOINT = ("epoch", "step", "slice", "params", "state")   # sync s -> checkpo
 OK, APPLIED = "ok", "applied"
 
 
-def whole(value) -> bool:
-    """An integer field's check: an int, and not a bool (which Python counts as one)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def real(value) -> bool:
-    """A number field's check: an int or a float, and not a bool (NaN and inf pass: the
-    caller bounds the value)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def row(fields: tuple[str, ...], **values) -> list:
     """The values in the stream's field order; every field given, no other."""
     if values.keys() != set(fields):

@@ -39,7 +39,8 @@ from .epoch_clock import LossMeter, progress_record
 from .run_stats import SyncStats
 from .schedule import EpochPlans, dataset_for, make_model, schedule_for
 from .slices import bounds
-from .streams import APPLIED, CHECKPOINT, DIRECT_PARAMS, EVAL, PARAMS, STATE_REQUEST, real, row, whole
+from .streams import APPLIED, CHECKPOINT, DIRECT_PARAMS, EVAL, PARAMS, STATE_REQUEST, row
+from ..runtime.values import real, whole
 from .sync_recovery import SyncRecovery, vector_problem
 from .stragglers import Arrival, Stragglers
 from .sync_state import SyncState

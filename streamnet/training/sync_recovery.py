@@ -37,7 +37,8 @@ import numpy as np
 from .. import kernels as K
 from .bp import Aggregator
 from .slices import slice_of_outer_state
-from .streams import APPLIED, DIRECT_PARAMS, EVAL, PARAMS, STATE_REQUEST, row, whole
+from .streams import APPLIED, DIRECT_PARAMS, EVAL, PARAMS, STATE_REQUEST, row
+from ..runtime.values import whole
 
 log = logging.getLogger(__name__)
 

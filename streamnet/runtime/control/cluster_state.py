@@ -20,6 +20,7 @@ from ..assignment import Assignment, AssignmentError
 from .coordinator import (BadVersionError, ConnectionLostError, Coordinator, NoNodeError, NodeExistsError,
                           retry_while_lost)
 from ...errors import StreamnetError
+from ..values import whole
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +99,10 @@ def _worker_info_problem(info) -> str | None:
     if not (isinstance(info.get("host"), str) and info["host"]):
         return "no host"
     port = info.get("port")
-    if not (isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536):
+    if not (whole(port) and 0 < port < 65536):
         return f"port {port!r}"
     threads = info.get("threads", 1)
-    if not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
+    if not (whole(threads) and threads >= 1):
         return f"threads {threads!r}"
     return None
 

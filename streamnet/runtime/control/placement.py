@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from ...errors import StreamnetError
 from ..assignment import DRAIN_TIMEOUT_S, DRAINING, MAX_THREADS, Assignment, threads_ok
-from ..topology import Topology, TopologyError
+from ..topology import Topology, TopologyError, parallelism_fixed, spec_version
 
 
 class NoWorkersError(StreamnetError):
@@ -81,7 +81,7 @@ def plan(spec: dict, workers: dict[str, dict], current: Assignment | None, reque
     """
     request = request or {}
     if request.get("parallelism") and not (current and current.draining):
-        if spec.get("config", {}).get("fixed_parallelism"):
+        if parallelism_fixed(spec):
             raise TopologyError(f"topology {spec.get('name')!r} fixes its components' parallelism (a training "
                                 "run's units and sync slices); a rebalance may set threads, not parallelism")
         new_spec = copy.deepcopy(spec)
@@ -91,7 +91,7 @@ def plan(spec: dict, workers: dict[str, dict], current: Assignment | None, reque
                 old, new = comp["parallelism"], int(request["parallelism"][comp["id"]])
                 notes.append(f"parallelism of {comp['id']} {old} -> {new} (rebalance request)")
                 comp["parallelism"] = new
-        new_spec["version"] = new_spec.get("version", 0) + 1
+        new_spec["version"] = spec_version(spec) + 1
         Topology.from_dict(new_spec)       # TopologyError before anything is written
         draining = Assignment(threads=dict(current.threads) if current else {}, spec_version=new_spec["version"],
                               phase=DRAINING, draining_since=now)
@@ -111,7 +111,7 @@ def plan(spec: dict, workers: dict[str, dict], current: Assignment | None, reque
         threads.update({w: n for w, n in asked.items() if w not in bad})
     # work shares are the load balancer's (balance.py): kept for the tasks that still exist
     shares = {t: w for t, w in current.shares.items() if t in new.tasks} if current is not None else {}
-    new = replace(new, threads=threads, spec_version=spec.get("version", 0), shares=shares)
+    new = replace(new, threads=threads, spec_version=spec_version(spec), shares=shares)
     # a threads-only request is carried out by this write; a parallelism request made
     # during a drain waits for the next pass
     done = {} if request and not request.get("parallelism") else None

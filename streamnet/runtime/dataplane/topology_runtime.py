@@ -19,7 +19,8 @@ from . import fencing
 from .executor import STOP, BoltExecutor, SpoutExecutor
 from .grouping import make_chooser
 from .routing import View
-from ..topology import DEFAULT_ALLOWED_MODULES, Topology, TopologyError, declared_outputs, resolve_component
+from ..topology import (DEFAULT_ALLOWED_MODULES, Topology, TopologyError, declared_outputs, resolve_component,
+                        spec_version)
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ class TopologyRuntime:
         self.worker, self.name = worker, name
         self.allow = getattr(worker, "allow_modules", DEFAULT_ALLOWED_MODULES)
         self.topology = Topology.from_dict(spec, check_classes=True, allow=self.allow)
-        self.spec_version = spec.get("version", 0)
+        self.spec_version = spec_version(spec)
         self.classes = {c["id"]: resolve_component(c["class"], c["kind"], self.allow) for c in self.topology.components}
         self.fields = {cid: declared_outputs(cls) for cid, cls in self.classes.items()}
         self.task_cid = {t: c["id"] for c in self.topology.components for t in self.topology.tasks(c["id"])}
