@@ -23,7 +23,8 @@ sample counters). numpy arrays travel as {"__nd__": [dtype, shape, bytes]}.
 A reader never sees half a file (rename); `latest_checkpoint` falls back to the
 previous one when the newest is refused. Each write keeps the newest `keep`
 checkpoints of its run (DEFAULT_KEEP; 0 keeps all) and removes temporary files
-that a crash mid-write left behind.
+that a crash mid-write left behind. A run resumed from an older checkpoint first sets
+aside the newer ones (`set_aside_newer`), so that "newest" stays the resumed run's.
 """
 from __future__ import annotations
 
@@ -163,6 +164,37 @@ def clean_up(directory: str, name: str, keep: int = DEFAULT_KEEP, written: str |
         except OSError as e:
             log.warning("cannot remove old checkpoint file %s: %s", path, e.strerror)
     return removed
+
+
+SUPERSEDED = "superseded"       # subdirectory where a resume sets aside the checkpoints it goes back past
+
+
+def set_aside_newer(directory: str, name: str, step: int) -> list[str]:
+    """Move the checkpoints of `name` in `directory` newer than `step` into
+    `directory/superseded/` and return where they went. A run resumed from an older
+    checkpoint (`--resume FILE`, or the newest refused) writes below them: left in place,
+    the next `--resume` would continue the abandoned run instead, and retention, which
+    goes by step, would remove the resumed run's own checkpoints first. Nothing is
+    deleted; CheckpointError if one cannot be moved."""
+    newer = [p for s, p in list_checkpoints(directory, name) if s > step]
+    if not newer:
+        return []
+    aside = os.path.join(directory, SUPERSEDED)
+    moved = []
+    try:
+        os.makedirs(aside, exist_ok=True)
+        for path in newer:
+            target = os.path.join(aside, os.path.basename(path))
+            n = 1
+            while os.path.exists(target):       # set aside before, by an earlier resume
+                target = os.path.join(aside, f"{os.path.basename(path)}.{n}")
+                n += 1
+            os.rename(path, target)
+            moved.append(target)
+    except OSError as e:
+        raise CheckpointError(f"cannot set aside the checkpoints of {name!r} newer than step {step} "
+                              f"in {directory} (a resumed run would be mixed with them): {e.strerror or e}") from None
+    return moved
 
 
 def load_checkpoint(path: str, expected_sha256: str | None = None, *, key: bytes | None = None) -> dict:

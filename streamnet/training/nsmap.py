@@ -1,12 +1,15 @@
 """NS-Map: (model, data, algorithm, parallelism) -> a topology of runtime components."""
 from __future__ import annotations
 
+import logging
 import os
 
 from ..runtime import TopologyBuilder
 from .config import SETUPS, FieldError, RunConfig, run_config_to_dict, with_overrides
 from .schedule import load_data, make_model
 from ..runtime.values import whole
+
+log = logging.getLogger(__name__)
 
 PKG = "streamnet.training"
 
@@ -83,8 +86,10 @@ def default_sync_tasks(cfg: RunConfig, workers: int) -> int:
 def resume_point(cfg: RunConfig, checkpoint_dir: str | None, name: str, path: str | None = None) -> dict:
     """Where a stopped run continues: the given checkpoint, or the newest one of `name`
     in `checkpoint_dir` that verifies (a corrupt one is refused and logged, and the
-    previous one used). Refuses a checkpoint of a different run configuration."""
-    from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+    previous one used). Refuses a checkpoint of a different run configuration. The
+    checkpoints of `name` in `checkpoint_dir` newer than the one taken are set aside
+    (checkpoint.set_aside_newer), each move logged: the resumed run writes below them."""
+    from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, set_aside_newer
     if path is None:
         if not checkpoint_dir:
             raise CheckpointError("--resume needs --checkpoint-dir (or a checkpoint file)")
@@ -108,6 +113,10 @@ def resume_point(cfg: RunConfig, checkpoint_dir: str | None, name: str, path: st
     if position["epoch"] >= cfg.epochs:
         raise CheckpointError(f"{path} was written after epoch {position['epoch']}: with --epochs {cfg.epochs} "
                               f"nothing is left to train; give more than {position['epoch']} epochs to go on")
+    if checkpoint_dir:
+        for moved in set_aside_newer(checkpoint_dir, name, position["step"]):
+            log.warning("resuming from step %d: set aside the newer checkpoint %s (a later --resume would "
+                        "have continued it)", position["step"], moved)
     return {"path": os.path.abspath(path), "sha256": ck["sha256"], "step": position["step"],
             "epoch": position["epoch"], "round": position["round"],
             "shares": position.get("shares")}    # the load balancer's, with --balance load

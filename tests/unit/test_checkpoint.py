@@ -124,3 +124,56 @@ def test_resume_compares_what_the_settings_mean_and_names_both_values(tmp_path, 
             f"{os.path.realpath(DEFAULT_DIRS['fashion-mnist'])!r} (now {os.path.realpath(tmp_path)!r}); resume "
             "with the same settings")):
         resume_point(other, None, "run", path=p)
+
+
+def test_resuming_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path, caplog):
+    """`--resume FILE` of an older step left the newer checkpoints in place: retention, which
+    goes by step, removed the resumed run's own checkpoints first, and the next `--resume`
+    continued the abandoned run. They are moved to DIR/superseded, nothing deleted."""
+    from dataclasses import replace
+
+    from streamnet.training.checkpoint import list_checkpoints
+    from streamnet.training.config import lenet5_mixbp, run_config_to_dict
+    from streamnet.training.nsmap import resume_point
+    cfg = replace(lenet5_mixbp(), epochs=9)
+    paths = {}
+    for epoch in (1, 2, 3):
+        state = {"config": run_config_to_dict(cfg), "position": {"step": 10 * epoch, "epoch": epoch, "round": 0}}
+        paths[epoch] = write_checkpoint(str(tmp_path), "run", 10 * epoch, np.full(4, epoch, np.float32), state)["path"]
+    other = write_checkpoint(str(tmp_path), "run-b", 40, np.zeros(4, np.float32))["path"]  # another run's: untouched
+    point = resume_point(cfg, str(tmp_path), "run", path=paths[1])
+    assert point["step"] == 10
+    assert [s for s, _ in list_checkpoints(str(tmp_path), "run")] == [10]
+    aside = tmp_path / "superseded"
+    assert sorted(f.name for f in aside.iterdir()) == ["run-00000020.ckpt", "run-00000030.ckpt"]
+    assert os.path.exists(other)
+    assert "set aside the newer checkpoint" in caplog.text and "run-00000030.ckpt" in caplog.text
+    # the resumed run writes on; a second resume takes its newest, and retention keeps its own
+    for step in (11, 12, 13):
+        write_checkpoint(str(tmp_path), "run", step, np.zeros(4, np.float32), None, keep=3)
+    assert [s for s, _ in list_checkpoints(str(tmp_path), "run")] == [13, 12, 11]
+    # a name already set aside is not overwritten
+    write_checkpoint(str(tmp_path), "run", 20, np.zeros(4, np.float32))
+    state = {"config": run_config_to_dict(cfg), "position": {"step": 13, "epoch": 1, "round": 3}}
+    write_checkpoint(str(tmp_path), "run", 13, np.zeros(4, np.float32), state)
+    assert resume_point(cfg, str(tmp_path), "run", path=str(tmp_path / "run-00000013.ckpt"))["step"] == 13
+    assert sorted(f.name for f in aside.iterdir()) == ["run-00000020.ckpt", "run-00000020.ckpt.1", "run-00000030.ckpt"]
+    np.testing.assert_array_equal(read_checkpoint(str(aside / "run-00000020.ckpt")), np.full(4, 2, np.float32))
+
+
+def test_a_newer_checkpoint_that_cannot_be_set_aside_stops_the_resume(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from streamnet.training.config import lenet5_mixbp, run_config_to_dict
+    from streamnet.training.nsmap import resume_point
+    cfg = replace(lenet5_mixbp(), epochs=9)
+    state = {"config": run_config_to_dict(cfg), "position": {"step": 10, "epoch": 1, "round": 0}}
+    old = write_checkpoint(str(tmp_path), "run", 10, np.zeros(4, np.float32), state)["path"]
+    write_checkpoint(str(tmp_path), "run", 20, np.zeros(4, np.float32), state)
+
+    def refuse(src, dst):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(os, "rename", refuse)
+    with pytest.raises(CheckpointError, match="cannot set aside the checkpoints of 'run' newer than step 10 .*"
+                                              "Permission denied"):
+        resume_point(cfg, str(tmp_path), "run", path=old)
