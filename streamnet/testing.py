@@ -340,9 +340,10 @@ class Cluster:
                 raise ValueError(f"zk_relays needs one local ZooKeeper server; got {self.zk_hosts}")
             self.relays[name] = Relay(int(port))
             zk = self.relays[name].address
-        p = subprocess.Popen([*pin, sys.executable, "-m", "streamnet.cli.worker", *self.args(zk), "--name", name,
-                              "--port", "0", "--threads", str(self.threads), *extra],
-                             stdout=open(log, "ab"), stderr=subprocess.STDOUT, cwd=ROOT)
+        with open(log, "ab") as out:        # the worker holds its own copy
+            p = subprocess.Popen([*pin, sys.executable, "-m", "streamnet.cli.worker", *self.args(zk), "--name", name,
+                                  "--port", "0", "--threads", str(self.threads), *extra],
+                                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
         self.procs[name] = p
         return p
 

@@ -1,5 +1,6 @@
 """Attacks of issue 15 against running workers (loopback only, bounded loops)."""
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -58,17 +59,20 @@ async def _through_relay(tamper, messages):
     server = StreamServer(Auth(secret, "w1"), dispatch, codec.DEFAULT_LIMITS)
     app = web.Application()
     app.add_routes(server.routes())
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    relay = LoopRelay(site._server.sockets[0].getsockname()[1], tamper)
-    port = await relay.start()
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
-    link = PeerLink(sender="w0", peer="w1", url=f"http://127.0.0.1:{port}", auth=Auth(secret, "w0"),
-                    session=session, limits=codec.DEFAULT_LIMITS)
-    link.start()
-    try:
+    async with contextlib.AsyncExitStack() as undo:      # what was made is closed, also when setting up fails
+        runner = web.AppRunner(app)
+        await runner.setup()
+        undo.push_async_callback(runner.cleanup)
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        relay = LoopRelay(site._server.sockets[0].getsockname()[1], tamper)
+        port = await relay.start()
+        undo.push_async_callback(relay.close)
+        session = await undo.enter_async_context(aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)))
+        link = PeerLink(sender="w0", peer="w1", url=f"http://127.0.0.1:{port}", auth=Auth(secret, "w0"),
+                        session=session, limits=codec.DEFAULT_LIMITS)
+        link.start()
+        undo.push_async_callback(link.close, 0.5)
         outcomes = []
         for msg in messages:
             before = (len(got), server.rejected)
@@ -76,11 +80,6 @@ async def _through_relay(tamper, messages):
             await until(lambda: (len(got), server.rejected) != before, "the message or its rejection")
             outcomes.append((got[before[0]:], server.rejected - before[1]))
         return outcomes
-    finally:
-        await link.close(0.5)
-        await session.close()
-        await relay.close()
-        await runner.cleanup()
 
 
 def _data(fill: int) -> DataMsg:
@@ -143,8 +142,8 @@ def test_a_receiver_without_the_secret_gets_nothing(caplog):
         link = PeerLink(sender="w0", peer="w1", url=f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}",
                         auth=Auth(os.urandom(32), "w0"), session=session, limits=codec.DEFAULT_LIMITS)
         link.start()
-        await link.send(_data(7))
         try:
+            await link.send(_data(7))
             await until(lambda: link.reconnects >= 3, "the link to give up on that receiver three times")
             return posted, link.last_error
         finally:
@@ -474,7 +473,9 @@ def test_status_and_metrics_need_the_monitor_token_when_the_worker_has_one(zk, t
             assert refused.value.code == 401 and b"needs the monitor token" in refused.value.read()
             ask = urllib.request.Request(url, headers={"Authorization": "Bearer a-monitor-token-0123456789"})
             with urllib.request.urlopen(ask, timeout=5) as r:
-                assert r.status == 200 and (b"streamnet_" in r.read() if path == "/metrics" else True)
+                body = r.read()
+                assert r.status == 200
+                assert b"streamnet_" in body if path == "/metrics" else json.loads(body)["worker"] == "w0"
         # streamnet-submit status sends the token of $STREAMNET_MONITOR_TOKEN_FILE
         without = _cli("submit", "status", *c.args())
         assert without.returncode == 0 and "unreachable" in without.stdout, without.stdout + without.stderr

@@ -49,7 +49,7 @@ def test_submit_wait_exits_1_with_the_workers_error_when_a_worker_lacks_the_data
         assert "Traceback" not in r.stderr
         assert state.topology_names() == []                           # killed, not left running
         assert all(p.poll() is None for p in c.procs.values())       # the workers stay up
-        assert os.path.isdir(tmp_path)
+        assert os.listdir(tmp_path) == []                          # nothing made in the data directory
 
 
 def test_a_clean_stop_of_a_topology_that_cannot_start_kills_it(monkeypatch):

@@ -65,7 +65,7 @@ def test_metrics_have_the_training_families_during_a_run():
         acc = seen["streamnet_training_test_accuracy"].samples[0]
         assert acc.labels["component"] == "eval" and 0.0 <= acc.value <= 1.0
         units = {s.labels["unit"] for s in seen["streamnet_training_compute_seconds"].samples}
-        assert units <= {"0", "1"} and seen["streamnet_training_compute_seconds"].type == "counter"
+        assert units and units <= {"0", "1"} and seen["streamnet_training_compute_seconds"].type == "counter"
 
 
 def _get_json(port: int, path: str):
@@ -185,6 +185,8 @@ def test_train_ui_serves_the_embedded_cluster_while_it_trains():
             p.kill()
             out, err = p.communicate()
     assert "Traceback" not in err, err
+    # a clean stop: the round in flight finished, and a run cut short exits 1
+    assert p.returncode == 1 and "stopped by a signal at step" in err, (p.returncode, err)
     assert _get_json(port, "/api/cluster") is None      # the UI went with the run
 
 

@@ -25,12 +25,18 @@ def in_thread(fn):
     box = {}
 
     def run():
-        box["result"] = fn()
-        box["sched"] = sched(threading.get_native_id())
-        box["nice"] = os.getpriority(os.PRIO_PROCESS, 0)
-    t = threading.Thread(target=run)
+        try:
+            box["result"] = fn()
+            box["sched"] = sched(threading.get_native_id())
+            box["nice"] = os.getpriority(os.PRIO_PROCESS, 0)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            box["error"] = e
+    t = threading.Thread(target=run, daemon=True)
     t.start()
     t.join(10)
+    assert not t.is_alive(), "the thread did not finish within 10 s"
+    if "error" in box:
+        raise box["error"]
     return box
 
 

@@ -31,8 +31,12 @@ def test_loss_and_gradient_equal_pytorch(case):
     ref_grad = reference.flat_grad(seq)
 
     assert abs(loss - ref_loss.item()) <= 1e-4 * abs(ref_loss.item())
+    # the returned flat gradient is the one compared, tensor by tensor, and covers every parameter
+    grads = model.named_grads()
+    assert grads and grad.size == ref_grad.size
+    np.testing.assert_array_equal(np.concatenate([g.reshape(-1) for _, g in grads]), grad)
     # per parameter tensor, relative to that tensor's gradient scale
-    for (name, g), offset in zip(model.named_grads(), np.cumsum([0] + [v.size for _, v in model.named_grads()])):
+    for (name, g), offset in zip(grads, np.cumsum([0] + [v.size for _, v in grads])):
         r = ref_grad[offset:offset + g.size]
         err = np.max(np.abs(g.reshape(-1) - r))
         assert err <= 1e-4 * np.max(np.abs(r)) + 1e-7, f"{name}: max error {err:.3g}"

@@ -111,18 +111,19 @@ def test_another_program_or_a_reply_nested_too_deep_is_a_value_error(monkeypatch
     """`streamnet-submit status` catches OSError and ValueError: an SSH banner on the port
     (BadStatusLine) or JSON nested 100,000 deep (RecursionError) was a traceback."""
     import socket
-    srv = socket.create_server(("127.0.0.1", 0))
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        srv.settimeout(10)
 
-    def banner():
-        conn, _ = srv.accept()
-        conn.sendall(b"SSH-2.0-OpenSSH_9.0\r\n")
-        conn.close()
-    t = threading.Thread(target=banner, daemon=True)
-    t.start()
-    with pytest.raises(ValueError, match="did not answer HTTP"):
-        monitor.get_status(f"http://127.0.0.1:{srv.getsockname()[1]}", None)
-    t.join(5)
-    srv.close()
+        def banner():
+            conn, _ = srv.accept()
+            conn.sendall(b"SSH-2.0-OpenSSH_9.0\r\n")
+            conn.close()
+        t = threading.Thread(target=banner, daemon=True)
+        t.start()
+        with pytest.raises(ValueError, match="did not answer HTTP"):
+            monitor.get_status(f"http://127.0.0.1:{srv.getsockname()[1]}", None)
+        t.join(10)
+        assert not t.is_alive()
     with _server(lambda path: (200, {}, b"[" * 100_000 + b"]" * 100_000)) as (url, _):
         with pytest.raises(ValueError, match="nested too deep"):
             monitor.get_status(url, None)

@@ -9,6 +9,7 @@ import pytest
 
 from streamnet.runtime import FencedError
 from streamnet.runtime.component import BoltCollector, Context, Tuple
+from streamnet.testing import until
 from streamnet.training import AlgorithmConfig, RunConfig
 from streamnet.training.config import run_config_to_dict
 from streamnet.training.schedule import EpochPlans, UnitSchedule
@@ -155,10 +156,9 @@ class HeldSaves:
         """Rounds 0 and 1, each save landing as it is made; then round 2's ahead is in flight."""
         for step in (0, 1):
             task = asyncio.ensure_future(_round(bolt, step))
-            while len(self.landing) <= step:
-                await asyncio.sleep(0)
+            await until(lambda: len(self.landing) > step, f"round {step}'s save to start", timeout=10)
             self.landing[step].set_result(None)
-            await task
+            await asyncio.wait_for(task, 10)
         await _passes()
 
 
@@ -175,7 +175,7 @@ def test_a_round_that_comes_while_its_ahead_save_is_in_flight_goes_out_when_it_l
             await asyncio.sleep(0)
         assert len(out.emitted) == sent and not task.done()           # its parameters wait for that save
         saves.landing[2].set_result(None)
-        await task
+        await asyncio.wait_for(task, 10)
         await _passes()
         assert len(saves.states) == 4 and _last_params(out)["step"] == 3   # no save of its own (#4: ahead)
         saves.landing[3].set_result(None)

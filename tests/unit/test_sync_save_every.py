@@ -9,6 +9,7 @@ import logging
 import pytest
 
 from streamnet.runtime.component import Tuple
+from streamnet.testing import until
 from streamnet.training.streams import DIRECT_PARAMS, PARAMS, RESYNC, row
 from streamnet.training.sync_bolt import SyncBolt
 from tests.unit.test_sync_adoption import _last_params, _replica
@@ -78,10 +79,9 @@ def test_a_round_between_saves_goes_out_without_waiting_for_the_coordinator():
 
     async def go():
         task = asyncio.ensure_future(_round(bolt, 0))
-        while not saves.landing:
-            await asyncio.sleep(0)
+        await until(lambda: saves.landing, "round 0's save to start", timeout=10)
         saves.landing[0].set_result(None)           # the first round waits for its save
-        await task
+        await asyncio.wait_for(task, 10)
         await _round(bolt, 1)                       # no save: out at once, though none would land now
         assert _last_params(out)["step"] == 2 and len(saves.states) == 1
     asyncio.run(go())

@@ -38,24 +38,26 @@ def schedulers():
     own session; their passes run on wakes only (a period of an hour)."""
     server = InProcessServer()
     out = []
-    for i in range(CANDIDATES):
-        s = SchedulerService(ClusterState(server.session(), "t"), f"w{i}", auth=None, period_s=3600)
-        s._wake = _CountingEvent()
-        s.reads = 0
-        read = s.state.unreachable_reports
+    try:        # stopped also when the setup fails
+        for i in range(CANDIDATES):
+            s = SchedulerService(ClusterState(server.session(), "t"), f"w{i}", auth=None, period_s=3600)
+            s._wake = _CountingEvent()
+            s.reads = 0
+            read = s.state.unreachable_reports
 
-        def counted(read=read, s=s):
-            s.reads += 1
-            return read()
-        s.state.unreachable_reports = counted
-        s.start()
-        out.append(s)
-    wait_for(lambda: out[0].leading and all(s.election.leader == "w0" for s in out), 10, "w0 to lead")
-    yield server, out
-    for s in out:
-        s.stop()
-        s.state.coord.close()
-    server.shutdown()
+            def counted(read=read, s=s):
+                s.reads += 1
+                return read()
+            s.state.unreachable_reports = counted
+            s.start()
+            out.append(s)
+        wait_for(lambda: out[0].leading and all(s.election.leader == "w0" for s in out), 10, "w0 to lead")
+        yield server, out
+    finally:
+        for s in out:
+            s.stop()
+            s.state.coord.close()
+        server.shutdown()
 
 
 def _settled(server, state: ClusterState, nodes: int):
