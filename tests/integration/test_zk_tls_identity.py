@@ -28,10 +28,11 @@ z.stop()
 """
 
 
-def _connects(hosts: str, tls_dir: str) -> str:
+def _connects(hosts: str, tls_dir: str, env: dict | None = None) -> str:
     """kazoo with a --zk-tls directory's options, in a process of its own (a client that
     never connected keeps its socket pair): "connected" or the error's name."""
-    r = subprocess.run([sys.executable, "-c", PROBE, hosts, tls_dir], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", PROBE, hosts, tls_dir], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, **(env or {})))
     return r.stdout.strip() or r.stderr[-500:]
 
 
@@ -69,8 +70,17 @@ class Impostor:
         self.sock.close()
 
 
+def _other_ca(out: str) -> str:
+    """A CA of its own in `out` (ca.pem, ca-key.pem), as a public or a company CA would be."""
+    os.makedirs(out, exist_ok=True)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=another CA", "-days", "2",
+                    "-keyout", os.path.join(out, "ca-key.pem"), "-out", os.path.join(out, "ca.pem")],
+                   check=True, capture_output=True)
+    return out
+
+
 def _sign(tls: str, out: str, ext: str) -> tuple[str, str]:
-    """A key and a certificate of the ensemble's CA with extensions `ext`."""
+    """A key and a certificate of the CA in `tls` (ca.pem, ca-key.pem) with extensions `ext`."""
     key, csr, cert = (os.path.join(out, n) for n in ("k.pem", "r.csr", "c.pem"))
     subprocess.run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=impostor", "-keyout", key,
                     "-out", csr], check=True, capture_output=True)
@@ -94,10 +104,16 @@ def test_clients_talk_to_the_ensemble_and_not_to_a_host_posing_as_it(tmp_path):
             "a server certificate for another name": _sign(
                 tls, str(tmp_path), "subjectAltName=DNS:elsewhere.example\nextendedKeyUsage=serverAuth"),
         }
+        # kazoo's own TLS connect also trusts the system's CA store: a certificate for the very
+        # host dialled, from a CA the system trusts (here through SSL_CERT_FILE), passed
+        other = _other_ca(str(tmp_path / "other-ca"))
+        cases["a server certificate for this host from a CA the system trusts"] = _sign(
+            other, str(tmp_path / "other-ca"), "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth")
+        system_trusts = {"SSL_CERT_FILE": os.path.join(other, "ca.pem")}
         for case, (cert, key) in cases.items():
             impostor = Impostor(cert, key)
             try:
-                outcome = _connects(f"127.0.0.1:{impostor.port}", tls)
+                outcome = _connects(f"127.0.0.1:{impostor.port}", tls, system_trusts)
             finally:
                 impostor.close()
             assert outcome != "connected", case

@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import socket
+import ssl
 import threading
 import time
 from concurrent.futures import Future
@@ -30,7 +31,8 @@ from typing import Callable
 
 from kazoo import exceptions as kx
 from kazoo.client import KazooClient, KazooState
-from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.serialization import Auth as kazoo_auth
+from kazoo.handlers.threading import KazooTimeoutError, SequentialThreadingHandler
 from kazoo.retry import KazooRetry, RetryFailedError
 from kazoo.security import ACL, Id, Permissions
 
@@ -39,6 +41,21 @@ from .coordinator import (BadVersionError, ConnectionLostError, Coordinator, Coo
                           NodeExistsError, NotEmptyError, SessionClosedError)
 
 log = logging.getLogger(__name__)
+
+
+class _NoCredentials(logging.Filter):
+    """kazoo logs every request it sends at DEBUG, the digest credential of each connect
+    included (`Auth(... auth='streamnet:<password>')`): a worker run with --log-level
+    DEBUG wrote its role's password to its log. Such a record is logged without it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(isinstance(a, kazoo_auth) for a in record.args):
+            record.args = tuple("Auth(<credential left out>)" if isinstance(a, kazoo_auth) else a
+                                for a in record.args)
+        return True
+
+
+logging.getLogger("kazoo.client").addFilter(_NoCredentials())   # the logger kazoo's connection logs to
 
 
 @contextlib.contextmanager
@@ -86,7 +103,36 @@ def tls_options(directory: str) -> dict:
             raise CoordinatorError(f"ZooKeeper TLS: {path} does not exist; a --zk-tls directory holds "
                                    f"{', '.join(TLS_FILES.values())} (deploy/zookeeper.sh --tls-dir makes them)")
     read_private(paths["keyfile"], "ZooKeeper TLS key")
-    return {"use_ssl": True, "verify_certs": True, "check_hostname": True, **paths}
+    return {"use_ssl": True, "verify_certs": True, "check_hostname": True, "handler": ClusterCaOnly(), **paths}
+
+
+class ClusterCaOnly(SequentialThreadingHandler):
+    """kazoo's handler, but a TLS connection trusts the ensemble's CA only: kazoo's own
+    loads the system's CA store too, so a host showing a certificate for the name dialled
+    from any CA the system trusts (a public or a company one) passed as the ensemble and
+    read the clients' digest credentials."""
+
+    def create_connection(self, address, hostname=None, timeout=None, use_ssl=False, ca=None, certfile=None,
+                          keyfile=None, keyfile_password=None, verify_certs=True, check_hostname=False, **more):
+        if not use_ssl:
+            return super().create_connection(address, hostname=hostname, timeout=timeout, **more)
+        if not (ca and verify_certs):
+            raise ValueError("a TLS connection to ZooKeeper needs the ensemble's CA, verified")
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)        # certificate required, TLS 1.2 at least
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.check_hostname = check_hostname
+        ctx.load_verify_locations(ca)
+        if certfile and keyfile:
+            ctx.load_cert_chain(certfile=certfile, keyfile=keyfile, password=keyfile_password)
+        family = socket.getaddrinfo(address[0], address[1], 0, socket.SOCK_STREAM)[0][0]
+        conn = ctx.wrap_socket(socket.socket(family), server_hostname=hostname)
+        try:
+            conn.settimeout(timeout)
+            conn.connect(address)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
 
 #: servers kazoo is given at least, the list repeated: it waits session_timeout /
