@@ -112,6 +112,25 @@ def array_bytes(obj) -> int:
     return sum(value.nbytes for value in _parts(obj) if isinstance(value, np.ndarray))
 
 
+def held_bytes(obj) -> int:
+    """The bytes the arrays inside obj keep alive: a decoded array is a view of its whole
+    frame (each frame counted once), an array of its own its own bytes."""
+    seen, total = set(), 0
+    for value in _parts(obj):
+        if not isinstance(value, np.ndarray):
+            continue
+        root = value
+        while isinstance(root, np.ndarray) and root.base is not None:
+            root = root.base
+        if isinstance(root, memoryview):
+            root = root.obj
+        if id(root) in seen:
+            continue
+        seen.add(id(root))
+        total += root.nbytes if isinstance(root, np.ndarray) else memoryview(root).nbytes
+    return total
+
+
 def _parts(obj):
     """obj and every value inside it (lists, tuples, a dict's keys and values), at any
     depth; not recursive: a header may nest deeper than Python's recursion limit."""

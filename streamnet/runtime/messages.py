@@ -23,6 +23,7 @@ of the wrong shape is a CodecError, which closes the connection it came on.
 """
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from typing import Union
 
@@ -130,10 +131,16 @@ def _anchors_ok(anchors) -> bool:
         isinstance(a, list) and len(a) == 2 and whole(a[0]) and whole(a[1]) for a in anchors)
 
 
+def _shown(msg) -> str:
+    """A message for an error: bounded in length and depth (str() of a list nested
+    thousands deep, which a peer can send, raised RecursionError, not CodecError)."""
+    return reprlib.repr(msg)[:80]
+
+
 def from_wire(msg) -> Message:
     """The typed message of a decoded wire list; CodecError if it is not one."""
     if not (isinstance(msg, list) and len(msg) >= 4 and isinstance(msg[1], str) and whole(msg[2])):
-        raise CodecError(f"malformed message {str(msg)[:80]}")
+        raise CodecError(f"malformed message {_shown(msg)}")
     kind = msg[0]
     if kind == "T" and len(msg) == 8:
         _, topology, target, stream, source, version, values, anchors = msg
@@ -152,4 +159,4 @@ def from_wire(msg) -> Message:
         return AckMsg(msg[1], msg[2], msg[3], msg[4])
     elif kind == "f" and len(msg) == 4 and whole(msg[3]):
         return FailMsg(msg[1], msg[2], msg[3])
-    raise CodecError(f"malformed message {str(msg)[:80]}")
+    raise CodecError(f"malformed message {_shown(msg)}")

@@ -368,6 +368,7 @@ class Worker:
             self.pool.resize(int(threads))
             self._spawn(asyncio.to_thread(self.state.update_worker, self.id, self.info()))
         await rt.apply(assignment, version)
+        self._prune_links()
         await self.delivery.deliver_parked(rt)
         self._spawn(asyncio.to_thread(self.state.mark_applied, name, self.id, version))
 
@@ -395,6 +396,11 @@ class Worker:
         rt = self.runtimes.pop(name, None)
         if rt is not None:
             await rt.stop()
+            self._prune_links()
+
+    def _prune_links(self) -> None:
+        """Links only to the workers some topology here addresses."""
+        self.delivery.prune({w for rt in self.runtimes.values() for w in rt.addresses})
 
     # -- services for tasks ------------------------------------------------------------
     def compute(self, fn, *args):

@@ -93,3 +93,35 @@ def test_hello_answers_once_a_connection_then_closes_it():
             return await _ask(port, held, b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n" * 5)   # EOF: closed by the worker
     answer = asyncio.run(go())
     assert answer.count(b"HTTP/1.1 200") == 1 and b'"worker": "w1"' in answer, answer[:300]
+
+
+class _Conn:
+    """What the guard reads of a connection; closing it forgets it at once, as _Guarded's does."""
+
+    def __init__(self, guard, address, pending):
+        self.guard, self.address, self.pending = guard, address, pending
+
+    def idle(self):
+        return False
+
+    def stuck(self, after_s):
+        return False
+
+    def close(self):
+        self.pending = False
+        self.guard.forget(self)
+
+
+def test_a_connection_admitted_by_evicting_its_own_address_last_one_is_counted_for_that_address():
+    """Evicting an address's only connection dropped the address's entry, and the one
+    admitted in its place went into that detached entry: the address's count missed it."""
+    guard = ConnectionGuard(max_connections=2, max_per_address=2)
+    first = _Conn(guard, "10.0.0.1", pending=True)        # half-sent: the one evicted
+    other = _Conn(guard, "10.0.0.2", pending=False)
+    assert guard.admit(first) and guard.admit(other)
+    new = _Conn(guard, "10.0.0.1", pending=True)
+    assert guard.admit(new)
+    assert list(guard.open) == [other, new] and guard.evicted == 1
+    assert list(guard.by_address["10.0.0.1"]) == [new]
+    guard.forget(new)
+    assert "10.0.0.1" not in guard.by_address

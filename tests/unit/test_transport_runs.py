@@ -2,16 +2,21 @@
 go as one wire entry, and the receiver checks, routes and delivers them as one - in
 order, each a tuple of its own, and refused whole when any part is malformed."""
 import asyncio
+import os
 
+import aiohttp
 import pytest
 
+from streamnet.runtime import codec
 from streamnet.runtime.codec import CodecError
 from streamnet.runtime.dataplane import routing
 from streamnet.runtime.dataplane.acker import ROOT_BITS
 from streamnet.runtime.dataplane.delivery import Delivery
 from streamnet.runtime.dataplane.executor import BoltExecutor
 from streamnet.runtime.dataplane.routing import View
+from streamnet.runtime.dataplane.transport import Auth
 from streamnet.runtime.messages import AckMsg, DataMsg, DataRun, FailMsg, from_wire, to_wire_all
+from streamnet.testing import until
 
 
 def _t(i, target=3, anchors=(), version=2, stream="default"):
@@ -40,6 +45,17 @@ def test_consecutive_tuples_with_one_header_travel_as_a_run_and_the_rest_as_befo
 def test_a_malformed_run_is_refused_whole(bad):
     with pytest.raises(CodecError):
         from_wire(bad)
+
+
+def test_a_message_nested_thousands_deep_is_a_codec_error():
+    """Its error text was str(msg), which raised RecursionError: past the stream's CodecError
+    handling, aiohttp wrote a 500 into the frame stream and logged a traceback per message."""
+    deep = []
+    for _ in range(5000):
+        deep = [deep]
+    for bad in (["x", "a", 0, deep], ["a", "train", 0, deep, 1]):
+        with pytest.raises(CodecError, match=r"malformed message \[.*\.\.\."):
+            from_wire(bad)
 
 
 def test_a_run_is_routed_once_as_its_tuples_would_be():
@@ -79,8 +95,12 @@ def test_a_run_reaches_its_bolt_as_tuples_in_order_with_their_anchors():
             while len(taken) < 3:
                 taken.append(await bolt.inbound.get())
         consumer = asyncio.get_running_loop().create_task(consume())
-        await d.receive(DataRun("train", 3, "default", 1, [[0], [1], [2]], [[], [[7, 8]], []], 2), sender="w0")
-        await consumer
+        try:     # a tuple lost, or delivery stuck, fails here instead of hanging the suite
+            await asyncio.wait_for(d.receive(DataRun("train", 3, "default", 1, [[0], [1], [2]],
+                                                     [[], [[7, 8]], []], 2), sender="w0"), 30)
+            await asyncio.wait_for(consumer, 30)
+        finally:
+            consumer.cancel()
         return taken
     tuples = asyncio.run(go())
     assert [t["n"] for t in tuples] == [0, 1, 2]
@@ -111,3 +131,21 @@ def test_receive_now_delivers_what_fits_and_leaves_the_rest_untouched_for_receiv
     assert d.receive_now(_t(6, version=1), sender="w2")          # stale (task 1 is w0's): dropped at once
     assert rt.stale == 1
     assert d.receive_now(DataMsg("other", 3, "default", 1, [0], [], 2), sender="w0") and d.dropped == 1
+
+
+def test_links_to_workers_no_assignment_names_are_closed():
+    """A link to a worker that left for good reconnected every 2 s for the life of the
+    process, holding what was queued to it."""
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            d = Delivery(worker_id="w0", auth=Auth(os.urandom(32), "w0"), session=session,
+                         limits=codec.DEFAULT_LIMITS, runtimes={}, on_unreachable=lambda *a: None)
+            gone, kept = d.link("w8", "http://127.0.0.1:1"), d.link("w9", "http://127.0.0.1:1")
+            await gone.send(AckMsg("t", 0, 1, 1))
+            d.prune({"w9"})
+            assert list(d.links) == ["w9"]
+            await until(lambda: gone._task.done(), "the link to w8 to stop", timeout=10)
+            assert not kept._task.done()
+            await d.close()
+            return kept._task.done()
+    assert asyncio.run(go())

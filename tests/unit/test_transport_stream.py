@@ -119,6 +119,41 @@ def _refuse_every_50th(msg) -> bool:
     return not any(isinstance(v[0], int) and v[0] % 50 == 0 for v in values)
 
 
+@pytest.mark.parametrize("case", ["one message cannot be encoded", "the batch's values overflow a header"])
+def test_a_batch_that_cannot_be_one_frame_loses_only_what_cannot_be_sent(case):
+    """All the messages a frame took were dropped when one of them could not be encoded,
+    or when their values besides arrays (which the batching does not count) made a header
+    past the limit: up to 512 tuples and acks of every task on that link."""
+    secret = os.urandom(32)
+    bad = 150 if case == "one message cannot be encoded" else None
+    # with a 64 KB header limit, 300 tuples of 100 floats each cannot share one frame
+    limits = codec.Limits(max_header=64 << 10) if bad is None else codec.DEFAULT_LIMITS
+
+    async def go():
+        async with Receiver(secret) as rx:
+            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+            link = PeerLink(sender="w0", peer="w1", url=f"http://127.0.0.1:{rx.port}", auth=Auth(secret, "w0"),
+                            session=session, limits=limits)
+            link.start()
+            try:
+                await link.send(AckMsg("t", 0, 1, 1))
+                await until(lambda: len(rx.got) == 1, "the stream to be up")
+                for i in range(300):          # queued in one turn of the loop: one batch
+                    values = [i, object()] if i == bad else [i, [0.5] * 100]
+                    await link.send(DataMsg("t", 1, "default", 0, values, [], 3))
+                await link.send(AckMsg("t", 0, 5, 6))
+                want = 1 + 300 - (bad is not None) + 1
+                await until(lambda: len(rx.got) == want, "every message that can be sent")
+                return [m for m, _ in rx.got[1:]], link.dropped, rx.server.rejected
+            finally:
+                await link.close(1.0)
+                await session.close()
+    got, dropped, rejected = asyncio.run(go())
+    assert rejected == 0 and dropped == (bad is not None)
+    assert [m.values[0] for m in got[:-1]] == [i for i in range(300) if i != bad]       # in order
+    assert got[-1] == AckMsg("t", 0, 5, 6)
+
+
 def test_messages_go_at_once_from_the_socket_callback_and_in_order_when_some_must_wait():
     secret = os.urandom(32)
 
@@ -377,13 +412,29 @@ def test_send_buffers_writes_everything_in_order_through_a_full_socket():
             while len(received) < sum(map(len, parts)):
                 received.extend(await loop.sock_recv(b, 1 << 16))
         try:
-            await asyncio.gather(frame_io.send_buffers(a, parts), drain())
+            # bytes lost fail the wait instead of hanging the suite
+            await asyncio.wait_for(asyncio.gather(frame_io.send_buffers(a, parts), drain()), 60)
         finally:
             a.close()
             b.close()
         return bytes(received), b"".join(parts)
     got, want = asyncio.run(go())
     assert got == want
+
+
+def test_a_peer_that_stops_reading_fails_the_write_after_the_stall_time():
+    """A peer that stopped reading without closing (SIGSTOP, a partition) held the link's
+    write for good: heartbeats stopped and its queue filled until senders blocked."""
+    async def go():
+        a, b = socket.socketpair()                       # b never reads
+        a.setblocking(False)
+        try:
+            with pytest.raises(asyncio.TimeoutError, match="took no byte for 0 s"):
+                await asyncio.wait_for(frame_io.send_buffers(a, [bytes(32 << 20)], stall_s=0.3), 30)
+        finally:
+            a.close()
+            b.close()
+    asyncio.run(go())
 
 
 def test_a_stream_is_never_taken_for_a_connection_stuck_on_its_answer():
@@ -400,3 +451,21 @@ def test_a_stream_is_never_taken_for_a_connection_stuck_on_its_answer():
             return answer, rx.guard.status()
     answer, status = asyncio.run(go())
     assert answer == b"" and status["refused"] == 1 and status["evicted"] == 0
+
+
+def test_a_cancelled_close_is_cancelled_and_still_stops_the_link():
+    """close() swallowed its caller's cancellation, so a cancelled worker stop carried on."""
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            link = PeerLink(sender="w0", peer="w1", url="http://127.0.0.1:1", auth=Auth(os.urandom(32), "w0"),
+                            session=session, limits=codec.DEFAULT_LIMITS)
+            link.start()
+            await link.send(AckMsg("t", 0, 1, 1))        # never delivered: nobody listens there
+            closing = asyncio.get_running_loop().create_task(link.close(30.0))
+            await until(lambda: link.queue.qsize() == 2, "close to queue its end")
+            closing.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await closing
+            await until(lambda: link._task.done(), "the link's task to stop", timeout=10)
+            return closing.cancelled()
+    assert asyncio.run(go())

@@ -2,6 +2,7 @@
 and nothing of a tensor shows on the wire; a sender whose certificate the cluster's CA
 did not sign, or that does not speak TLS, is refused and delivers nothing."""
 import asyncio
+import contextlib
 import os
 
 import aiohttp
@@ -43,30 +44,29 @@ def _send(receiver_tls: TlsConfig | None, sender_tls: TlsConfig | None, expect: 
         server = StreamServer(Auth(secret, "w1"), dispatch, codec.DEFAULT_LIMITS, tls=receiver_tls)
         app = web.Application()
         app.add_routes(server.routes())
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        seen = bytearray()          # what the sender wrote, as the wire carried it
-        tap = LoopRelay(site._server.sockets[0].getsockname()[1], lambda state, data: seen.extend(data) or data)
-        port = await tap.start()
-        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
-        link = PeerLink(sender="w0", peer="w1", url=f"http://127.0.0.1:{port}", auth=Auth(secret, "w0"),
-                        session=session, limits=codec.DEFAULT_LIMITS, tls=sender_tls)
-        link.start()
-        try:
+        async with contextlib.AsyncExitStack() as undo:      # what was made is closed, also when setting up fails
+            runner = web.AppRunner(app)
+            await runner.setup()
+            undo.push_async_callback(runner.cleanup)
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            seen = bytearray()          # what the sender wrote, as the wire carried it
+            tap = LoopRelay(site._server.sockets[0].getsockname()[1], lambda state, data: seen.extend(data) or data)
+            port = await tap.start()
+            undo.push_async_callback(tap.close)
+            session = await undo.enter_async_context(
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)))
+            link = PeerLink(sender="w0", peer="w1", url=f"http://127.0.0.1:{port}", auth=Auth(secret, "w0"),
+                            session=session, limits=codec.DEFAULT_LIMITS, tls=sender_tls)
+            link.start()
+            undo.push_async_callback(link.close, 0.1)
+            undo.callback(link.abort)
             await link.send(DataMsg("t", 1, "default", 0, [np.frombuffer(MARK * 100, np.uint8)], [], 1))
             if expect == "delivered":
                 await until(lambda: got, "the tensor")
             else:
                 await until(lambda: server.rejected, "the receiver to refuse the stream")
             return got, server.rejected, bytes(seen)
-        finally:
-            link.abort()
-            await link.close(0.1)
-            await session.close()
-            await tap.close()
-            await runner.cleanup()
     return asyncio.run(go())
 
 
@@ -106,3 +106,48 @@ def test_a_key_others_may_read_is_refused_with_the_fix(tmp_path, pki):
         TlsConfig(cert=pki("w0").cert, key=str(key), ca=pki("w0").ca)
     key.chmod(0o600)
     assert TlsConfig(cert=pki("w0").cert, key=str(key), ca=pki("w0").ca).server is not None
+
+
+def test_tls_handshakes_that_time_out_give_their_connection_slots_back(pki, monkeypatch):
+    """asyncio's TLS layer tells nobody of a connection it drops during its handshake (a
+    sender that never sends its ClientHello): the connection guard kept each such
+    connection's slot for good, and after 512 a worker refused every connection (its
+    /status, /hello and every peer's stream)."""
+    from streamnet.runtime.dataplane import transport
+    from streamnet.runtime.dataplane.guard import ConnectionGuard, GuardedRunner
+    monkeypatch.setattr(transport, "HANDSHAKE_TIMEOUT_S", 0.3)
+
+    async def go():
+        guard = ConnectionGuard()
+        secret = os.urandom(32)
+
+        async def dispatch(msg, sender):
+            pass
+        server = StreamServer(Auth(secret, "w1"), dispatch, codec.DEFAULT_LIMITS, tls=pki("w1"))
+        app = web.Application()
+        app.add_routes(server.routes())
+        async with contextlib.AsyncExitStack() as undo:
+            runner = GuardedRunner(app, guard, access_log=None)
+            await runner.setup()
+            undo.push_async_callback(runner.cleanup)
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = site._server.sockets[0].getsockname()[1]
+            session = await undo.enter_async_context(aiohttp.ClientSession())
+            sender = Auth(secret, "w0")
+            for n in range(1, 4):
+                async with session.get(f"http://127.0.0.1:{port}/hello") as r:
+                    nonce = (await r.json())["nonce"]
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                undo.callback(writer.close)
+                writer.write((f"POST /stream HTTP/1.1\r\nHost: x\r\nUpgrade: {transport.PROTOCOL_TLS}\r\n"
+                              f"Connection: Upgrade\r\nX-Streamnet-From: w0\r\nX-Streamnet-Nonce: {nonce}\r\n"
+                              f"X-Streamnet-Auth: {sender.sign(nonce, 'w0', 'w1')}\r\nContent-Length: 0\r\n\r\n"
+                              ).encode())
+                assert (await asyncio.wait_for(reader.readline(), 10)).startswith(b"HTTP/1.1 101")
+                # and no ClientHello: the receiver's handshake times out
+                await until(lambda: server.rejected == n, "the handshake to time out", timeout=10)
+            await until(lambda: not guard.open, "the guard to hold no connection", timeout=10)
+            return server.rejected, guard.status()
+    rejected, status = asyncio.run(go())
+    assert rejected == 3 and status["open"] == 0

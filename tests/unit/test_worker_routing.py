@@ -76,6 +76,21 @@ def test_parking_is_bounded_by_the_bytes_of_the_arrays_it_holds():
     assert rt.parked == [big, small] and rt.dropped == 1
 
 
+def test_parking_counts_the_whole_frame_a_received_array_keeps():
+    """A received array is a view of its frame: a small one kept a large frame alive, and
+    parking counted only the small one's bytes."""
+    from streamnet.runtime import codec
+    rt = _parking_runtime()                          # bounded at 3,000 bytes
+    frame = codec.encode_bytes([np.zeros(2500, np.float32), np.zeros(10, np.float32)])
+    small = codec.decode(frame)[1]                   # 40 bytes of a frame of 10,000 and more
+    rt.park(DataMsg("ping", 3, "default", 2, [small], [], 2))
+    assert rt.parked == [] and rt.dropped == 1       # it holds the frame: past the bound
+    own = DataMsg("ping", 3, "default", 2, [np.zeros(10, np.float32)], [], 2)
+    rt.park(own)
+    assert rt.parked == [own] and rt.parked_bytes == 40           # an array of its own: its bytes
+    assert codec.held_bytes([small, {"again": small}]) == codec.held_bytes(small) >= len(frame)   # once
+
+
 def test_parking_counts_the_tuples_of_a_run_and_unpark_empties_it():
     rt = _parking_runtime()
     run = DataRun("ping", 3, "default", 2, [[1.0]] * 4, [[]] * 4, 2)

@@ -29,21 +29,39 @@ class Delivery:
         self.links: dict[str, PeerLink] = {}
         self.dropped = 0                    # inbound messages for no runtime or no task here
         self.closing = False
+        self._retiring: set[asyncio.Task] = set()   # closes of links replaced or to workers gone
 
     def link(self, peer: str, url: str) -> PeerLink:
         link = self.links.get(peer)
         if link is None or link.url != url.rstrip("/"):
             if link is not None:
-                asyncio.get_running_loop().create_task(link.close(0.0))
+                self._retire(link)
             link = self.links[peer] = PeerLink(sender=self.id, peer=peer, url=url, auth=self.auth,
                                                session=self.session, limits=self.limits, tls=self.tls)
             link.on_unreachable = self.on_unreachable
             link.start()
         return link
 
+    def prune(self, addressed: set[str]) -> None:
+        """Close the links to peers that no assignment here names any more (a worker that
+        left for good): each kept reconnecting every 2 s for the life of the process, its
+        queue holding what was sent to it. What is queued goes with it; those tuples'
+        spouts replay them, as they do for a worker that dies."""
+        for peer in [p for p in self.links if p not in addressed]:
+            link = self.links.pop(peer)
+            queued = link.queue.qsize()
+            log.info("worker %s: closing the link to %s, which no topology here addresses any more%s", self.id,
+                     peer, f" ({queued} message(s) queued to it dropped)" if queued else "")
+            self._retire(link)
+
+    def _retire(self, link: PeerLink) -> None:
+        task = asyncio.get_running_loop().create_task(link.close(0.0))
+        self._retiring.add(task)            # referenced until done (the loop holds tasks weakly)
+        task.add_done_callback(self._retiring.discard)
+
     async def close(self) -> None:
         self.closing = True
-        await asyncio.gather(*(l.close() for l in self.links.values()))
+        await asyncio.gather(*(l.close() for l in self.links.values()), *self._retiring)
 
     # -- outbound: emitted by a task here -------------------------------------------------
     async def send(self, rt, target: int, msg: Message) -> None:

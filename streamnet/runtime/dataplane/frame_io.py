@@ -408,20 +408,28 @@ def byte_views(buffers) -> list:
     return [memoryview(b).cast("B") for b in buffers if len(b)]
 
 
-async def send_buffers(sock: socket.socket, buffers) -> None:
+#: a peer that takes no byte of a frame for this long has stalled (stopped reading without
+#: closing: a SIGSTOPped process, a partition): the stream is given up and the link
+#: reconnects, as a reader gives up on a silent sender (transport.READ_TIMEOUT_S)
+WRITE_STALL_S = 30.0
+
+
+async def send_buffers(sock: socket.socket, buffers, stall_s: float = WRITE_STALL_S) -> None:
     """Write buffers to a non-blocking socket in order (write_some), waiting for room
-    when the socket is full."""
+    when the socket is full; TimeoutError when it stays full for `stall_s`."""
     views = byte_views(buffers)
     while views := write_some(sock, views):
-        await _writable(asyncio.get_running_loop(), sock)
+        await _writable(asyncio.get_running_loop(), sock, stall_s)
 
 
-async def _writable(loop, sock: socket.socket) -> None:
+async def _writable(loop, sock: socket.socket, stall_s: float) -> None:
     fut = loop.create_future()
     fd = sock.fileno()
     loop.add_writer(fd, lambda: fut.done() or fut.set_result(None))
     try:
-        await fut
+        await asyncio.wait_for(fut, stall_s)
+    except asyncio.TimeoutError:
+        raise asyncio.TimeoutError(f"the peer took no byte for {stall_s:.0f} s (stalled)") from None
     finally:
         loop.remove_writer(fd)
 
@@ -509,8 +517,11 @@ class TlsSender(asyncio.Protocol):
         if self.closed.done():
             raise ConnectionResetError("the peer closed the stream")
         self.transport.writelines(buffers)      # encrypted (copied) before this returns
-        if self._room is not None:
-            await self._room                    # backpressure: the socket is full
+        if self._room is not None:              # backpressure: the socket is full
+            try:
+                await asyncio.wait_for(asyncio.shield(self._room), WRITE_STALL_S)
+            except asyncio.TimeoutError:
+                raise asyncio.TimeoutError(f"the peer took no byte for {WRITE_STALL_S:.0f} s (stalled)") from None
 
     async def end(self) -> None:
         self.transport.close()                  # what is buffered goes first, then close_notify

@@ -44,8 +44,8 @@ class ConnectionGuard:
         return _GuardedServer(server, self)
 
     def admit(self, conn: "_Guarded") -> bool:
-        mine = self.by_address.setdefault(conn.address, {})
-        for pool, limit in ((mine, self.max_per_address), (self.open, self.max_connections)):
+        for pool, limit in ((self.by_address.get(conn.address, {}), self.max_per_address),
+                            (self.open, self.max_connections)):
             if len(pool) >= limit:
                 victim = (next((c for c in pool if c.pending), None) or next((c for c in pool if c.idle()), None)
                           or next((c for c in pool if c.stuck(self.stuck_after_s)), None))
@@ -53,13 +53,11 @@ class ConnectionGuard:
                     self.refused += 1
                     log.warning("refusing a connection from %s: %d open (limit %d), none half-sent or idle",
                                 conn.address, len(pool), limit)
-                    if not mine:
-                        del self.by_address[conn.address]
                     return False
                 self.evicted += 1
-                victim.close()
+                victim.close()      # forgets it now: its address's entry may go with it
         self.open[conn] = None
-        mine[conn] = None
+        self.by_address.setdefault(conn.address, {})[conn] = None
         return True
 
     def forget(self, conn: "_Guarded") -> None:

@@ -11,7 +11,7 @@ import logging
 import zlib
 
 from ..assignment import Assignment
-from ..codec import CodecError, array_bytes
+from ..codec import CodecError, held_bytes
 from ..control.cluster_state import FAILED
 from ..component import Context
 from ..messages import DataMsg, DataRun, Message
@@ -258,12 +258,12 @@ class TopologyRuntime:
                             f"{c['kind']} {c['id']!r} (task {task}) on worker {self.worker.id}: {why}")
 
     MAX_PARKED = 10_000             # tuples
-    MAX_PARKED_BYTES = 1 << 30      # the bytes of their arrays (views that keep the frames they came in)
+    MAX_PARKED_BYTES = 1 << 30      # what their arrays keep alive: the frames they are views of
 
     def park(self, msg: DataMsg | DataRun) -> None:
         """Hold tuples for tasks of an assignment this worker has not applied yet; past
         either bound they are dropped (the spout replays them at their trees' timeout)."""
-        tuples, size = (len(msg) if isinstance(msg, DataRun) else 1), array_bytes(msg.values)
+        tuples, size = (len(msg) if isinstance(msg, DataRun) else 1), held_bytes(msg.values)
         if self.parked_tuples + tuples > self.MAX_PARKED or self.parked_bytes + size > self.MAX_PARKED_BYTES:
             if not self.dropped_parking:
                 log.warning("%s: %d tuples (%d bytes) are held for an assignment not applied here yet; "

@@ -187,12 +187,17 @@ class StreamServer:
             try:
                 transport = await asyncio.get_running_loop().start_tls(
                     transport, reader, self.tls.server, server_side=True, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
-            except asyncio.CancelledError:
+            # asyncio's TLS layer tells its protocol of a connection lost during the handshake
+            # nobody: the reader is told here, and tells the connection guard (which held the
+            # slot for good: after 512 failed handshakes the worker refused every connection)
+            except asyncio.CancelledError as e:
                 transport.abort()
+                reader.connection_lost(e)
                 raise
             except Exception as e:  # noqa: BLE001 - ssl.SSLError, a timeout, a reset: refused
                 self._count(peer, f"TLS handshake failed: {type(e).__name__}: {e}")
                 transport.abort()
+                reader.connection_lost(e)
                 return web.Response(text="bye")
         self.open_streams += 1
         try:
@@ -233,6 +238,9 @@ class StreamServer:
                     await self.dispatch(from_wire(msg), sender)
                 except codec.CodecError as e:
                     return f"bad message: {e}"
+                except Exception as e:  # noqa: BLE001 - a bug here closes this stream, not the worker
+                    log.exception("delivering a message from %s failed", sender)
+                    return f"delivering a message failed: {type(e).__name__}: {e}"
 
     def _decode(self, frame) -> list:
         """A checked frame's messages (still as lists off the wire); counts it."""
@@ -275,6 +283,12 @@ class _Rest(list):
     """The messages of a decoded frame that _at_once left for the stream's task."""
 
 
+def _cancelling() -> bool:
+    """Whether the running task itself is being cancelled (not a task it awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def _set(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -295,6 +309,10 @@ class _LinkQueue(asyncio.Queue):
     def wake(self) -> None:
         if self.waiter is not None:
             _set(self.waiter)
+
+    def put_back(self, items: list) -> None:
+        """Messages take() took, back at the front in their order (the next frame's)."""
+        self._queue.extendleft(reversed(items))
 
     def take(self) -> list | None:
         """The messages for one frame (up to MAX_BATCH_MSGS, and MAX_BATCH_ARRAY_BYTES
@@ -439,13 +457,20 @@ class PeerLink:
         try:
             await asyncio.wait_for(self.queue.put(_CLOSE), drain_s)
             await asyncio.wait_for(asyncio.shield(self._task), drain_s)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+        except asyncio.TimeoutError:
             pass
+        except asyncio.CancelledError:
+            if _cancelling():          # the caller is cancelled, not the link's task: it stops too
+                self._task.cancel()
+                raise
         if not self._task.done():
             self._task.cancel()
             try:
                 await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+            except asyncio.CancelledError:
+                if _cancelling():
+                    raise
+            except Exception:  # noqa: BLE001 - the link's own end, logged by it
                 pass
 
     def abort(self) -> None:
@@ -539,6 +564,9 @@ class PeerLink:
             except OSError as e:
                 sock.close()
                 sock, error = None, e
+            except BaseException:      # cancelled (the handshake's deadline): closed now, not by the GC
+                sock.close()
+                raise
         if sock is None:
             raise error or ConnectionError(f"no address for {host}")
         try:
@@ -618,13 +646,21 @@ class PeerLink:
 
     def _body(self, batch: list) -> tuple[list, int, int] | None:
         """The next frame for a batch of messages, without its trailer: its buffers, its
-        sequence number and its size (None: the messages cannot be encoded, and are
-        dropped with a logged error). The caller adds _trailer(seq, buffers)."""
+        sequence number and its size (None: the message cannot be encoded, and is dropped
+        with a logged error). A batch that cannot be encoded as one frame - a message
+        that cannot be, or values besides arrays (which take() does not count) past the
+        header's limit - goes in halves: its first half now, the rest back at the front of
+        the queue, so that one bad message costs itself only, not up to MAX_BATCH_MSGS
+        others. The caller adds _trailer(seq, buffers)."""
         try:
             buffers = codec.encode(to_wire_all(batch), self.limits)
         except codec.CodecError as e:
-            self.dropped += len(batch)
-            log.error("dropping %d message(s) to %s that cannot be encoded: %s", len(batch), self.peer, e)
+            if len(batch) > 1:
+                half = len(batch) // 2
+                self.queue.put_back(batch[half:])
+                return self._body(batch[:half])
+            self.dropped += 1
+            log.error("dropping a message to %s that cannot be encoded: %s", self.peer, e)
             return None
         size = sum(len(b) for b in buffers)
         if size <= SMALL_FRAME:                 # small arrays: joined, tagged in one call
