@@ -224,6 +224,20 @@ def zookeeper_pid(zk) -> int | None:
     return None
 
 
+_kernels_compiled = False
+
+
+def _compiled_once() -> None:
+    """The kernels compiled into numba's cache here, once, before workers start: with a
+    cold cache (a fresh checkout, another path) every worker compiled them at its start
+    at once - over 60 s on 2 cores, past the wait for them to register."""
+    global _kernels_compiled
+    if not _kernels_compiled:
+        from streamnet.training.warmup import load_kernels
+        load_kernels()
+        _kernels_compiled = True
+
+
 def train_on_worker_processes(cfg, workers: int, zk_hosts: str, stop_when=None, thread_cpu: bool = False,
                               zk_pid: int | None = None):
     """Train `cfg` on `workers` streamnet-worker processes (one compute thread each, worker i
@@ -235,6 +249,7 @@ def train_on_worker_processes(cfg, workers: int, zk_hosts: str, stop_when=None, 
     from streamnet.training.nsmap import build_topology
     from streamnet.training.summary_from_results import summarise
     topo = build_topology(cfg, name=f"perf-{time.time_ns() % 10**9}")
+    _compiled_once()
     with running_cluster(zk_hosts, workers=workers, threads=1, session_timeout=10.0, pin_cores=True) as (c, state):
         meters = {name: ThreadCpu(p.pid, others={"zookeeper": zk_pid} if zk_pid and i == 0 else None)
                   for i, (name, p) in enumerate(sorted(c.procs.items()))} if thread_cpu else {}
