@@ -97,6 +97,40 @@ class LoopRelay:
         await self.server.wait_closed()
 
 
+async def stream_server_on(undo: contextlib.AsyncExitStack, server, runner=None) -> int:
+    """A StreamServer's routes served on a free port until `undo` closes (a runner of the
+    caller's, such as a worker's GuardedRunner, or a plain one); the port."""
+    from aiohttp import web
+    if runner is None:
+        app = web.Application()
+        app.add_routes(server.routes())
+        runner = web.AppRunner(app)
+    await runner.setup()
+    undo.push_async_callback(runner.cleanup)
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return site._server.sockets[0].getsockname()[1]
+
+
+async def link_through_relay(undo: contextlib.AsyncExitStack, port: int, secret: bytes, tamper=None, tls=None,
+                             close_s: float = 0.5):
+    """A started PeerLink from w0 to w1 on `port` through a LoopRelay(`tamper`), each
+    closed when `undo` closes (the link aborted first)."""
+    import aiohttp
+
+    from streamnet.runtime import codec
+    from streamnet.runtime.dataplane.transport import Auth, PeerLink
+    relay = LoopRelay(port, tamper)
+    relayed = await relay.start()
+    undo.push_async_callback(relay.close)
+    session = await undo.enter_async_context(aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)))
+    link = PeerLink(sender="w0", peer="w1", url=f"http://127.0.0.1:{relayed}", auth=Auth(secret, "w0"),
+                    session=session, limits=codec.DEFAULT_LIMITS, tls=tls)
+    link.start()
+    undo.push_async_callback(link.close, close_s)
+    return link
+
+
 def zookeeper_installed() -> bool:
     return shutil.which("java") is not None and any(
         f.startswith("zookeeper") and f.endswith(".jar") for f in os.listdir("/usr/share/java")

@@ -15,7 +15,7 @@ from streamnet.examples import wordcount
 from streamnet.runtime import LocalCluster, codec, wait_for
 from streamnet.runtime.dataplane.transport import TRAILER, Auth, PeerLink, StreamServer
 from streamnet.runtime.messages import AckMsg, DataMsg
-from streamnet.testing import LoopRelay, until
+from streamnet.testing import link_through_relay, stream_server_on, until
 
 from tests.unit.test_security_allow import popen_spec
 
@@ -57,22 +57,8 @@ async def _through_relay(tamper, messages):
     async def dispatch(msg, sender):
         got.append(msg)
     server = StreamServer(Auth(secret, "w1"), dispatch, codec.DEFAULT_LIMITS)
-    app = web.Application()
-    app.add_routes(server.routes())
     async with contextlib.AsyncExitStack() as undo:      # what was made is closed, also when setting up fails
-        runner = web.AppRunner(app)
-        await runner.setup()
-        undo.push_async_callback(runner.cleanup)
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        relay = LoopRelay(site._server.sockets[0].getsockname()[1], tamper)
-        port = await relay.start()
-        undo.push_async_callback(relay.close)
-        session = await undo.enter_async_context(aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)))
-        link = PeerLink(sender="w0", peer="w1", url=f"http://127.0.0.1:{port}", auth=Auth(secret, "w0"),
-                        session=session, limits=codec.DEFAULT_LIMITS)
-        link.start()
-        undo.push_async_callback(link.close, 0.5)
+        link = await link_through_relay(undo, await stream_server_on(undo, server), secret, tamper)
         outcomes = []
         for msg in messages:
             before = (len(got), server.rejected)

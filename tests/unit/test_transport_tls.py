@@ -12,9 +12,9 @@ from aiohttp import web
 
 from streamnet.runtime import codec
 from streamnet.runtime.dataplane.tls import TlsConfig, TlsError, make_pki
-from streamnet.runtime.dataplane.transport import Auth, PeerLink, StreamServer
+from streamnet.runtime.dataplane.transport import Auth, StreamServer
 from streamnet.runtime.messages import DataMsg
-from streamnet.testing import LoopRelay, until
+from streamnet.testing import link_through_relay, stream_server_on, until
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 MARK = b"\xab" * 64
@@ -42,24 +42,10 @@ def _send(receiver_tls: TlsConfig | None, sender_tls: TlsConfig | None, expect: 
         async def dispatch(msg, sender):
             got.append(msg)
         server = StreamServer(Auth(secret, "w1"), dispatch, codec.DEFAULT_LIMITS, tls=receiver_tls)
-        app = web.Application()
-        app.add_routes(server.routes())
+        seen = bytearray()          # what the sender wrote, as the wire carried it
         async with contextlib.AsyncExitStack() as undo:      # what was made is closed, also when setting up fails
-            runner = web.AppRunner(app)
-            await runner.setup()
-            undo.push_async_callback(runner.cleanup)
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            seen = bytearray()          # what the sender wrote, as the wire carried it
-            tap = LoopRelay(site._server.sockets[0].getsockname()[1], lambda state, data: seen.extend(data) or data)
-            port = await tap.start()
-            undo.push_async_callback(tap.close)
-            session = await undo.enter_async_context(
-                aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)))
-            link = PeerLink(sender="w0", peer="w1", url=f"http://127.0.0.1:{port}", auth=Auth(secret, "w0"),
-                            session=session, limits=codec.DEFAULT_LIMITS, tls=sender_tls)
-            link.start()
-            undo.push_async_callback(link.close, 0.1)
+            link = await link_through_relay(undo, await stream_server_on(undo, server), secret,
+                                            lambda state, data: seen.extend(data) or data, sender_tls, close_s=0.1)
             undo.callback(link.abort)
             await link.send(DataMsg("t", 1, "default", 0, [np.frombuffer(MARK * 100, np.uint8)], [], 1))
             if expect == "delivered":
@@ -127,12 +113,7 @@ def test_tls_handshakes_that_time_out_give_their_connection_slots_back(pki, monk
         app = web.Application()
         app.add_routes(server.routes())
         async with contextlib.AsyncExitStack() as undo:
-            runner = GuardedRunner(app, guard, access_log=None)
-            await runner.setup()
-            undo.push_async_callback(runner.cleanup)
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            port = site._server.sockets[0].getsockname()[1]
+            port = await stream_server_on(undo, server, GuardedRunner(app, guard, access_log=None))
             session = await undo.enter_async_context(aiohttp.ClientSession())
             sender = Auth(secret, "w0")
             for n in range(1, 4):
