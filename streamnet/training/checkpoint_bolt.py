@@ -3,11 +3,13 @@ records the pointer in the coordinator. The sync tasks send their slices of the
 parameters and of the state; one complete checkpoint is written from all of them."""
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from ..runtime import Bolt, CoordinatorError
 from .run_stats import CheckpointReport
 from .slices import Gather, joined, merge_checkpoint_states, slice_index
+from ..runtime.values import whole
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +27,13 @@ class CheckpointBolt(Bolt):
 
     def prepare(self, ctx, collector):
         super().prepare(ctx, collector)
-        self.dir = self.config.get("dir")
+        self.dir, self.keep = self.config.get("dir"), self.config.get("keep")
+        if not (self.dir is None or isinstance(self.dir, str) and self.dir):
+            raise ValueError(f"checkpoint dir must be a path; got {self.dir!r}")
+        if not (self.keep is None or whole(self.keep) and self.keep >= 0):
+            # written and renamed, then clean_up's TypeError failed the round's tuples,
+            # whose replay wrote it again: a checkpoint round that never completed
+            raise ValueError(f"checkpoint keep must be a whole number >= 0 (0 keeps all); got {self.keep!r}")
         self.errors = 0
         self.last = None
         self.gather = Gather(len(ctx.component_tasks("sync")))
@@ -39,32 +47,38 @@ class CheckpointBolt(Bolt):
             log.warning("checkpoint bolt refuses a part of the checkpoint of step %s: %s", tup["step"], problem)
             self.collector.fail(tup)
             return
-        whole, finished = self.gather.add(tup["step"], tup["slice"], tup)
+        parts, finished = self.gather.add(tup["step"], tup["slice"], tup)
         if finished is not None:
             self.collector.ack(finished)       # a replay sent this slice again
-        if whole is None:
+        if parts is None:
             return
         if self.dir:
             from functools import partial
 
             from .checkpoint import DEFAULT_KEEP, CheckpointError, write_checkpoint
             try:
-                write = partial(write_checkpoint, keep=self.config.get("keep", DEFAULT_KEEP))
-                state = merge_checkpoint_states([t["state"] for t in whole])
+                write = partial(write_checkpoint, keep=DEFAULT_KEEP if self.keep is None else self.keep)
+                state = merge_checkpoint_states([t["state"] for t in parts])
                 pointer = await self.ctx.compute(write, self.dir, self.ctx.topology, tup["step"],
-                                                 joined([t["params"] for t in whole]), state)
+                                                 joined([t["params"] for t in parts]), state)
                 pointer["epoch"] = tup["epoch"]
-                self.ctx.put_checkpoint(pointer)
-                self.last = pointer
             except CheckpointError as e:
                 self.errors += 1
                 log.error("checkpoint failed, training goes on with the previous one: %s", e)
+            else:
+                self.last = pointer
+                try:       # off the event loop: a coordinator in trouble held the worker's loop
+                    await asyncio.to_thread(self.ctx.put_checkpoint, pointer)
+                except CoordinatorError as e:   # written, not recorded: a resume checks files against the record
+                    self.errors += 1
+                    log.error("checkpoint %s written but not recorded in the coordinator (training goes on): %s",
+                              pointer["path"], e)
         stale = self.gather.finish(tup["step"])
         try:
             await self.ctx.save_state_async({"last": self.last, "errors": self.errors, "done": self.gather.done})
         except CoordinatorError as e:   # the checkpoint is written and recorded: training goes on
             log.warning("checkpoint bolt could not save its account of step %s: %s", tup["step"], e)
-        for t in whole + stale:
+        for t in parts + stale:
             self.collector.ack(t)
 
     def close(self):

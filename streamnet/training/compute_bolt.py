@@ -11,7 +11,7 @@ from ..runtime import Bolt
 from .bp import ComputeUnit, plan_for
 from .config import run_config_from_dict
 from .run_stats import UnitTiming
-from .schedule import dataset_for, make_model
+from .schedule import check_training_data, dataset_for, make_model
 from .slices import bounds, slice_index
 from .streams import APPLIED, CONTRIBUTION, OK, REPLICA, RESYNC, row
 from ..runtime.values import whole
@@ -68,6 +68,7 @@ class ComputeBolt(Bolt):
         super().prepare(ctx, collector)
         self.cfg = run_config_from_dict(self.config["run"])
         self.ds = dataset_for(self.cfg)
+        check_training_data(self.config.get("data"), self.ds)
         self.unit = ComputeUnit(ctx.task_index, make_model(self.cfg, self.ds.num_classes), plan_for(self.cfg.algorithm))
         self.size = self.unit.model.input_shape[-1]
         self.sync_tasks = ctx.component_tasks("sync")
@@ -243,9 +244,12 @@ class ComputeBolt(Bolt):
                             tup["step"], tup.source, problem)
                 self.collector.fail(tup)
                 return
-            if tup.stream == "direct_params" and tup["unit_state"] is not None:
-                # resuming from a checkpoint; first, so that a state it refuses (ValueError:
-                # the tuple fails and is sent again) leaves the slice and its step as they were
+            if tup.stream == "direct_params" and tup["unit_state"] is not None and tup["step"] > self.slice_steps[s]:
+                # resuming from a checkpoint: once - a second answer to a request made again
+                # (the sync task slow to start) came after the unit computed that round and
+                # set its inner momentum and dropout streams back; first, so that a state it
+                # refuses (ValueError: the tuple fails) leaves the slice and its step as they
+                # were, and the unit's next request for parameters is answered with it again
                 self.unit.set_state(tup["unit_state"])
             self.unit.receive_slice(lo, hi, tup["params"])
             self.slice_steps[s] = tup["step"]

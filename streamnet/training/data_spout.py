@@ -56,7 +56,7 @@ from .streams import WORK, row
 log = logging.getLogger(__name__)
 
 SHARE_LOG = 50      # changes of the work shares kept in the published log
-SAVE_S = 0.5        # the position is saved at least this often (and at every epoch end)
+SAVE_S = 0.5        # the position is saved at most this often (and at every epoch end)
 SAVE_EVERY = 8      # ... and under load balancing every this many rounds, and at every change of shares
 RETRY_S = 1.0       # a save that failed is tried again this long after (unless a later one is queued)
 clock = time.monotonic      # the spout's clock for SAVE_S and RETRY_S (a test sets its own)
@@ -96,8 +96,8 @@ class DataSpout(Spout):
         self.flagged = False                        # is the round in flight a checkpoint round?
         self.ahead = False                          # is the next round's work sent already (_send_ahead)?
         self.replay: list[tuple] = []
-        self.replayed = 0
-        self.replayed_samples = 0     # this task's, for /metrics (not saved)
+        self.replayed = 0             # work tuples sent again after a failure
+        self.replayed_samples = 0     # the samples of that work
         self._count_replay(0)
         self.draining = self.stopped = False
         self._saved_at = -float("inf")              # clock() at the last save of the position
@@ -112,6 +112,7 @@ class DataSpout(Spout):
     def restore(self, state):
         self.epoch, self.round, self.step = state["epoch"], state["round"], state["step"]
         self.replayed = state["replayed"]
+        self.replayed_samples = state.get("replayed_samples", 0)    # absent in states saved before it was
         self.stopped = state.get("stopped", False)   # absent in states saved before drains existed
         self.shares = list(state.get("shares") or self.shares)
         self._landed = self.step
@@ -233,7 +234,8 @@ class DataSpout(Spout):
     def _save(self, must: bool) -> None:
         """Save the position now reached, in the background, after any save in flight."""
         self._queued = (self.step, {"epoch": self.epoch, "round": self.round, "step": self.step,
-                                    "replayed": self.replayed, "stopped": self.stopped, "shares": self.shares})
+                                    "replayed": self.replayed, "replayed_samples": self.replayed_samples,
+                                    "stopped": self.stopped, "shares": self.shares})
         self._must_land = self._must_land or must
         self._saved_at = clock()
         self._settle()
@@ -316,5 +318,6 @@ class DataSpout(Spout):
     def close(self):
         if self.is_done():
             self.ctx.publish("replayed", self.replayed)
+            self.ctx.publish("replayed_samples", self.replayed_samples)
             if self.stopped:
                 self.ctx.publish("stopped_at", StoppedAt(epoch=self.epoch, round=self.round, step=self.step).to_dict())

@@ -6,7 +6,7 @@ import os
 
 from ..runtime import TopologyBuilder
 from .config import SETUPS, FieldError, RunConfig, run_config_to_dict, with_overrides
-from .schedule import load_data, make_model
+from .schedule import load_data, make_model, training_data
 from ..runtime.values import whole
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,10 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
     if not whole(keep) or keep < 0:
         raise FieldError("keep_checkpoints", f"must be an integer >= 0 (0 keeps all); got {keep_checkpoints!r}")
     if train_size is None:
-        train_size = len(load_data(cfg.data, cfg.seed).train)
+        data = training_data(load_data(cfg.data, cfg.seed))
+        train_size = data["samples"]
+    else:
+        data = {"samples": train_size}
     num_params = make_model(cfg).num_params
     if cfg.sync_tasks > num_params:
         raise FieldError("sync_tasks", f"must be at most {num_params}, one slice per parameter of {cfg.model.name}; "
@@ -44,12 +47,12 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
         about += f", resumed at step {resume['step']}"
     b.add_spout("data", f"{PKG}.data_spout:DataSpout", about=about, run=run, train_size=train_size,
                 checkpoints=checkpoint_dir is not None, resume=resume)
-    (b.add_bolt("compute", f"{PKG}.compute_bolt:ComputeBolt", parallelism=cfg.units, run=run)
+    (b.add_bolt("compute", f"{PKG}.compute_bolt:ComputeBolt", parallelism=cfg.units, run=run, data=data)
         .direct("data").all("sync", stream="params").direct("sync", stream="direct_params")
         .all("sync", stream="state_request"))
     # sync task s owns slice s of the parameters: each unit sends it that slice of its
     # contribution (direct), every sync task answers a resync, a replica goes to its asker
-    (b.add_bolt("sync", f"{PKG}.sync_bolt:SyncBolt", parallelism=cfg.sync_tasks, run=run, resume=resume)
+    (b.add_bolt("sync", f"{PKG}.sync_bolt:SyncBolt", parallelism=cfg.sync_tasks, run=run, resume=resume, data=data)
         .direct("compute").all("compute", stream="resync").direct("compute", stream="replica"))
     # the evaluation is split over the units' workers (eval_bolt.py): each eval task takes a
     # shard of the test set, and tasks 1.. send their counts to task 0

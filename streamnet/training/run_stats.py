@@ -25,6 +25,7 @@ SYNC_PARAMS_OF = "sync.{}.params"
 PROGRESS = "sync.0.progress"   # while the run goes: epoch_clock.progress_record
 EVAL_HISTORY = "eval.0.history"
 REPLAYED = "data.0.replayed"
+REPLAYED_SAMPLES = "data.0.replayed_samples"
 STOPPED_AT = "data.0.stopped_at"
 CHECKPOINTS = "checkpoint.0.checkpoints"
 TIMING = "timing"          # compute.<unit>.timing, one per compute task
@@ -248,6 +249,7 @@ class RunStats:
     stopped_at: StoppedAt | None         # None: the run went to its last epoch
     checkpoints: CheckpointReport
     stragglers: dict | None = None       # {"rounds_judged", "top", "last"}; absent in runs of older versions
+    replayed_samples: int | None = None  # the samples of that work; absent in runs of older versions
 
     @classmethod
     def from_results(cls, results: dict) -> "RunStats":
@@ -270,4 +272,4 @@ class RunStats:
                    replayed=need(REPLAYED),
                    stopped_at=StoppedAt(**_take(StoppedAt, stopped, STOPPED_AT)) if stopped is not None else None,
                    checkpoints=CheckpointReport(**_take(CheckpointReport, need(CHECKPOINTS), CHECKPOINTS)),
-                   stragglers=results.get(STRAGGLERS))
+                   stragglers=results.get(STRAGGLERS), replayed_samples=results.get(REPLAYED_SAMPLES))

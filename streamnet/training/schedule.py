@@ -9,6 +9,7 @@ exact resume possible (a round's samples can be recomputed anywhere).
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import threading
 from dataclasses import asdict
@@ -60,6 +61,30 @@ def dataset_for(cfg: RunConfig) -> Dataset:
     Fashion-MNIST: ~10 GB)."""
     with _loading:
         return _dataset(json.dumps(asdict(cfg.data), sort_keys=True), cfg.seed)
+
+
+def training_data(ds: Dataset) -> dict:
+    """What the tasks check their training set against: its size and a digest of its
+    labels, as the client that built the topology loaded them."""
+    labels = np.ascontiguousarray(ds.train.labels, dtype=np.int64)
+    return {"samples": len(ds.train), "labels_sha256": hashlib.sha256(labels.tobytes()).hexdigest()[:16]}
+
+
+def check_training_data(expected: dict | None, ds: Dataset) -> None:
+    """ValueError (the task fails, and the run with it, naming why) when this worker's
+    training set is not the one the topology was built for: another STREAMNET_DATA or
+    other files on this host. The schedule is cut for the client's: a larger set here
+    had every round's work refused and replayed at once, a smaller one rounds that never
+    combined - a run that never ended."""
+    if not expected:
+        return      # a topology built before this check
+    here = training_data(ds) if "labels_sha256" in expected else {"samples": len(ds.train)}
+    if here != expected:
+        raise ValueError(f"this worker's training set is not the run's: {here['samples']} samples here"
+                         + (f" (labels {here['labels_sha256']})" if "labels_sha256" in here else "")
+                         + f", {expected['samples']} where the topology was built"
+                         + (f" (labels {expected['labels_sha256']})" if "labels_sha256" in expected else "")
+                         + "; give every worker and the client the same data (--data / STREAMNET_DATA)")
 
 
 def make_model(cfg: RunConfig, num_classes: int = 10) -> Model:

@@ -56,7 +56,8 @@ def summary_of(cfg: RunConfig, run: RunStats, workers: int | None, wall_s: float
     s.extra.update({
         "bytes_sent": stats.bytes_total,
         "bytes_per_sample": stats.bytes_total / max(s.samples_processed, 1),
-        "samples_replayed": run.replayed,
+        "samples_replayed": run.replayed_samples,          # None from a run of an older version
+        "work_replayed": run.replayed,                     # work tuples (a unit's round each)
         "duplicate_contributions": stats.duplicates,
         "each_sample_counted_once": stats.each_sample_counted_once,
         "epoch_samples": {str(e): n for e, n in stats.epoch_samples.items()},

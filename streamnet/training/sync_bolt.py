@@ -37,7 +37,7 @@ from .bp import Aggregator, Contribution, TrainingDiverged, plan_for, trained_lo
 from .config import run_config_from_dict
 from .epoch_clock import LossMeter, progress_record
 from .run_stats import SyncStats
-from .schedule import EpochPlans, dataset_for, make_model, schedule_for
+from .schedule import EpochPlans, check_training_data, dataset_for, make_model, schedule_for
 from .slices import bounds
 from .streams import APPLIED, CHECKPOINT, DIRECT_PARAMS, EVAL, PARAMS, STATE_REQUEST, row
 from ..runtime.values import real, whole
@@ -96,6 +96,7 @@ class SyncBolt(SyncRecovery, Bolt):
         super().prepare(ctx, collector)
         self.cfg = run_config_from_dict(self.config["run"])
         ds = dataset_for(self.cfg)
+        check_training_data(self.config.get("data"), ds)
         self.train_size = len(ds.train)
         params = make_model(self.cfg, ds.num_classes).params
         self.num_params = params.size
@@ -185,7 +186,7 @@ class SyncBolt(SyncRecovery, Bolt):
         """Why a contribution cannot be combined, or None. Finiteness is left to the
         aggregator, which drops a diverged unit from the round without failing it."""
         unit = tup["unit"]
-        if not (isinstance(unit, int) and 0 <= unit < len(self.compute_tasks)):
+        if not (whole(unit) and 0 <= unit < len(self.compute_tasks)):
             return f"no unit {unit!r} among {len(self.compute_tasks)}"
         if tup["slice"] != self.slice:
             return f"slice {tup['slice']!r} sent to the sync task of slice {self.slice}"

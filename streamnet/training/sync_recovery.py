@@ -150,6 +150,8 @@ class SyncRecovery:
         problem = vector_problem(tup["params"], self.agg.params.size)
         if tup["slice"] != self.slice:
             problem = f"slice {tup['slice']!r}, not {self.slice}"
+        if not (whole(tup["step"]) and tup["step"] >= 0):     # newest() compares them: a TypeError on every tick
+            problem = f"step {tup['step']!r} is not a whole number >= 0"
         if problem:
             log.warning("sync bolt refuses the replica of task %s (step %s): %s", tup["task"], tup["step"], problem)
             return

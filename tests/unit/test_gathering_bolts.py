@@ -225,3 +225,28 @@ def test_slices_that_join_to_the_right_size_but_not_each_its_own_are_refused(cap
         asyncio.run(bolt.execute(short_second))
     assert sorted(out.failed) == ["s0", "s1"] and out.acked == [] and ctx.saved is None
     assert "refuses the parameters of epoch 1: slice 0: shape" in caplog.text
+
+
+@pytest.mark.parametrize("keep", ["3", 2.5, -1, True])
+def test_a_checkpoint_keep_that_is_not_a_count_is_refused_when_the_task_starts(tmp_path, keep):
+    """A spec's keep "3" (one not built by NS-Map) wrote the file, then clean_up raised a
+    TypeError: the round's tuples failed, their replay wrote it again, for ever."""
+    config = next(c for c in build_topology(CFG, checkpoint_dir=str(tmp_path)).components
+                  if c["id"] == "checkpoint")["config"]
+    with pytest.raises(ValueError, match=f"checkpoint keep must be a whole number >= 0 .*got {keep!r}"):
+        CheckpointBolt(**dict(config, keep=keep)).prepare(Ctx(), Collector())
+
+
+def test_a_checkpoint_the_coordinator_cannot_record_is_counted_and_the_round_goes_on(tmp_path, caplog):
+    from streamnet.runtime import CoordinatorError
+
+    class Unrecorded(Ctx):
+        def put_checkpoint(self, pointer):
+            raise CoordinatorError("no quorum")
+    bolt, ctx, out = _bolt(CheckpointBolt, "checkpoint", ctx=Unrecorded(), checkpoint_dir=str(tmp_path))
+    asyncio.run(bolt.execute(_checkpoint_part("s1", 1)))
+    asyncio.run(bolt.execute(_checkpoint_part("s0", 0)))
+    assert sorted(out.acked) == ["s0", "s1"] and out.failed == []        # not failed for a replay to write again
+    assert [s for s, _ in list_checkpoints(str(tmp_path), "run")] == [24]
+    assert ctx.saved["errors"] == 1 and ctx.saved["last"]["step"] == 24
+    assert "written but not recorded in the coordinator" in caplog.text

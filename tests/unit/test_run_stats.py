@@ -28,7 +28,7 @@ def _results() -> dict:
                                {"epoch": 2, "step": 8, "test_accuracy": 0.75, "test_loss": 0.9, "time": 121.0}],
             "compute.1.timing": {"worker": "w2", "unit": 1, "compute_s": 4.0, "wait_s": 1.0, "samples": 200},
             "compute.0.timing": {"worker": "w1", "unit": 0, "compute_s": 5.0, "wait_s": 0.25, "samples": 200},
-            "data.0.replayed": 3,
+            "data.0.replayed": 3, "data.0.replayed_samples": 96,
             "checkpoint.0.checkpoints": {"last": None, "errors": 0},
             "sync.0.params": None, "sync.0.progress": {}}
 
@@ -45,7 +45,12 @@ def test_the_summary_reads_every_record():
     assert s.workers == 2 and s.test_accuracy == 0.75 and s.samples_per_s == 30.0 and s.wall_s == 12.0
     assert [(h.epoch, h.train_loss, h.samples, h.seconds) for h in s.history] == [(1, 2.0, 200, 10.0),
                                                                                  (2, 1.5, 100, 0.0)]
-    assert s.extra["samples_replayed"] == 3 and s.extra["bytes_sent"] == 4000 and s.extra["stopped_at"] is None
+    # samples, as named (it was the work tuples' count); a run of an older version has none
+    assert s.extra["samples_replayed"] == 96 and s.extra["work_replayed"] == 3
+    assert s.extra["bytes_sent"] == 4000 and s.extra["stopped_at"] is None
+    older = {k: v for k, v in _results().items() if k != "data.0.replayed_samples"}
+    assert summarise(lenet5_mixbp(data=DataConfig(dataset="synthetic")), older, workers=None,
+                     wall_s=12.0).extra["samples_replayed"] is None
     assert s.extra["sync_save_wait_s"] == 0.125
     assert s.extra["samples_quarantined"] == 2 and s.extra["accuracy_at_s"] == [[11.0, 0.5], [21.0, 0.75]]
     assert s.extra["per_worker"]["w2"] == {"units": [1], "compute_s": 4.0, "communication_s": 0.75,

@@ -3,6 +3,7 @@ may decode to and refuses a payload larger than its arrays; the training bolts
 refuse a vector of the wrong shape or dtype before any kernel sees it."""
 import asyncio
 import logging
+import re
 
 import msgpack
 import numpy as np
@@ -168,6 +169,22 @@ def test_a_unit_state_of_another_model_leaves_the_compute_unit_as_it_was():
     assert bolt.params_step == 0 and bolt.unit.model.random_state() == steps
 
 
+def test_a_unit_state_handed_over_twice_is_set_once(monkeypatch):
+    """A resumed run's unit that asked for parameters again (the sync task slow to start)
+    got the checkpoint's state twice: the second answer, after the unit computed that
+    round, set its inner momentum and dropout streams back."""
+    from streamnet.training.streams import DIRECT_PARAMS
+    bolt, out = _prepared(ComputeBolt, "compute", 1)
+    set_states = []
+    monkeypatch.setattr(bolt.unit, "set_state", set_states.append)
+    size = bolt.unit.model.params.size
+    for _ in range(2):
+        tup = Tuple(row(DIRECT_PARAMS, step=3, slice=0, params=np.ones(size, np.float32), unit_state={"s": 1},
+                        generation=0), list(DIRECT_PARAMS), "direct_params", "sync", 3, {})
+        asyncio.run(bolt.execute(tup))
+    assert set_states == [{"s": 1}] and bolt.params_step == 3 and out.failed == []
+
+
 @pytest.mark.parametrize("batches, why", [
     ([np.array([0, 5, 64])], "batch 0 indexes outside the 64 training samples"),
     ([np.array([1, 2]), np.array([-1])], "batch 1 indexes outside"),
@@ -203,3 +220,24 @@ def test_a_contribution_whose_figures_are_not_counts_is_refused_before_it_is_wei
     asyncio.run(bolt.execute(_contribution(0, np.ones(P, np.float32))))   # the round goes on with good ones
     asyncio.run(bolt.execute(_contribution(1, np.ones(P, np.float32))))
     assert bolt.pending == {} and np.isfinite(bolt.agg.params).all() and not np.array_equal(bolt.agg.params, before)
+
+
+@pytest.mark.parametrize("component", ["compute", "sync"])
+def test_a_task_whose_training_set_is_not_the_runs_fails_naming_both(component):
+    """A worker host with other data (another STREAMNET_DATA) took the client's schedule:
+    a larger set here had every round's work refused and replayed at once, a smaller one
+    rounds that never combined - a run that never ended."""
+    from streamnet.training.schedule import dataset_for, training_data
+    from streamnet.training.sync_bolt import SyncBolt
+    cls = ComputeBolt if component == "compute" else SyncBolt
+    here = training_data(dataset_for(CFG))
+    for built_for, says in ((dict(here, samples=here["samples"] + 1), f"{here['samples']} samples here"),
+                            (dict(here, labels_sha256="0" * 16), "(labels 0000000000000000)")):
+        bolt = cls(run=run_config_to_dict(CFG), data=built_for)
+        ctx = Context(topology="t", component=component, task=TASKS[component][0], task_index=0,
+                      parallelism=len(TASKS[component]), worker="w0", config={}, component_config=bolt.config,
+                      component_tasks=TASKS.__getitem__, compute=_compute, publish=lambda k, v: None,
+                      save_state=lambda v: None)
+        with pytest.raises(ValueError, match=re.escape(says) + ".*give every worker and the client the same data"):
+            bolt.prepare(ctx, BoltCollector(Recorder()))
+    cls(run=run_config_to_dict(CFG), data=here).prepare(ctx, BoltCollector(Recorder()))       # the same: runs
