@@ -187,9 +187,9 @@ class StreamServer:
             try:
                 transport = await asyncio.get_running_loop().start_tls(
                     transport, reader, self.tls.server, server_side=True, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
-            # asyncio's TLS layer tells its protocol of a connection lost during the handshake
-            # nobody: the reader is told here, and tells the connection guard (which held the
-            # slot for good: after 512 failed handshakes the worker refused every connection)
+            # asyncio's TLS layer tells nobody of a connection it drops during the handshake
+            # (a timeout): the reader is told here, and tells the connection guard, which held
+            # the slot for good (after 512 such handshakes the worker refused every connection)
             except asyncio.CancelledError as e:
                 transport.abort()
                 reader.connection_lost(e)
