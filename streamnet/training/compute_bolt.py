@@ -248,9 +248,16 @@ class ComputeBolt(Bolt):
                 # resuming from a checkpoint: once - a second answer to a request made again
                 # (the sync task slow to start) came after the unit computed that round and
                 # set its inner momentum and dropout streams back; first, so that a state it
-                # refuses (ValueError: the tuple fails) leaves the slice and its step as they
-                # were, and the unit's next request for parameters is answered with it again
-                self.unit.set_state(tup["unit_state"])
+                # refuses leaves the slice and its step as they were
+                try:
+                    self.unit.set_state(tup["unit_state"])
+                except ValueError as e:
+                    # the checkpoint cannot resume this unit: every request for parameters
+                    # would be answered with the same state, every 2 s, for ever
+                    self.ctx.fail_topology(f"unit {self.ctx.task_index} cannot take its state from the "
+                                           f"checkpoint of step {tup['step']}: {e}")
+                    self.collector.fail(tup)
+                    return
             self.unit.receive_slice(lo, hi, tup["params"])
             self.slice_steps[s] = tup["step"]
         self.collector.ack(tup)

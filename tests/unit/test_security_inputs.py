@@ -156,15 +156,21 @@ def test_parameters_of_the_wrong_shape_are_refused_by_a_compute_unit(caplog):
     assert "unit 1 refuses parameters for step 1 from sync" in caplog.text
 
 
-def test_a_unit_state_of_another_model_leaves_the_compute_unit_as_it_was():
+def test_a_unit_state_of_another_model_leaves_the_compute_unit_as_it_was_and_fails_the_run():
+    """The tuple failed, and each request for parameters was answered with the same state,
+    every 2 s, for ever: the run fails now, saying why."""
     from streamnet.training.streams import DIRECT_PARAMS
     bolt, out = _prepared(ComputeBolt, "compute", 1)
+    failures = []
+    bolt.ctx._fail_topology = failures.append
     before, steps = bolt.unit.model.params.copy(), bolt.unit.model.random_state()
     state = {"velocity": None, "random": steps + [0]}         # another model's dropout counters
     tup = Tuple(row(DIRECT_PARAMS, step=1, slice=0, params=np.ones(before.size, np.float32), unit_state=state,
                     generation=0), list(DIRECT_PARAMS), "direct_params", "sync", 3, {})
-    with pytest.raises(ValueError, match="random state"):    # its executor fails the tuple: it is sent again
-        asyncio.run(bolt.execute(tup))
+    asyncio.run(bolt.execute(tup))
+    assert out.failed == [tup] and len(failures) == 1
+    assert failures[0].startswith("unit 1 cannot take its state from the checkpoint of step 1: ") and \
+        "random state" in failures[0]
     np.testing.assert_array_equal(bolt.unit.model.params, before)     # the slice not taken either
     assert bolt.params_step == 0 and bolt.unit.model.random_state() == steps
 
