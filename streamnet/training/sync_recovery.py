@@ -13,6 +13,10 @@ it has already combined.
 - a contribution for a step already combined (a replay after a failure) is
   answered with the current parameters, and an epoch end's evaluation and
   checkpoint are sent again, since they may have been lost with a worker;
+- a unit that answers a replay saying it applied a step this task never combined
+  (its replica did not answer in time, and an older one was adopted) makes it ask
+  the replicas again: answered as a replay, that unit would never contribute to the
+  round again, which would wait for it for ever;
 - a compute unit that missed a broadcast asks (`resync`) and gets the parameters
   sent to it alone;
 - the counters are saved every SAVE_EVERY rounds (sync_bolt.py), so a successor may
@@ -275,13 +279,27 @@ class SyncRecovery:
         for key in sorted(self.pending):   # what arrived while we were rebuilding
             slot = self.pending[key]
             for unit, t in sorted(slot.items()):
-                if t["status"] == APPLIED or t["step"] < step:
+                if self._ahead_of_adopted(t):
+                    # the replica that holds that step did not answer again: failed, the unit's
+                    # work is replayed and its answer asks again (`_contribution`). Answered
+                    # as a replay, its tree completed and the round waited for it for ever
+                    del slot[unit]
+                    log.warning("sync task of slice %d: unit %d holds a step past %d, its replica did not answer: "
+                                "its round is replayed", self.slice, unit, step)
+                    self.collector.fail(t)
+                elif t["status"] == APPLIED or t["step"] < step:
                     del slot[unit]
                     self._answer_replay(t)
             if not slot:
                 del self.pending[key]
         for key in sorted(self.pending):
             await self._maybe_combine(key)
+
+    def _ahead_of_adopted(self, tup) -> bool:
+        """Whether a unit's answer that it applied the step of `tup` says it holds
+        parameters this task never combined: a replica that did not answer when this
+        task adopted an older one (a unit answers so once it holds a later step)."""
+        return tup["status"] == APPLIED and whole(tup["step"]) and tup["step"] >= self.counts.next_step
 
     def _answer_replay(self, tup) -> None:
         """A step already combined: complete the tree with the current parameters. If it

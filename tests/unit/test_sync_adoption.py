@@ -11,9 +11,9 @@ import numpy as np
 from streamnet.runtime.component import Tuple
 from streamnet.training import AlgorithmConfig
 from streamnet.training.compute_bolt import ComputeBolt
-from streamnet.training.streams import PARAMS, REPLICA, STATE_REQUEST, WORK, row
+from streamnet.training.streams import APPLIED, OK, PARAMS, REPLICA, STATE_REQUEST, WORK, row
 from streamnet.training.sync_bolt import SyncBolt
-from tests.unit.test_security_inputs import CFG, P, _prepared
+from tests.unit.test_security_inputs import CFG, P, _contribution, _prepared
 
 
 def _replica(bolt, task: int, step: int) -> None:
@@ -119,3 +119,58 @@ def test_rounds_to_uncount_wait_for_every_replica_not_the_timeout(monkeypatch):
     monkeypatch.setattr(bolt, "ADOPT_WAIT_S", 0.0)
     asyncio.run(bolt.tick())
     assert bolt.adoption is None and bolt.counts.next_step == 3 and _last_params(out)["step"] == 3
+
+
+def _applied(bolt, unit: int, step: int, status):
+    """Unit `unit`'s answer to the replay of the round of `step` (tasks 1 and 2 are units 0 and 1)."""
+    vector = np.zeros(0 if status == APPLIED else P, np.float32)
+    tup = _contribution(unit, vector, step=step, status=status)
+    asyncio.run(bolt.execute(tup))
+    return tup
+
+
+def _adopted_step_3_without_unit_0(monkeypatch):
+    """A new sync task whose counters end at step 3 adopted step 3 from unit 1 alone: unit
+    0's replica did not answer in time, and unit 0 holds step 4 - the superseded task's
+    combine of round 3 reached it and no other unit."""
+    bolt, out = _prepared(SyncBolt, "sync", 0)
+    for step in range(3):
+        bolt.counts.count_round(bolt.plans, step, 0, step, 8, [0, 1])
+    bolt._request_replicas()
+    _replica(bolt, 2, 3)
+    monkeypatch.setattr(bolt, "ADOPT_WAIT_S", 0.0)
+    asyncio.run(bolt.tick())
+    assert bolt.adoption is None and bolt.counts.next_step == 3
+    monkeypatch.setattr(bolt, "ADOPT_WAIT_S", 5.0)
+    return bolt, out
+
+
+def test_a_unit_that_applied_a_step_the_task_never_combined_makes_it_ask_the_replicas_again(monkeypatch):
+    # the replay of round 3: unit 0 answers that it applied it, unit 1 computes it again.
+    # Answered as a replay, unit 0's tree completed and it never contributed to round 3:
+    # the round waited for it for ever (a read-only review of training's fault paths)
+    bolt, out = _adopted_step_3_without_unit_0(monkeypatch)
+    applied = _applied(bolt, 0, 3, APPLIED)
+    assert bolt.adoption is not None and out.emitted[-1][0] == "state_request"      # asks again
+    computed = _applied(bolt, 1, 3, OK)
+    assert bolt.pending                               # held while the task rebuilds
+    _replica(bolt, 1, 4)
+    _replica(bolt, 2, 3)
+    assert bolt.adoption is None and bolt.counts.next_step == 4 and bolt.counts.lost_steps == 0
+    assert not bolt.pending and applied in out.acked and computed in out.acked and not out.failed
+    params = _last_params(out)
+    assert params["step"] == 4 and params["params"][0] == 1.0      # unit 0's replica (task 1)
+
+
+def test_when_that_unit_does_not_answer_again_its_answer_is_failed_not_taken_for_a_replay(monkeypatch):
+    # unit 0's replica is lost a second time: the task goes on at step 3, and fails unit
+    # 0's answer, so that the spout replays its work and the next answer asks again
+    bolt, out = _adopted_step_3_without_unit_0(monkeypatch)
+    applied = _applied(bolt, 0, 3, APPLIED)
+    _replica(bolt, 2, 3)
+    monkeypatch.setattr(bolt, "ADOPT_WAIT_S", 0.0)
+    asyncio.run(bolt.tick())
+    assert bolt.adoption is None and bolt.counts.next_step == 3
+    assert applied in out.failed and applied not in out.acked
+    _applied(bolt, 0, 3, APPLIED)                     # the replay
+    assert bolt.adoption is not None and out.emitted[-1][0] == "state_request"
