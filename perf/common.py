@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -224,18 +225,13 @@ def zookeeper_pid(zk) -> int | None:
     return None
 
 
-_kernels_compiled = False
-
-
+@functools.cache
 def _compiled_once() -> None:
     """The kernels compiled into numba's cache here, once, before workers start: with a
     cold cache (a fresh checkout, another path) every worker compiled them at its start
     at once - over 60 s on 2 cores, past the wait for them to register."""
-    global _kernels_compiled
-    if not _kernels_compiled:
-        from streamnet.training.warmup import load_kernels
-        load_kernels()
-        _kernels_compiled = True
+    from streamnet.training.warmup import load_kernels
+    load_kernels()
 
 
 def train_on_worker_processes(cfg, workers: int, zk_hosts: str, stop_when=None, thread_cpu: bool = False,

@@ -147,11 +147,12 @@ def _figures(rows, taken: set[str] = frozenset()):
             family = "streamnet_" + (f["name"][:-len("_total")] if f["type"] == "counter" else f["name"])
             sample = family + ("_total" if f["type"] == "counter" else "")
             m = families.get(family)
-            if family in taken or sample in taken or (m is not None and m.type != f["type"]):
+            engines = family in taken or sample in taken
+            if engines or (m is not None and m.type != f["type"]):
                 if family not in _clashes:
                     _clashes.add(family)
                     log.warning("/metrics leaves out the figure %r of task %s: its family %s is %s", f["name"],
-                                base.get("task"), family, "the engine's" if family in taken or sample in taken else "of another type")
+                                base.get("task"), family, "the engine's" if engines else "of another type")
                 continue
             if m is None:
                 m = families[family] = Metric(family, f["help"] or f["name"], f["type"])

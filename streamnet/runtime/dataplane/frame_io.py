@@ -427,11 +427,18 @@ async def _writable(loop, sock: socket.socket, stall_s: float) -> None:
     fd = sock.fileno()
     loop.add_writer(fd, lambda: fut.done() or fut.set_result(None))
     try:
-        await asyncio.wait_for(fut, stall_s)
-    except asyncio.TimeoutError:
-        raise asyncio.TimeoutError(f"the peer took no byte for {stall_s:.0f} s (stalled)") from None
+        await _unless_stalled(fut, stall_s)
     finally:
         loop.remove_writer(fd)
+
+
+async def _unless_stalled(room, stall_s: float) -> None:
+    """Wait for `room` (the socket can take bytes again); TimeoutError, saying so, when
+    it has not come in `stall_s`."""
+    try:
+        await asyncio.wait_for(room, stall_s)
+    except asyncio.TimeoutError:
+        raise asyncio.TimeoutError(f"the peer took no byte for {stall_s:.0f} s (stalled)") from None
 
 
 class SocketSender:
@@ -518,10 +525,7 @@ class TlsSender(asyncio.Protocol):
             raise ConnectionResetError("the peer closed the stream")
         self.transport.writelines(buffers)      # encrypted (copied) before this returns
         if self._room is not None:              # backpressure: the socket is full
-            try:
-                await asyncio.wait_for(asyncio.shield(self._room), WRITE_STALL_S)
-            except asyncio.TimeoutError:
-                raise asyncio.TimeoutError(f"the peer took no byte for {WRITE_STALL_S:.0f} s (stalled)") from None
+            await _unless_stalled(asyncio.shield(self._room), WRITE_STALL_S)
 
     async def end(self) -> None:
         self.transport.close()                  # what is buffered goes first, then close_notify
