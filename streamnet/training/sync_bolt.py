@@ -91,6 +91,7 @@ class SyncBolt(SyncRecovery, Bolt):
     # (sync_recovery `_recount`). One ZooKeeper write a round was the engine's largest
     # cost besides compute (README, issue 12)
     SAVE_EVERY = 8
+    CONFIRM_RETRY_S = 1.0    # between tries of a save that must confirm the task is this instance's (_save)
 
     def prepare(self, ctx, collector):
         super().prepare(ctx, collector)
@@ -234,7 +235,9 @@ class SyncBolt(SyncRecovery, Bolt):
         elif ahead is not None or self._must_save(step, epoch, rnd, samples, worked, flagged):
             if ahead is not None and not ahead[1].done():   # one save at a time
                 await asyncio.wait([ahead[1]])
-            saving = self._start_save()
+            # an evaluation or a checkpoint leaves only once a save confirms the task is still ours
+            saving = self._start_save(confirm=flagged or (self.plans.epoch_end(epoch, rnd)
+                                                          and self.cfg.evaluates(epoch + 1)))
         else:
             saving = None           # a round as planned between saves: a successor counts it from the plan
         try:
@@ -280,9 +283,9 @@ class SyncBolt(SyncRecovery, Bolt):
         return ((step + 1) % self.SAVE_EVERY == 0 or flagged or self._saves == 0 or self.plans.epoch_end(epoch, rnd)
                 or (samples, worked) != self.plans.planned(epoch, rnd))
 
-    def _start_save(self) -> asyncio.Future:
+    def _start_save(self, confirm: bool = False) -> asyncio.Future:
         self._saves += 1
-        return asyncio.ensure_future(self._save(self.counts.saved()))
+        return asyncio.ensure_future(self._save(self.counts.saved(), confirm))
 
     def _save_ahead(self, epoch: int, rnd: int) -> None:
         """Where the next round is one whose count is saved (_must_save), start saving
@@ -389,13 +392,26 @@ class SyncBolt(SyncRecovery, Bolt):
             return None
         return Arrival(tup["unit"], worker, self.arrived[tup["unit"]], compute_s, queue_s)
 
-    async def _save(self, state: dict) -> None:
-        try:
-            await self.ctx.save_state_async(state)
-        except FencedError:
-            raise
-        except CoordinatorError as e:  # best effort: the next round saves again
-            log.warning("sync bolt could not save its counters: %s", e)
+    async def _save(self, state: dict, confirm: bool = False) -> None:
+        """Save the counters: at best effort (the next round saves again), or - to
+        `confirm` that this instance still owns the task, for a round that sends an
+        evaluation or a checkpoint, which carry no fencing token - tried until the
+        coordinator answers (FencedError if another instance took the task over). Taken
+        at best effort, a superseded instance cut off from ZooKeeper sent them on."""
+        while True:
+            try:
+                await self.ctx.save_state_async(state)
+                return
+            except FencedError:
+                raise
+            except CoordinatorError as e:
+                if not confirm:
+                    log.warning("sync bolt could not save its counters: %s", e)
+                    return
+                log.warning("sync task of slice %d could not save the counters of a round that sends an evaluation "
+                            "or a checkpoint: %s; trying again in %.0f s (they leave once it is saved)", self.slice, e,
+                            self.CONFIRM_RETRY_S)
+                await asyncio.sleep(self.CONFIRM_RETRY_S)
 
     def _checkpoint_state(self, tuples, position) -> dict:
         """Everything besides the parameters that the run needs to continue exactly (this

@@ -9,6 +9,7 @@ import pytest
 
 from streamnet.runtime import FencedError
 from streamnet.runtime.component import BoltCollector, Context, Tuple
+from streamnet.runtime.control.coordinator import ConnectionLostError
 from streamnet.testing import until
 from streamnet.training import AlgorithmConfig, RunConfig
 from streamnet.training.config import run_config_to_dict
@@ -242,3 +243,43 @@ def test_an_ahead_save_that_lands_leaves_the_instance_running():
         await _round(bolt, 0)                      # a replay: answered with the current parameters
         assert len(out.emitted) > sent
     asyncio.run(go())
+
+
+def test_an_epoch_end_whose_save_is_not_confirmed_sends_nothing_until_it_is(monkeypatch):
+    # the evaluation and the checkpoint carry no fencing token: they leave only once a save
+    # has confirmed this instance still owns the task. A save that lost the coordinator was
+    # taken as best effort, and a superseded instance, cut off from ZooKeeper, sent its
+    # evaluation on (a read-only review of training's fault paths)
+    monkeypatch.setattr(SyncBolt, "CONFIRM_RETRY_S", 0.0)
+    saved, away = [], [2]
+
+    async def save(state):
+        if state["next_step"] == 8 and away[0]:
+            away[0] -= 1
+            raise ConnectionLostError("ZooKeeper is away")
+        saved.append(state)
+
+    bolt, out, _ = _sync(save)
+
+    async def go():
+        for step in range(7):
+            await _round(bolt, step)
+            await _passes()
+        assert not [s for s, _ in out.emitted if s == "eval"]
+        await _round(bolt, 7)                          # the epoch's end: evaluated
+    asyncio.run(go())
+    assert away == [0] and saved[-1]["next_step"] == 8     # tried until the coordinator answered
+    streams = [s for s, _ in out.emitted]
+    assert streams.count("eval") == 1 and streams[-2:] == ["params", "eval"]
+
+
+def test_a_round_between_those_is_saved_at_best_effort():
+    tries = []
+
+    async def save(state):
+        tries.append(state["next_step"])
+        raise ConnectionLostError("ZooKeeper is away")
+
+    bolt, out, _ = _sync(save)
+    asyncio.run(_round(bolt, 0))
+    assert tries == [1] and _last_params(out)["step"] == 1     # not tried again: the next round saves
