@@ -64,6 +64,10 @@ def build_parser() -> Parser:
                         "(repeatable; 'none': nothing; default: " + ",".join(DEFAULT_PRELOAD) + ", which loads "
                         "the compiled kernels so that the first round does not wait for them, where "
                         "--allow-module allows it)")
+    p.add_argument("--checkpoint-root", metavar="DIR", default=os.environ.get("STREAMNET_CHECKPOINT_ROOT") or None,
+                   help="write and resume checkpoints only under DIR: a run whose --checkpoint-dir or --resume "
+                        "file lies elsewhere fails, saying so (default: $STREAMNET_CHECKPOINT_ROOT, else "
+                        "anywhere this worker's user may write - named by whoever submits)")
     p.add_argument("--stop-grace", type=positive_float, default=120.0, help="seconds to wait for a clean stop (default: 120)")
     tls = p.add_argument_group("TLS for tuple streams (all three, or none: frames then carry a MAC only)")
     tls.add_argument("--tls-cert", metavar="PEM", help="this worker's certificate (its subjectAltName names "
@@ -89,7 +93,7 @@ async def serve(a) -> int:
     from ..runtime.worker import Worker
     from ..runtime.monitor import read_token
     from ..runtime.dataplane.tls import TlsConfig
-    from ..training.checkpoint import signing_with
+    from ..training.checkpoint import confined_to, signing_with
     token = read_token(a.monitor_token_file) if a.monitor_token_file else None
     tls = TlsConfig(cert=a.tls_cert, key=a.tls_key, ca=a.tls_ca) if a.tls_cert else None
     coord, state, secret = await asyncio.to_thread(connect, a, True)
@@ -107,7 +111,8 @@ async def serve(a) -> int:
                     threads=len(os.sched_getaffinity(0)) if auto else a.threads, threads_auto=auto,
                     advertise_host=a.advertise_host, allow_modules=allowed_modules(a), monitor_token=token,
                     tls=tls, preload=preload_paths(a.preload, allowed_modules(a)))
-    with signing_with(secret):       # checkpoints written and resumed here carry its MAC
+    # checkpoints written and resumed here carry its MAC, and lie under --checkpoint-root
+    with signing_with(secret), confined_to(a.checkpoint_root):
         try:
             try:
                 await worker.start()

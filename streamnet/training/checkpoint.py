@@ -52,6 +52,7 @@ DEFAULT_KEEP = 3               # checkpoints kept per run: the newest, and two t
 STALE_TMP_S = 600.0            # a temporary file this old is a write that died, not one in progress
 
 _cluster_key: bytes | None = None
+_root: str | None = None       # where checkpoints may be, in this process (`confined_to`)
 
 
 def checkpoint_key(secret: bytes) -> bytes:
@@ -74,6 +75,27 @@ def signing_with(secret: bytes | None):
 
 class CheckpointError(StreamnetError):
     pass
+
+
+@contextmanager
+def confined_to(root: str | None):
+    """Within this block, checkpoints are written and read under `root` only (None: any
+    path): streamnet-worker's --checkpoint-root, since the directory a run checkpoints to
+    and the file it resumes from are named by whoever submits it."""
+    global _root
+    before, _root = _root, os.path.realpath(root) if root else None
+    try:
+        yield
+    finally:
+        _root = before
+
+
+def check_under_root(path: str) -> None:
+    """CheckpointError unless `path` (symbolic links followed) lies under this process's
+    checkpoint root, if it has one."""
+    if _root is not None and os.path.commonpath([os.path.realpath(path), _root]) != _root:
+        raise CheckpointError(f"{path} is not under this worker's checkpoint root {_root} (streamnet-worker "
+                              "--checkpoint-root): checkpoint to a directory under it")
 
 
 def _pack(obj):
@@ -104,6 +126,7 @@ def write_checkpoint(directory: str, name: str, step: int, params: np.ndarray, s
     keep only the newest `keep` checkpoints of `name`; return the pointer
     {step, path, sha256, bytes}."""
     key = key if key is not None else _cluster_key
+    check_under_root(directory)
     path = checkpoint_path(directory, name, step)
     body = msgpack.packb({"name": name, "step": int(step), "params": np.asarray(params, np.float32),
                           "state": state}, default=_pack, use_bin_type=True)
@@ -202,6 +225,7 @@ def load_checkpoint(path: str, expected_sha256: str | None = None, *, key: bytes
     CheckpointError otherwise. With a key (default: this process's cluster key) the file
     must carry a good MAC; without one only its SHA-256 can be checked."""
     key = key if key is not None else _cluster_key
+    check_under_root(path)
     try:
         with open(path, "rb") as f:
             raw = f.read()

@@ -30,6 +30,9 @@ class CheckpointBolt(Bolt):
         self.dir, self.keep = self.config.get("dir"), self.config.get("keep")
         if not (self.dir is None or isinstance(self.dir, str) and self.dir):
             raise ValueError(f"checkpoint dir must be a path; got {self.dir!r}")
+        if self.dir:
+            from .checkpoint import check_under_root
+            check_under_root(self.dir)      # refused when the task starts, not at each checkpoint round
         if not (self.keep is None or whole(self.keep) and self.keep >= 0):
             # written and renamed, then clean_up's TypeError failed the round's tuples,
             # whose replay wrote it again: a checkpoint round that never completed

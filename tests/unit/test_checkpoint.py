@@ -177,3 +177,25 @@ def test_a_newer_checkpoint_that_cannot_be_set_aside_stops_the_resume(tmp_path, 
     with pytest.raises(CheckpointError, match="cannot set aside the checkpoints of 'run' newer than step 10 .*"
                                               "Permission denied"):
         resume_point(cfg, str(tmp_path), "run", path=old)
+
+
+def test_a_worker_with_a_checkpoint_root_writes_and_reads_under_it_only(tmp_path):
+    # the directory a run checkpoints to and the file it resumes from are named by whoever
+    # submits it: streamnet-worker --checkpoint-root bounds them
+    from streamnet.training.checkpoint import confined_to
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    root.mkdir()
+    outside = write_checkpoint(str(elsewhere), "run", 1, np.zeros(4, np.float32))["path"]
+    (root / "link").symlink_to(elsewhere)
+    with confined_to(str(root)):
+        inside = write_checkpoint(str(root / "runs"), "run", 2, np.ones(4, np.float32))["path"]
+        np.testing.assert_array_equal(load_checkpoint(inside)["params"], np.ones(4, np.float32))
+        for where in (str(elsewhere), str(root / ".." / "elsewhere"), str(root / "link"), str(tmp_path / "rootx")):
+            with pytest.raises(CheckpointError, match=f"is not under this worker's checkpoint root {root}"):
+                write_checkpoint(where, "run", 3, np.zeros(4, np.float32))
+        with pytest.raises(CheckpointError, match="is not under this worker's checkpoint root"):
+            load_checkpoint(outside)
+        with pytest.raises(CheckpointError, match="is not under this worker's checkpoint root"):
+            load_checkpoint(str(root / "link" / os.path.basename(outside)))
+    assert not (tmp_path / "rootx").exists() and sorted(os.listdir(elsewhere)) == [os.path.basename(outside)]
+    load_checkpoint(outside)            # no root outside the block: anywhere

@@ -237,6 +237,17 @@ def test_a_checkpoint_keep_that_is_not_a_count_is_refused_when_the_task_starts(t
         CheckpointBolt(**dict(config, keep=keep)).prepare(Ctx(), Collector())
 
 
+def test_a_checkpoint_dir_outside_the_workers_checkpoint_root_is_refused_when_the_task_starts(tmp_path):
+    from streamnet.training.checkpoint import CheckpointError, confined_to
+    config = next(c for c in build_topology(CFG, checkpoint_dir=str(tmp_path / "elsewhere")).components
+                  if c["id"] == "checkpoint")["config"]
+    (tmp_path / "root").mkdir()
+    with confined_to(str(tmp_path / "root")):
+        with pytest.raises(CheckpointError, match="elsewhere is not under this worker's checkpoint root"):
+            CheckpointBolt(**config).prepare(Ctx(), Collector())
+        CheckpointBolt(**dict(config, dir=str(tmp_path / "root" / "run"))).prepare(Ctx(), Collector())
+
+
 def test_a_checkpoint_the_coordinator_cannot_record_is_counted_and_the_round_goes_on(tmp_path, caplog):
     from streamnet.runtime import CoordinatorError
 

@@ -39,3 +39,19 @@ def test_exposure_is_at_most_3(tmp_path):
     if m is None:
         pytest.skip(f"this systemd-analyze cannot score unit files offline: {r.stderr[:200]}")
     assert float(m.group(1)) <= 3.0, r.stdout
+
+
+def test_the_workers_command_parses_and_bounds_checkpoints_to_its_state_directory():
+    # a submitter names the checkpoint directory; the unit keeps the worker's writes in the
+    # one place it may write (StateDirectory), and the command is one the worker takes
+    import os
+    import shlex
+    s = _service()
+    line = re.sub(r"\$\{(\w+)\}", lambda m: {"STREAMNET_PORT": "7700", "STREAMNET_THREADS": "2",
+                                              "STREAMNET_LOG_LEVEL": "INFO"}.get(m[1], "x"),
+                  s["ExecStart"].replace("\\\n", " "))
+    argv = shlex.split(line)
+    assert argv[0].endswith("/streamnet-worker")
+    a = build_parser().parse_args(argv[1:])
+    state = "/var/lib/" + s["StateDirectory"]
+    assert a.checkpoint_root and os.path.commonpath([a.checkpoint_root, state]) == state
