@@ -330,8 +330,9 @@ class Cluster:
 
     def __init__(self, zk_hosts: str, workers: int = 3, threads: int = 1, secret: bytes | None = None,
                  session_timeout: float = SESSION_TIMEOUT, pin_cores: bool = False, zk_relays: bool = False,
-                 zk_tls: str | None = None):
+                 zk_tls: str | None = None, worker_args: list[str] = ()):
         self.zk_hosts = zk_hosts
+        self.worker_args = list(worker_args)      # given to every worker it starts
         self.zk_tls = zk_tls     # a --zk-tls directory (ZooKeeper(tls=True).tls_dir)
         #: zk_relays: each worker reaches the (one) ZooKeeper through a Relay of its own,
         #: relays[name], which a test can cut to take that worker off ZooKeeper alone
@@ -376,7 +377,7 @@ class Cluster:
             zk = self.relays[name].address
         with open(log, "ab") as out:        # the worker holds its own copy
             p = subprocess.Popen([*pin, sys.executable, "-m", "streamnet.cli.worker", *self.args(zk), "--name", name,
-                                  "--port", "0", "--threads", str(self.threads), *extra],
+                                  "--port", "0", "--threads", str(self.threads), *self.worker_args, *extra],
                                  stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
         self.procs[name] = p
         return p
@@ -445,10 +446,11 @@ class Cluster:
 
 @contextlib.contextmanager
 def running_cluster(zk_hosts: str, workers: int = 3, threads: int = 1, session_timeout: float = SESSION_TIMEOUT,
-                    pin_cores: bool = False, zk_relays: bool = False, zk_tls: str | None = None):
+                    pin_cores: bool = False, zk_relays: bool = False, zk_tls: str | None = None,
+                    worker_args: list[str] = ()):
     """A registered cluster and a client ClusterState; worker logs are printed on failure."""
     c = Cluster(zk_hosts, workers=workers, threads=threads, session_timeout=session_timeout, pin_cores=pin_cores,
-                zk_relays=zk_relays, zk_tls=zk_tls)
+                zk_relays=zk_relays, zk_tls=zk_tls, worker_args=worker_args)
     state = None
     try:
         state = c.state()

@@ -135,6 +135,22 @@ def test_kill_checkpoint_then_submit_resume(zk, tmp_path):
     assert s["test_accuracy"] >= 0.80
 
 
+def test_a_worker_with_a_checkpoint_root_refuses_a_run_that_checkpoints_elsewhere(zk, tmp_path):
+    """streamnet-worker --checkpoint-root: whoever submits names the directory the
+    workers write checkpoints to; one outside the root fails the run, saying so."""
+    root = tmp_path / "root"
+    args = ["--dataset", "synthetic", "--epochs", "1", "--workers", "1", "--wait"]
+    with running_cluster(zk, workers=1, worker_args=["--checkpoint-root", str(root)]) as (c, state):
+        r = c.submit_cli("submit", "lenet5-mixbp", "--name", "out", "--checkpoint-dir", str(tmp_path / "elsewhere"),
+                         *args)
+        assert r.returncode != 0 and "elsewhere is not under this worker's checkpoint root" in r.stderr, \
+            r.stdout + r.stderr
+        assert not (tmp_path / "elsewhere").exists()
+        r = c.submit_cli("submit", "lenet5-mixbp", "--name", "in", "--checkpoint-dir", str(root / "runs"), *args)
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert [f.name for f in (root / "runs").iterdir() if f.name.startswith("in-")], "no checkpoint under the root"
+
+
 def test_sigterm_to_the_workers_stops_with_a_checkpoint(zk, tmp_path, monkeypatch):
     """SIGTERM to every worker started with --on-signal checkpoint (a cluster shutdown):
     each asks for a clean stop, the run writes its checkpoint, the workers exit 0; a new
