@@ -159,15 +159,11 @@ class SyncBolt(SyncRecovery, Bolt):
         self._maybe_new(tup)
         key = (tup["epoch"], tup["round"])
         unit = tup["unit"]
-        if self.adoption is None and tup["status"] != APPLIED and self._unsaved(tup["step"]):
-            # a unit holds parameters past this task's count: a replica that did not answer
-            # in time when this task adopted, after a predecessor's unsaved rounds
-            await self._count_lost(tup["step"], f"unit {unit!r} holds the parameters of step {tup['step']}")
         if self.adoption is None and self._ahead_of_adopted(tup) and not self._refusal(tup):
-            log.warning("sync task of slice %d: unit %d applied step %d, which this task never combined (its "
-                        "replica did not answer when it adopted): asking the replicas again", self.slice, unit,
-                        tup["step"])
-            self._request_replicas()     # the answer waits among the pending (_adopt)
+            log.warning("sync task of slice %d: unit %d's %s for step %d says it holds parameters this task never "
+                        "combined (its replica did not answer when it adopted): asking the replicas again",
+                        self.slice, unit, "answer" if tup["status"] == APPLIED else "contribution", tup["step"])
+            self._request_replicas()     # the tuple waits among the pending (_adopt)
         if self.adoption is None and (tup["status"] == APPLIED or tup["step"] < self.counts.next_step):
             self._answer_replay(tup)
             return

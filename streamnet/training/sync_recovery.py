@@ -13,10 +13,11 @@ it has already combined.
 - a contribution for a step already combined (a replay after a failure) is
   answered with the current parameters, and an epoch end's evaluation and
   checkpoint are sent again, since they may have been lost with a worker;
-- a unit that answers a replay saying it applied a step this task never combined
-  (its replica did not answer in time, and an older one was adopted) makes it ask
-  the replicas again: answered as a replay, that unit would never contribute to the
-  round again, which would wait for it for ever;
+- a unit whose contribution says it holds a step this task never combined (it
+  applied it, or computed it; its replica did not answer in time, and an older one
+  was adopted) makes it ask the replicas again: answered as a replay, that unit would
+  never contribute to the round again, which would wait for it for ever; and
+  counting those rounds lost would drop updates the unit holds;
 - a compute unit that missed a broadcast asks (`resync`) and gets the parameters
   sent to it alone;
 - the counters are saved every SAVE_EVERY rounds (sync_bolt.py), so a successor may
@@ -276,18 +277,25 @@ class SyncRecovery:
         # replicas behind the newest one catch up before they compute again
         self.collector.emit(row(PARAMS, step=step, slice=self.slice, params=self.agg.params.copy(),
                                 generation=self.ctx.generation), stream="params")
-        for key in sorted(self.pending):   # what arrived while we were rebuilding
+        # what arrived while we were rebuilding. A unit ahead of the adopted step is one whose
+        # replica did not answer again: its applied answer is failed (its work is replayed, and
+        # the answer asks again: `_contribution`; answered as a replay, its tree completed and
+        # the round waited for it for ever); a contribution computed past the count means the
+        # rounds up to it are in no parameters here: counted as lost
+        computed = [t["step"] for slot in self.pending.values() for t in slot.values()
+                    if t["status"] != APPLIED and self._ahead_of_adopted(t)]
+        if computed:
+            await self._count_lost(min(computed), f"a unit holds the parameters of step {min(computed)}, its "
+                                                  "replica did not answer")
+        for key in sorted(self.pending):
             slot = self.pending[key]
             for unit, t in sorted(slot.items()):
-                if self._ahead_of_adopted(t):
-                    # the replica that holds that step did not answer again: failed, the unit's
-                    # work is replayed and its answer asks again (`_contribution`). Answered
-                    # as a replay, its tree completed and the round waited for it for ever
+                if t["status"] == APPLIED and self._ahead_of_adopted(t):
                     del slot[unit]
                     log.warning("sync task of slice %d: unit %d holds a step past %d, its replica did not answer: "
-                                "its round is replayed", self.slice, unit, step)
+                                "its round is replayed", self.slice, unit, self.counts.next_step)
                     self.collector.fail(t)
-                elif t["status"] == APPLIED or t["step"] < step:
+                elif t["status"] == APPLIED or t["step"] < self.counts.next_step:
                     del slot[unit]
                     self._answer_replay(t)
             if not slot:
@@ -296,10 +304,14 @@ class SyncRecovery:
             await self._maybe_combine(key)
 
     def _ahead_of_adopted(self, tup) -> bool:
-        """Whether a unit's answer that it applied the step of `tup` says it holds
-        parameters this task never combined: a replica that did not answer when this
-        task adopted an older one (a unit answers so once it holds a later step)."""
-        return tup["status"] == APPLIED and whole(tup["step"]) and tup["step"] >= self.counts.next_step
+        """Whether a unit's contribution says it holds parameters this task never
+        combined - a replica that did not answer when this task adopted an older one: it
+        answered that it applied the step of `tup` (a unit answers so once it holds a
+        later step), or it computed that step past this task's count (within the rounds a
+        predecessor may have combined unsaved: `_unsaved`)."""
+        if tup["status"] == APPLIED:
+            return whole(tup["step"]) and tup["step"] >= self.counts.next_step
+        return self._unsaved(tup["step"]) > 0
 
     def _answer_replay(self, tup) -> None:
         """A step already combined: complete the tree with the current parameters. If it

@@ -137,14 +137,31 @@ def test_a_step_further_ahead_than_the_rounds_between_two_saves_counts_nothing()
     assert bolt.counts.next_step == 4 and bolt.counts.lost_steps == 4 and _direct(out)["step"] == 4
 
 
-def test_a_late_replica_ahead_of_the_adopted_one_has_its_rounds_counted_as_lost(monkeypatch, caplog):
+def test_a_late_replica_ahead_of_the_adopted_one_is_asked_again_and_its_rounds_are_kept(monkeypatch, caplog):
     bolt, out, _, now = _successor([5])
     monkeypatch.setattr(bolt, "ADOPT_WAIT_S", 0.0)
     asyncio.run(bolt.tick())                        # the other unit did not answer in time
     assert bolt.adoption is None and bolt.counts.next_step == 5
+    asyncio.run(_round(bolt, 7))                    # yet it holds step 7's parameters (and unit 0 too, here)
+    assert bolt.adoption is not None and out.emitted[-1][0] == "state_request"      # asked again
+    _replica(bolt, 1, 7)
+    _replica(bolt, 2, 7)
+    # counted as lost, the updates of steps 5 and 6 - which those parameters hold - were dropped
+    assert bolt.counts.lost_steps == 0 and not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    sent = [dict(zip(PARAMS, v)) for stream, v in out.emitted if stream == "params"]
+    assert bolt.counts.rounds == now["rounds"] + 1 and sent[-1]["step"] == 8
+    assert _epoch_counted_once(bolt)
+
+
+def test_a_late_replica_that_does_not_answer_again_has_its_rounds_counted_as_lost(monkeypatch, caplog):
+    bolt, out, _, now = _successor([5])
+    monkeypatch.setattr(bolt, "ADOPT_WAIT_S", 0.0)
+    asyncio.run(bolt.tick())
+    asyncio.run(_round(bolt, 7))
+    _replica(bolt, 2, 5)
     with caplog.at_level(logging.ERROR):
-        asyncio.run(_round(bolt, 7))                # yet it holds step 7's parameters (and unit 0 too, here)
-    assert bolt.counts.lost_steps == 2 and "unit 0 holds the parameters of step 7" in caplog.text
+        asyncio.run(bolt.tick())                    # it did not answer again
+    assert bolt.counts.lost_steps == 2 and "a unit holds the parameters of step 7" in caplog.text
     sent = [dict(zip(PARAMS, v)) for stream, v in out.emitted if stream == "params"]
     assert bolt.counts.rounds == now["rounds"] + 1 and sent[-1]["step"] == 8
     assert _epoch_counted_once(bolt)
