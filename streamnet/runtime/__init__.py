@@ -10,7 +10,8 @@ from .codec import CodecError, Limits
 from .component import BasicBolt, Bolt, Context, Spout, Tuple
 from .control.client import ClusterTimeout, kill_topology, wait_done, wait_for
 from .control.cluster_state import ClusterState
-from .control.coordinator import BadVersionError, Coordinator, CoordinatorError, NoNodeError, NodeExistsError
+from .control.coordinator import (BadVersionError, ConnectionLostError, Coordinator, CoordinatorError, NoNodeError,
+                                  NodeExistsError)
 from .control.inprocess import InProcessServer
 from .control.placement import assign
 from .dataplane.fencing import FencedError
@@ -19,6 +20,6 @@ from .topology import Topology, TopologyBuilder, TopologyError, resolve
 from .worker import Worker
 
 __all__ = ["ClusterState", "CodecError", "Limits", "BasicBolt", "Bolt", "Context", "Spout", "Tuple",
-           "BadVersionError", "Coordinator", "CoordinatorError", "InProcessServer", "NoNodeError",
+           "BadVersionError", "ConnectionLostError", "Coordinator", "CoordinatorError", "InProcessServer", "NoNodeError",
            "NodeExistsError", "FencedError", "LocalCluster", "wait_for", "wait_done", "kill_topology",
            "ClusterTimeout", "assign", "Topology", "TopologyBuilder", "TopologyError", "Worker", "resolve"]

@@ -32,7 +32,7 @@ import asyncio
 import logging
 import time
 
-from ..runtime import Bolt, CoordinatorError, FencedError
+from ..runtime import Bolt, ConnectionLostError, CoordinatorError, FencedError
 from .bp import Aggregator, Contribution, TrainingDiverged, plan_for, trained_loss
 from .config import run_config_from_dict
 from .epoch_clock import LossMeter, progress_record
@@ -391,9 +391,11 @@ class SyncBolt(SyncRecovery, Bolt):
     async def _save(self, state: dict, confirm: bool = False) -> None:
         """Save the counters: at best effort (the next round saves again), or - to
         `confirm` that this instance still owns the task, for a round that sends an
-        evaluation or a checkpoint, which carry no fencing token - tried until the
-        coordinator answers (FencedError if another instance took the task over). Taken
-        at best effort, a superseded instance cut off from ZooKeeper sent them on."""
+        evaluation or a checkpoint, which carry no fencing token - tried while the
+        coordinator is out of reach until it answers (FencedError if another instance
+        took the task over). Taken at best effort, a superseded instance cut off from
+        ZooKeeper sent them on. Another coordinator error (a refused write) is not
+        retried: logged, as at best effort."""
         while True:
             try:
                 await self.ctx.save_state_async(state)
@@ -401,7 +403,7 @@ class SyncBolt(SyncRecovery, Bolt):
             except FencedError:
                 raise
             except CoordinatorError as e:
-                if not confirm:
+                if not (confirm and isinstance(e, ConnectionLostError)):
                     log.warning("sync bolt could not save its counters: %s", e)
                     return
                 log.warning("sync task of slice %d could not save the counters of a round that sends an evaluation "

@@ -83,12 +83,18 @@ class Adoption:
 
 class SyncRecovery:
     ADOPT_WAIT_S = 5.0    # replicas that have not replied by then died with the old sync task
+    # a unit's requests for parameters within this of the answer it was sent, for the same
+    # step, are answered by it: requests that queued while this task waited (a save waiting
+    # for the coordinator; a unit asks every compute_bolt RESYNC_S) each cost a copy of the
+    # parameters sent (AlexNet-64: 31 MB); a unit that lost the answer asks again later
+    RESYNC_ANSWERED_S = 1.0
 
     def prepare_recovery(self) -> None:
         self.adoption: Adoption | None = None
         self.restored = False
         self.last_checkpoint = None   # (step, checkpoint tuple values), to send again if its round is replayed
         self.unit_states: dict[int, dict] = {}   # from the checkpoint resumed, for the units' first resync
+        self._answered: dict[object, tuple[int, float]] = {}   # task -> (step, monotonic) of its last `_resync` answer
         # every replica started anew with this task and the counters may be behind the data
         # spout (rounds combined after the last save): until its first combine, the units'
         # resync requests say where the spout is (`_resync`)
@@ -140,12 +146,15 @@ class SyncRecovery:
         if self.adoption is None and self.behind_spout and self._unsaved(tup["step"]):
             await self._count_lost(tup["step"], f"task {tup['task']!r} holds the data spout's work of step "
                                                 f"{tup['step']}, the replicas were started anew")
-        if self.adoption is None:
+        now, step = time.monotonic(), self.counts.next_step
+        last = self._answered.get(tup["task"])
+        if self.adoption is None and not (last and last[0] == step and now - last[1] < self.RESYNC_ANSWERED_S):
             unit = self.compute_tasks.index(tup["task"])
-            self.collector.emit(row(DIRECT_PARAMS, step=self.counts.next_step, slice=self.slice,
+            self.collector.emit(row(DIRECT_PARAMS, step=step, slice=self.slice,
                                     params=self.agg.params.copy(), unit_state=self.unit_states.get(unit),
                                     generation=self.ctx.generation),
                                 stream="direct_params", direct_task=tup["task"])
+            self._answered[tup["task"]] = (step, now)
         self.collector.ack(tup)
 
     async def _replica(self, tup) -> None:

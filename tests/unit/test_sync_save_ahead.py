@@ -283,3 +283,23 @@ def test_a_round_between_those_is_saved_at_best_effort():
     bolt, out, _ = _sync(save)
     asyncio.run(_round(bolt, 0))
     assert tries == [1] and _last_params(out)["step"] == 1     # not tried again: the next round saves
+
+
+def test_a_refused_save_is_not_retried_only_a_lost_connection_is(monkeypatch):
+    from streamnet.runtime import CoordinatorError
+    monkeypatch.setattr(SyncBolt, "CONFIRM_RETRY_S", 0.0)
+    tries = []
+
+    async def save(state):
+        tries.append(state["next_step"])
+        if state["next_step"] == 8:
+            raise CoordinatorError("not authorised")      # would fail the same way for ever
+
+    bolt, out, _ = _sync(save)
+
+    async def go():
+        for step in range(8):
+            await _round(bolt, step)
+            await _passes()
+    asyncio.run(go())
+    assert tries.count(8) == 1 and [s for s, _ in out.emitted][-2:] == ["params", "eval"]

@@ -195,3 +195,16 @@ def test_a_successors_training_time_spans_the_run_as_its_samples_do():
     stats = bolt.stats()
     # the run's samples, counted by both instances, over the run's time - not the successor's life
     assert stats.samples_this_run == 64 and stats.train_s > 100.0
+
+
+def test_requests_for_parameters_queued_while_the_task_waited_get_one_answer(monkeypatch):
+    # a unit asks every 2 s while it waits; a save waiting for the coordinator let them queue,
+    # and each was answered with a copy of the parameters (31 MB a slice for AlexNet-64)
+    bolt, out, *_ = _successor([6, 6])
+    for _ in range(5):
+        _resync(bolt, 1, None)
+    _resync(bolt, 2, None)
+    assert [s for s, _ in out.emitted].count("direct_params") == 2
+    monkeypatch.setattr(bolt, "RESYNC_ANSWERED_S", 0.0)      # later: a unit that lost its answer asks again
+    _resync(bolt, 1, None)
+    assert [s for s, _ in out.emitted].count("direct_params") == 3
