@@ -330,7 +330,7 @@ class Cluster:
 
     def __init__(self, zk_hosts: str, workers: int = 3, threads: int = 1, secret: bytes | None = None,
                  session_timeout: float = SESSION_TIMEOUT, pin_cores: bool = False, zk_relays: bool = False,
-                 zk_tls: str | None = None, worker_args: list[str] = ()):
+                 zk_tls: str | None = None, worker_args: tuple[str, ...] = ()):
         self.zk_hosts = zk_hosts
         self.worker_args = list(worker_args)      # given to every worker it starts
         self.zk_tls = zk_tls     # a --zk-tls directory (ZooKeeper(tls=True).tls_dir)
@@ -375,10 +375,12 @@ class Cluster:
                 raise ValueError(f"zk_relays needs one local ZooKeeper server; got {self.zk_hosts}")
             self.relays[name] = Relay(int(port))
             zk = self.relays[name].address
+        # the runner's own worker settings stay out (worker_args give a test's)
+        env = {k: v for k, v in os.environ.items() if k != "STREAMNET_CHECKPOINT_ROOT"}
         with open(log, "ab") as out:        # the worker holds its own copy
             p = subprocess.Popen([*pin, sys.executable, "-m", "streamnet.cli.worker", *self.args(zk), "--name", name,
                                   "--port", "0", "--threads", str(self.threads), *self.worker_args, *extra],
-                                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+                                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         self.procs[name] = p
         return p
 
@@ -447,7 +449,7 @@ class Cluster:
 @contextlib.contextmanager
 def running_cluster(zk_hosts: str, workers: int = 3, threads: int = 1, session_timeout: float = SESSION_TIMEOUT,
                     pin_cores: bool = False, zk_relays: bool = False, zk_tls: str | None = None,
-                    worker_args: list[str] = ()):
+                    worker_args: tuple[str, ...] = ()):
     """A registered cluster and a client ClusterState; worker logs are printed on failure."""
     c = Cluster(zk_hosts, workers=workers, threads=threads, session_timeout=session_timeout, pin_cores=pin_cores,
                 zk_relays=zk_relays, zk_tls=zk_tls, worker_args=worker_args)

@@ -16,6 +16,7 @@ continues it), waiting at most --stop-grace seconds; a second signal skips the w
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import errno
 import logging
@@ -64,7 +65,8 @@ def build_parser() -> Parser:
                         "(repeatable; 'none': nothing; default: " + ",".join(DEFAULT_PRELOAD) + ", which loads "
                         "the compiled kernels so that the first round does not wait for them, where "
                         "--allow-module allows it)")
-    p.add_argument("--checkpoint-root", metavar="DIR", default=os.environ.get("STREAMNET_CHECKPOINT_ROOT") or None,
+    p.add_argument("--checkpoint-root", metavar="DIR", type=checkpoint_root,
+                   default=os.environ.get("STREAMNET_CHECKPOINT_ROOT") or None,
                    help="write and resume checkpoints only under DIR: a run whose --checkpoint-dir or --resume "
                         "file lies elsewhere fails, saying so (default: $STREAMNET_CHECKPOINT_ROOT, else "
                         "anywhere this worker's user may write - named by whoever submits)")
@@ -77,6 +79,13 @@ def build_parser() -> Parser:
                                                      "from senders without one are refused")
     add_allow_option(p)
     return p
+
+
+def checkpoint_root(value: str) -> str:
+    """--checkpoint-root: a directory, as an absolute path (an empty one would mean anywhere)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must be a directory; got an empty path")
+    return os.path.abspath(value)
 
 
 def preload_paths(given: list[str] | None, allow: tuple[str, ...]) -> tuple[str, ...]:

@@ -93,9 +93,11 @@ def confined_to(root: str | None):
 def check_under_root(path: str) -> None:
     """CheckpointError unless `path` (symbolic links followed) lies under this process's
     checkpoint root, if it has one."""
-    if _root is not None and os.path.commonpath([os.path.realpath(path), _root]) != _root:
-        raise CheckpointError(f"{path} is not under this worker's checkpoint root {_root} (streamnet-worker "
-                              "--checkpoint-root): checkpoint to a directory under it")
+    real = os.path.realpath(path)
+    if _root is not None and os.path.commonpath([real, _root]) != _root:
+        shown = path if real == path else f"{path} ({real})"
+        raise CheckpointError(f"{shown} is not under this worker's checkpoint root {_root} (streamnet-worker "
+                              "--checkpoint-root): name a checkpoint directory or file under it")
 
 
 def _pack(obj):

@@ -191,7 +191,8 @@ def test_a_worker_with_a_checkpoint_root_writes_and_reads_under_it_only(tmp_path
         inside = write_checkpoint(str(root / "runs"), "run", 2, np.ones(4, np.float32))["path"]
         np.testing.assert_array_equal(load_checkpoint(inside)["params"], np.ones(4, np.float32))
         for where in (str(elsewhere), str(root / ".." / "elsewhere"), str(root / "link"), str(tmp_path / "rootx")):
-            with pytest.raises(CheckpointError, match=f"is not under this worker's checkpoint root {root}"):
+            with pytest.raises(CheckpointError,
+                               match=f"is not under this worker's checkpoint root {re.escape(os.path.realpath(root))}"):
                 write_checkpoint(where, "run", 3, np.zeros(4, np.float32))
         with pytest.raises(CheckpointError, match="is not under this worker's checkpoint root"):
             load_checkpoint(outside)
@@ -199,3 +200,11 @@ def test_a_worker_with_a_checkpoint_root_writes_and_reads_under_it_only(tmp_path
             load_checkpoint(str(root / "link" / os.path.basename(outside)))
     assert not (tmp_path / "rootx").exists() and sorted(os.listdir(elsewhere)) == [os.path.basename(outside)]
     load_checkpoint(outside)            # no root outside the block: anywhere
+
+
+def test_an_empty_checkpoint_root_is_a_usage_error_not_anywhere(capsys):
+    from streamnet.cli.worker import build_parser
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["--zk", "z:1", "--checkpoint-root", ""])
+    assert e.value.code == 2 and "--checkpoint-root: must be a directory; got an empty path" in capsys.readouterr().err
+    assert build_parser().parse_args(["--zk", "z:1", "--checkpoint-root", "ck"]).checkpoint_root == os.path.abspath("ck")

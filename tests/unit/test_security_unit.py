@@ -41,12 +41,14 @@ def test_exposure_is_at_most_3(tmp_path):
     assert float(m.group(1)) <= 3.0, r.stdout
 
 
-def test_the_workers_command_parses_and_bounds_checkpoints_to_its_state_directory():
+def test_the_workers_command_parses_and_bounds_checkpoints_to_its_state_directory(monkeypatch):
     # a submitter names the checkpoint directory; the unit keeps the worker's writes in the
     # one place it may write (StateDirectory), and the command is one the worker takes
     import os
     import shlex
     s = _service()
+    env = dict(v.split("=", 1) for v in shlex.split(s["Environment"]))
+    monkeypatch.setenv("STREAMNET_CHECKPOINT_ROOT", env["STREAMNET_CHECKPOINT_ROOT"])
     line = re.sub(r"\$\{(\w+)\}", lambda m: {"STREAMNET_PORT": "7700", "STREAMNET_THREADS": "2",
                                               "STREAMNET_LOG_LEVEL": "INFO"}.get(m[1], "x"),
                   s["ExecStart"].replace("\\\n", " "))
