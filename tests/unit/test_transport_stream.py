@@ -3,6 +3,7 @@ guard): what goes in comes out, read-only; silent and stalled peers are cut off;
 idle stream stays open on heartbeats; a hung handshake is given up."""
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 
@@ -429,7 +430,7 @@ def test_a_peer_that_stops_reading_fails_the_write_after_the_stall_time():
         a, b = socket.socketpair()                       # b never reads
         a.setblocking(False)
         try:
-            with pytest.raises(asyncio.TimeoutError, match="took no byte for 0 s"):
+            with pytest.raises(frame_io.WriteStalled, match="took no byte for 0 s"):
                 await asyncio.wait_for(frame_io.send_buffers(a, [bytes(32 << 20)], stall_s=0.3), 30)
         finally:
             a.close()
@@ -469,3 +470,21 @@ def test_a_cancelled_close_is_cancelled_and_still_stops_the_link():
             await until(lambda: link._task.done(), "the link's task to stop", timeout=10)
             return closing.cancelled()
     assert asyncio.run(go())
+
+
+def test_a_stalled_link_says_so_at_warning_level(caplog):
+    """It was logged at debug: a link cut every 30 s for a peer that stopped reading went
+    unseen in a worker's log."""
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            link = PeerLink(sender="w0", peer="w1", url="http://127.0.0.1:1", auth=Auth(os.urandom(32), "w0"),
+                            session=session, limits=codec.DEFAULT_LIMITS)
+
+            async def stalled():
+                link._closing = True
+                raise frame_io.WriteStalled("the peer took no byte for 30 s (stalled)")
+            link._stream_once = stalled
+            with caplog.at_level(logging.WARNING):
+                await asyncio.wait_for(link._run(), 10)
+    asyncio.run(go())
+    assert "link w0 -> w1: the peer took no byte for 30 s (stalled); reconnecting" in caplog.text

@@ -432,13 +432,17 @@ async def _writable(loop, sock: socket.socket, stall_s: float) -> None:
         loop.remove_writer(fd)
 
 
+class WriteStalled(asyncio.TimeoutError):
+    """The peer took no byte for the stall time (stopped reading without closing)."""
+
+
 async def _unless_stalled(room, stall_s: float) -> None:
-    """Wait for `room` (the socket can take bytes again); TimeoutError, saying so, when
-    it has not come in `stall_s`."""
+    """Wait for `room` (the socket can take bytes again); WriteStalled when it has not
+    come in `stall_s`."""
     try:
         await asyncio.wait_for(room, stall_s)
     except asyncio.TimeoutError:
-        raise asyncio.TimeoutError(f"the peer took no byte for {stall_s:.0f} s (stalled)") from None
+        raise WriteStalled(f"the peer took no byte for {stall_s:.0f} s (stalled)") from None
 
 
 class SocketSender:

@@ -72,7 +72,7 @@ from ..http_body import read_bounded
 from ..messages import DataMsg, Message, from_wire, to_wire_all
 from .accept_shortage import HELP, short_of_files
 from .frame_io import (DIRECT_BYTES, SOCKET_BUFFER, TRAILER, FrameAuth, FrameReader, SocketSender, StreamError,
-                       TlsSender, size_buffers)
+                       TlsSender, WriteStalled, size_buffers)
 from .handshake import Auth, PeerAuthError, clean
 from .log_budget import LogBudget
 from .tls import TlsConfig
@@ -496,6 +496,10 @@ class PeerLink:
                     self.connect_failures += 1
                     if self.connect_failures == CONNECT_FAILURES and self.on_unreachable:
                         self.on_unreachable(self.peer, self.last_error)
+                elif isinstance(e, WriteStalled):
+                    # a peer that stopped reading without closing: a stopped process, a
+                    # partition, or a receiver held up by a full task queue (README)
+                    log.warning("link %s -> %s: %s; reconnecting", self.sender, self.peer, e)
                 else:
                     _warn_if_short(self.sender, self.peer, e)
                 if isinstance(e, REFUSALS) and self.last_error != self._warned:
