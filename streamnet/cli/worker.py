@@ -66,7 +66,7 @@ def build_parser() -> Parser:
                         "the compiled kernels so that the first round does not wait for them, where "
                         "--allow-module allows it)")
     p.add_argument("--checkpoint-root", metavar="DIR", type=checkpoint_root,
-                   default=os.environ.get("STREAMNET_CHECKPOINT_ROOT") or None,
+                   default=os.environ.get("STREAMNET_CHECKPOINT_ROOT"),     # an empty one is refused too
                    help="write and resume checkpoints only under DIR: a run whose --checkpoint-dir or --resume "
                         "file lies elsewhere fails, saying so (default: $STREAMNET_CHECKPOINT_ROOT, else "
                         "anywhere this worker's user may write - named by whoever submits)")
@@ -84,7 +84,8 @@ def build_parser() -> Parser:
 def checkpoint_root(value: str) -> str:
     """--checkpoint-root: a directory, as an absolute path (an empty one would mean anywhere)."""
     if not value.strip():
-        raise argparse.ArgumentTypeError("must be a directory; got an empty path")
+        raise argparse.ArgumentTypeError("must be a directory; got an empty path (the flag or "
+                                         "$STREAMNET_CHECKPOINT_ROOT)")
     return os.path.abspath(value)
 
 

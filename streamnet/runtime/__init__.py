@@ -11,7 +11,7 @@ from .component import BasicBolt, Bolt, Context, Spout, Tuple
 from .control.client import ClusterTimeout, kill_topology, wait_done, wait_for
 from .control.cluster_state import ClusterState
 from .control.coordinator import (BadVersionError, ConnectionLostError, Coordinator, CoordinatorError, NoNodeError,
-                                  NodeExistsError)
+                                  NodeExistsError, SessionClosedError)
 from .control.inprocess import InProcessServer
 from .control.placement import assign
 from .dataplane.fencing import FencedError
@@ -21,5 +21,5 @@ from .worker import Worker
 
 __all__ = ["ClusterState", "CodecError", "Limits", "BasicBolt", "Bolt", "Context", "Spout", "Tuple",
            "BadVersionError", "ConnectionLostError", "Coordinator", "CoordinatorError", "InProcessServer", "NoNodeError",
-           "NodeExistsError", "FencedError", "LocalCluster", "wait_for", "wait_done", "kill_topology",
+           "NodeExistsError", "SessionClosedError", "FencedError", "LocalCluster", "wait_for", "wait_done", "kill_topology",
            "ClusterTimeout", "assign", "Topology", "TopologyBuilder", "TopologyError", "Worker", "resolve"]

@@ -32,7 +32,7 @@ import asyncio
 import logging
 import time
 
-from ..runtime import Bolt, ConnectionLostError, CoordinatorError, FencedError
+from ..runtime import Bolt, ConnectionLostError, CoordinatorError, FencedError, SessionClosedError
 from .bp import Aggregator, Contribution, TrainingDiverged, plan_for, trained_loss
 from .config import run_config_from_dict
 from .epoch_clock import LossMeter, progress_record
@@ -394,8 +394,8 @@ class SyncBolt(SyncRecovery, Bolt):
         evaluation or a checkpoint, which carry no fencing token - tried while the
         coordinator is out of reach until it answers (FencedError if another instance
         took the task over). Taken at best effort, a superseded instance cut off from
-        ZooKeeper sent them on. Another coordinator error (a refused write) is not
-        retried: logged, as at best effort."""
+        ZooKeeper sent them on. Another coordinator error (a refused write, a session this
+        worker closed) is not retried: logged, as at best effort."""
         while True:
             try:
                 await self.ctx.save_state_async(state)
@@ -403,7 +403,7 @@ class SyncBolt(SyncRecovery, Bolt):
             except FencedError:
                 raise
             except CoordinatorError as e:
-                if not (confirm and isinstance(e, ConnectionLostError)):
+                if not (confirm and isinstance(e, ConnectionLostError) and not isinstance(e, SessionClosedError)):
                     log.warning("sync bolt could not save its counters: %s", e)
                     return
                 log.warning("sync task of slice %d could not save the counters of a round that sends an evaluation "

@@ -237,7 +237,10 @@ class SyncRecovery:
         again) and their updates as lost; save the count."""
         first = self.counts.next_step
         n = self._recount(upto)
-        if n:
+        if not n:
+            log.error("sync task of slice %d: %s, and the rounds from step %d cannot be counted from the epoch "
+                      "plan: they stay uncounted", self.slice, why, first)
+        else:
             self.counts.lost_steps += n
             log.error("sync task of slice %d: %s; %s combined after the counters were saved and their updates are "
                       "lost: counted from the epoch plan, training goes on from step %d", self.slice, why,
@@ -281,21 +284,23 @@ class SyncRecovery:
             self.behind_spout = True
             await self._start_save()   # a sync task started after this one knows them lost
         self.counts.next_step = max(self.counts.next_step, step)
-        step = self.counts.next_step
-        self.adoption = None
-        # replicas behind the newest one catch up before they compute again
-        self.collector.emit(row(PARAMS, step=step, slice=self.slice, params=self.agg.params.copy(),
-                                generation=self.ctx.generation), stream="params")
-        # what arrived while we were rebuilding. A unit ahead of the adopted step is one whose
-        # replica did not answer again: its applied answer is failed (its work is replayed, and
-        # the answer asks again: `_contribution`; answered as a replay, its tree completed and
-        # the round waited for it for ever); a contribution computed past the count means the
-        # rounds up to it are in no parameters here: counted as lost
+        # a contribution that arrived meanwhile computed past the count: its replica did not
+        # answer again, so the rounds up to it are in no parameters here - counted as lost,
+        # before the parameters go out at the step the units will compute next
         computed = [t["step"] for slot in self.pending.values() for t in slot.values()
                     if t["status"] != APPLIED and self._ahead_of_adopted(t)]
         if computed:
             await self._count_lost(min(computed), f"a unit holds the parameters of step {min(computed)}, its "
                                                   "replica did not answer")
+        step = self.counts.next_step
+        self.adoption = None
+        # replicas behind the newest one catch up before they compute again
+        self.collector.emit(row(PARAMS, step=step, slice=self.slice, params=self.agg.params.copy(),
+                                generation=self.ctx.generation), stream="params")
+        # what arrived while we were rebuilding. A unit that applied a step past the adopted
+        # one is one whose replica did not answer again: its answer is failed (its work is
+        # replayed, and the answer asks again: `_contribution`; answered as a replay, its tree
+        # completed and the round waited for it for ever)
         for key in sorted(self.pending):
             slot = self.pending[key]
             for unit, t in sorted(slot.items()):

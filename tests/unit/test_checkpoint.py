@@ -208,3 +208,14 @@ def test_an_empty_checkpoint_root_is_a_usage_error_not_anywhere(capsys):
         build_parser().parse_args(["--zk", "z:1", "--checkpoint-root", ""])
     assert e.value.code == 2 and "--checkpoint-root: must be a directory; got an empty path" in capsys.readouterr().err
     assert build_parser().parse_args(["--zk", "z:1", "--checkpoint-root", "ck"]).checkpoint_root == os.path.abspath("ck")
+
+
+def test_an_empty_checkpoint_root_variable_is_refused_too(monkeypatch, capsys):
+    # worker.env's STREAMNET_CHECKPOINT_ROOT= overrides the systemd unit's root: it must not mean anywhere
+    from streamnet.cli.worker import build_parser
+    monkeypatch.setenv("STREAMNET_CHECKPOINT_ROOT", "")
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["--zk", "z:1"])
+    assert e.value.code == 2 and "$STREAMNET_CHECKPOINT_ROOT" in capsys.readouterr().err
+    monkeypatch.delenv("STREAMNET_CHECKPOINT_ROOT")
+    assert build_parser().parse_args(["--zk", "z:1"]).checkpoint_root is None

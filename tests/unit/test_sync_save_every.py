@@ -159,9 +159,12 @@ def test_a_late_replica_that_does_not_answer_again_has_its_rounds_counted_as_los
     asyncio.run(bolt.tick())
     asyncio.run(_round(bolt, 7))
     _replica(bolt, 2, 5)
+    before = len(out.emitted)
     with caplog.at_level(logging.ERROR):
         asyncio.run(bolt.tick())                    # it did not answer again
     assert bolt.counts.lost_steps == 2 and "a unit holds the parameters of step 7" in caplog.text
+    # the parameters it adopted go out as the step the units compute next, not the step before
+    assert dict(zip(PARAMS, next(v for s, v in out.emitted[before:] if s == "params")))["step"] == 7
     sent = [dict(zip(PARAMS, v)) for stream, v in out.emitted if stream == "params"]
     assert bolt.counts.rounds == now["rounds"] + 1 and sent[-1]["step"] == 8
     assert _epoch_counted_once(bolt)
