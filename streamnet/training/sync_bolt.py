@@ -165,6 +165,8 @@ class SyncBolt(SyncRecovery, Bolt):
                         self.slice, unit, "answer" if tup["status"] == APPLIED else "contribution", tup["step"])
             self._request_replicas()     # the tuple waits among the pending (_adopt)
         if self.adoption is None and (tup["status"] == APPLIED or tup["step"] < self.counts.next_step):
+            if self._resends(tup):
+                await self._confirm_owned()
             self._answer_replay(tup)
             return
         problem = self._refusal(tup)
@@ -278,6 +280,16 @@ class SyncBolt(SyncRecovery, Bolt):
         a successor always finds where its rounds stand in the epoch plan."""
         return ((step + 1) % self.SAVE_EVERY == 0 or flagged or self._saves == 0 or self.plans.epoch_end(epoch, rnd)
                 or (samples, worked) != self.plans.planned(epoch, rnd))
+
+    async def _confirm_owned(self) -> None:
+        """Save the counters, as a round that sends an evaluation or a checkpoint does,
+        to confirm this instance still owns the task before a replay's answer sends them
+        again. After a save ahead in flight (one save at a time), whose count the next
+        round then no longer takes for its own: these counters replace it."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and not ahead[1].done():
+            await asyncio.wait([ahead[1]])
+        await self._start_save(confirm=True)
 
     def _start_save(self, confirm: bool = False) -> asyncio.Future:
         self._saves += 1

@@ -327,6 +327,14 @@ class SyncRecovery:
             return whole(tup["step"]) and tup["step"] >= self.counts.next_step
         return self._unsaved(tup["step"]) > 0
 
+    def _resends(self, tup) -> bool:
+        """Whether answering the replay `tup` sends its round's evaluation or checkpoint
+        again (`_answer_replay`)."""
+        epoch, rnd = tup["epoch"], tup["round"]
+        return tup["step"] == self.counts.next_step - 1 and (
+            (self.plans.epoch_end(epoch, rnd) and self.cfg.evaluates(epoch + 1))
+            or (bool(tup["checkpoint"]) and self.last_checkpoint is not None and self.last_checkpoint[0] == tup["step"]))
+
     def _answer_replay(self, tup) -> None:
         """A step already combined: complete the tree with the current parameters. If it
         was the last step of an epoch the run evaluates, its evaluation may have been lost

@@ -323,3 +323,32 @@ def test_a_session_this_worker_closed_is_not_waited_for(monkeypatch):
             await _passes()
     asyncio.run(go())
     assert tries.count(8) == 1
+
+
+def test_a_replay_that_sends_the_evaluation_again_confirms_first(monkeypatch):
+    # the answer to a replay of an evaluated epoch's end sends its evaluation again: it too
+    # waits for a save to confirm this instance still owns the task (review finding)
+    monkeypatch.setattr(SyncBolt, "CONFIRM_RETRY_S", 0.0)
+    saved, away = [], [0]
+
+    async def save(state):
+        if away[0]:
+            away[0] -= 1
+            raise ConnectionLostError("ZooKeeper is away")
+        saved.append(state)
+
+    bolt, out, _ = _sync(save)
+
+    async def go():
+        for step in range(8):
+            await _round(bolt, step)
+            await _passes()
+        before = len(saved)
+        await _round(bolt, 6)                           # a replay of an ordinary round: no save
+        assert len(saved) == before
+        away[0] = 2
+        emitted = len(out.emitted)
+        await _round(bolt, 7)                           # a replay of the epoch's end
+        assert away == [0] and len(saved) == before + 2     # tried until it answered; once per unit's replay
+        assert [s for s, _ in out.emitted[emitted:]].count("eval") == 2       # once per unit's replay
+    asyncio.run(go())
