@@ -285,44 +285,29 @@ def test_a_round_between_those_is_saved_at_best_effort():
     assert tries == [1] and _last_params(out)["step"] == 1     # not tried again: the next round saves
 
 
-def test_a_refused_save_is_not_retried_only_a_lost_connection_is(monkeypatch):
-    from streamnet.runtime import CoordinatorError
+async def _epoch(bolt) -> None:
+    """Rounds 0-7: the test config's epoch, whose last round is evaluated."""
+    for step in range(8):
+        await _round(bolt, step)
+        await _passes()
+
+
+@pytest.mark.parametrize("error", ["refused", "closed"])
+def test_a_refused_save_or_a_closed_session_is_not_retried_only_a_lost_connection_is(monkeypatch, error):
+    from streamnet.runtime import CoordinatorError, SessionClosedError
     monkeypatch.setattr(SyncBolt, "CONFIRM_RETRY_S", 0.0)
     tries = []
 
     async def save(state):
         tries.append(state["next_step"])
         if state["next_step"] == 8 and tries.count(8) <= 3:      # (a retry would be seen, and end)
-            raise CoordinatorError("not authorised")      # would fail the same way for ever
+            # not authorised would fail the same way for ever; a session this worker closed
+            # brings nothing back
+            raise CoordinatorError("not authorised") if error == "refused" else SessionClosedError("closed")
 
     bolt, out, _ = _sync(save)
-
-    async def go():
-        for step in range(8):
-            await _round(bolt, step)
-            await _passes()
-    asyncio.run(go())
+    asyncio.run(_epoch(bolt))
     assert tries.count(8) == 1 and [s for s, _ in out.emitted][-2:] == ["params", "eval"]
-
-
-def test_a_session_this_worker_closed_is_not_waited_for(monkeypatch):
-    from streamnet.runtime import SessionClosedError
-    monkeypatch.setattr(SyncBolt, "CONFIRM_RETRY_S", 0.0)
-    tries = []
-
-    async def save(state):
-        tries.append(state["next_step"])
-        if state["next_step"] == 8 and tries.count(8) <= 3:
-            raise SessionClosedError("closed")      # nothing will come back
-
-    bolt, out, _ = _sync(save)
-
-    async def go():
-        for step in range(8):
-            await _round(bolt, step)
-            await _passes()
-    asyncio.run(go())
-    assert tries.count(8) == 1
 
 
 def test_a_replay_that_sends_the_evaluation_again_confirms_first(monkeypatch):
@@ -340,9 +325,7 @@ def test_a_replay_that_sends_the_evaluation_again_confirms_first(monkeypatch):
     bolt, out, _ = _sync(save)
 
     async def go():
-        for step in range(8):
-            await _round(bolt, step)
-            await _passes()
+        await _epoch(bolt)
         before = len(saved)
         await _round(bolt, 6)                           # a replay of an ordinary round: no save
         assert len(saved) == before
