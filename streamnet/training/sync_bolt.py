@@ -231,11 +231,8 @@ class SyncBolt(SyncRecovery, Bolt):
         if ahead is not None and not flagged and ahead[0] == (step, epoch, rnd, samples, worked):
             saving = ahead[1]       # saved as this round's count while the units computed it
         elif ahead is not None or self._must_save(step, epoch, rnd, samples, worked, flagged):
-            if ahead is not None and not ahead[1].done():   # one save at a time
-                await asyncio.wait([ahead[1]])
             # an evaluation or a checkpoint leaves only once a save confirms the task is still ours
-            saving = self._start_save(confirm=flagged or (self.plans.epoch_end(epoch, rnd)
-                                                          and self.cfg.evaluates(epoch + 1)))
+            saving = await self._start_save_after(ahead, confirm=flagged or self._evaluated_end(epoch, rnd))
         else:
             saving = None           # a round as planned between saves: a successor counts it from the plan
         try:
@@ -287,13 +284,18 @@ class SyncBolt(SyncRecovery, Bolt):
         again. After a save ahead in flight (one save at a time), whose count the next
         round then no longer takes for its own: these counters replace it."""
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and not ahead[1].done():
-            await asyncio.wait([ahead[1]])
-        await self._start_save(confirm=True)
+        await (await self._start_save_after(ahead, confirm=True))
 
     def _start_save(self, confirm: bool = False) -> asyncio.Future:
         self._saves += 1
         return asyncio.ensure_future(self._save(self.counts.saved(), confirm))
+
+    async def _start_save_after(self, ahead, confirm: bool = False) -> asyncio.Future:
+        """_start_save once the save ahead `ahead` (or None) is done, if in flight: one save
+        at a time (two at once on one version, the second would fence this instance)."""
+        if ahead is not None and not ahead[1].done():
+            await asyncio.wait([ahead[1]])
+        return self._start_save(confirm)
 
     def _save_ahead(self, epoch: int, rnd: int) -> None:
         """Where the next round is one whose count is saved (_must_save), start saving
@@ -362,7 +364,7 @@ class SyncBolt(SyncRecovery, Bolt):
         self.round_started, self.combined_at = time.perf_counter(), time.time()
         self.bytes_out += out.nbytes * len(self.compute_tasks)
         end = self.plans.epoch_end(epoch, rnd)
-        if end and self.cfg.evaluates(epoch + 1):
+        if end and self.cfg.evaluates(epoch + 1):       # (_evaluated_end, with `end` needed below)
             self.collector.emit(row(EVAL, epoch=epoch + 1, step=step, slice=self.slice, params=out), stream="eval",
                                 anchors=tuples)
         if flagged:

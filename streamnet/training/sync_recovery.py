@@ -327,12 +327,15 @@ class SyncRecovery:
             return whole(tup["step"]) and tup["step"] >= self.counts.next_step
         return self._unsaved(tup["step"]) > 0
 
+    def _evaluated_end(self, epoch: int, rnd: int) -> bool:
+        """Whether round `rnd` ends an epoch the run evaluates: its combine sends an evaluation."""
+        return self.plans.epoch_end(epoch, rnd) and self.cfg.evaluates(epoch + 1)
+
     def _resends(self, tup) -> bool:
         """Whether answering the replay `tup` sends its round's evaluation or checkpoint
         again (`_answer_replay`)."""
-        epoch, rnd = tup["epoch"], tup["round"]
         return tup["step"] == self.counts.next_step - 1 and (
-            (self.plans.epoch_end(epoch, rnd) and self.cfg.evaluates(epoch + 1))
+            self._evaluated_end(tup["epoch"], tup["round"])
             or (bool(tup["checkpoint"]) and self.last_checkpoint is not None and self.last_checkpoint[0] == tup["step"]))
 
     def _answer_replay(self, tup) -> None:
@@ -347,7 +350,7 @@ class SyncRecovery:
                                 generation=self.ctx.generation), stream="params", anchors=tup)
         epoch, rnd = tup["epoch"], tup["round"]
         if tup["step"] == next_step - 1:
-            if self.plans.epoch_end(epoch, rnd) and self.cfg.evaluates(epoch + 1):
+            if self._evaluated_end(epoch, rnd):
                 self.collector.emit(row(EVAL, epoch=epoch + 1, step=tup["step"], slice=self.slice, params=params),
                                     stream="eval", anchors=tup)
             if tup["checkpoint"]:
