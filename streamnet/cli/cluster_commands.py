@@ -318,6 +318,8 @@ def cmd_status(a) -> int:
                     rate = m["executed"] / max(m["execute_s_total"], 1e-9) if m["executed"] else 0.0
                     extra = f"queue {m['queue']}/{m['queue_max']}" if "queue" in m else \
                         f"pending {m['pending']}/{m['pending_max']}"
+                    if m.get("overflow"):      # from other workers, behind a full queue (senders told to hold)
+                        extra += f" + {m['overflow']} held"
                     share = f"  share {asg.shares[int(t)]:.2f}" if asg and int(t) in asg.shares else ""
                     print(f"    task {t:>3s} {m['component']:<12s} on {w:<12s} executed {m['executed']:>8d}  "
                           f"acked {m['acked']:>8d}  failed {m['failed']:>5d}  {extra}  ~{rate:,.0f}/s busy{share}")

@@ -8,6 +8,8 @@ element names its kind:
                                                                         a run of tuples, one header
     ["a", topology, target, root, xor]                                  an ack, to a spout's ledger
     ["f", topology, target, root]                                       a failed tree, to its spout
+    ["h", topology, target, held]                                       hold (1) or release (0) the
+                                                                        tuples for a bolt task (delivery.py)
 
 `anchors` is a list of [root, edge] pairs (Storm's tuple tree ids); `version` is
 the sender's assignment version (fencing and parking read it). Lists rather than
@@ -99,7 +101,19 @@ class DataRun:
         return self.version is not None and self.version > version
 
 
-Message = Union[DataMsg, DataRun, AckMsg, FailMsg]
+@dataclass(slots=True)
+class HoldMsg:
+    """From the worker of bolt task `target`: send it no more tuples until released
+    (`held` False) - its queue is full, and what came on meanwhile waits in its overflow."""
+    topology: str
+    target: int
+    held: bool
+
+    def to_wire(self) -> list:
+        return ["h", self.topology, self.target, 1 if self.held else 0]
+
+
+Message = Union[DataMsg, DataRun, AckMsg, FailMsg, HoldMsg]
 DATA = (DataMsg, DataRun)     # the messages that carry tuples
 
 
@@ -159,4 +173,6 @@ def from_wire(msg) -> Message:
         return AckMsg(msg[1], msg[2], msg[3], msg[4])
     elif kind == "f" and len(msg) == 4 and whole(msg[3]):
         return FailMsg(msg[1], msg[2], msg[3])
+    elif kind == "h" and len(msg) == 4 and type(msg[3]) is int and msg[3] in (0, 1):
+        return HoldMsg(msg[1], msg[2], msg[3] == 1)
     raise CodecError(f"malformed message {_shown(msg)}")

@@ -32,9 +32,12 @@ TASK_COUNTERS = {
     "timed_out": ("streamnet_task_timed_out", "Spout tuple trees failed after message_timeout_s"),
     "errors": ("streamnet_task_errors", "Exceptions raised by the component and logged"),
 }
-#: status key in a task -> (family, help, key of its maximum for a _ratio, or None)
+#: status key in a task -> (family, help, key of its bound for a _fill_ratio, or None: no ratio)
 TASK_GAUGES = {
     "queue": ("streamnet_task_queue", "Tuples waiting in a bolt's input queue", "queue_max"),
+    "overflow": ("streamnet_task_overflow",
+                 "Tuples from other workers waiting behind a bolt's full input queue (its senders told to hold)",
+                 None),
     "pending": ("streamnet_task_pending", "Spout tuple trees not complete yet", "pending_max"),
 }
 
@@ -103,9 +106,11 @@ def _engine_families(s: dict, rows: list):
         for labels, m in rows:
             if key in m:
                 fam.add_metric(labels, m[key])
-                ratio.add_metric(labels, m[key] / m[cap] if m.get(cap) else 0.0)
+                if cap is not None:
+                    ratio.add_metric(labels, m[key] / m[cap] if m.get(cap) else 0.0)
         yield fam
-        yield ratio
+        if cap is not None:
+            yield ratio
     yield _execute_summary(rows)
 
 

@@ -89,7 +89,8 @@ class Worker:
         self.delivery = Delivery(worker_id=self.id, auth=self.auth, session=self.session, limits=self.limits,
                                  runtimes=self.runtimes, on_unreachable=self._peer_unreachable, tls=self.tls)
         self.stream_server = StreamServer(self.auth, self.delivery.receive, self.limits, tls=self.tls,
-                                          dispatch_now=self.delivery.receive_now)
+                                          dispatch_now=self.delivery.receive_now,
+                                          on_open=self.delivery.peer_restarted)
         self.publisher.start()
         app = web.Application(client_max_size=self.limits.max_frame + 1024)
         app.add_routes(self.stream_server.routes() + [web.get("/status", self._status_handler),
@@ -396,6 +397,7 @@ class Worker:
         rt = self.runtimes.pop(name, None)
         if rt is not None:
             await rt.stop()
+            self.delivery.forget(name)
             self._prune_links()
 
     def _prune_links(self) -> None:
@@ -438,6 +440,7 @@ class Worker:
                         if self.scheduler and self.scheduler.leading else {}),
             "topologies": {n: rt.status() for n, rt in self.runtimes.items()},
             "links": self.delivery.status(),
+            "holds": self.delivery.holds_status(),
             "transport": {"rejected": s.rejected, "frames_in": s.frames_in, "bytes_in": s.bytes_in,
                           "open_streams": s.open_streams, "dropped": self.delivery.dropped,
                           "connections": self.guard.status()},

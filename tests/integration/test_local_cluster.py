@@ -10,6 +10,7 @@ import pytest
 from streamnet.examples import bench, flood, tensor_pipe, wordcount
 from streamnet.runtime import Bolt, LocalCluster, Spout, TopologyBuilder, wait_for
 from streamnet.runtime.codec import ARRAY_EXT, MAGIC, PREFIX
+from streamnet.runtime.dataplane import inbox
 from streamnet.runtime.dataplane.transport import PROTOCOL, TRAILER, Auth, FrameAuth
 from streamnet.testing import placement
 
@@ -118,6 +119,31 @@ def test_slow_bolt_across_workers_memory_stays_bounded():
     assert max(gaps) <= bound, (max(gaps), bound)
     # and the bolt was the bottleneck: tuples did pile up beyond its own queue
     assert max(gaps) > 64
+
+
+def test_slow_relays_crossing_between_two_workers_both_ways_keep_moving():
+    """A relay on each worker, between a spout and a sink on each (shuffled): each relay
+    emits to the other worker while its own queue is full. When a full queue held up
+    the whole stream that brought its next tuple, the two workers froze each other
+    within seconds, until a stream was cut for taking no byte for 30 s; now the tuples
+    that find a queue full wait in its overflow, the sender holds that task's tuples,
+    and the streams go on."""
+    with LocalCluster(workers=2) as c:
+        topo = flood.crossing(delay_s=0.0005, pad=20000, queue_size=64)
+        c.submit(topo)
+        tasks = wait_for(lambda: placement(c.state, "crossing"), 30, "the assignment")
+        for component in ("numbers", "relay", "sink"):
+            assert {tasks[t] for t in topo.tasks(component)} == {"w0", "w1"}, tasks
+
+        def sunk():
+            return sum(m["executed"] for m in _tasks(c.worker_status(), "crossing", "sink"))
+        # well inside the 30 s after which a stalled stream is cut (the freeze's only end)
+        wait_for(lambda: sunk() >= 15000, 28, "15,000 tuples through the relays into the sinks", interval=0.2)
+        status = c.worker_status()
+        c.kill("crossing")
+    assert sum(s["holds"]["told"] for s in status) > 0            # the relays' queues did fill
+    for relay in _tasks(status, "crossing", "relay"):
+        assert relay["queue"] <= relay["queue_max"] and relay["overflow_most"] <= inbox.OVERFLOW_TUPLES
 
 
 async def _attack(port: int, secret: bytes, body: bytes, signed: bool) -> tuple[int, str]:

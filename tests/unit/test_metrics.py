@@ -18,7 +18,7 @@ def _ctx() -> Context:
 def _status(figures) -> dict:
     task = {"component": "sync", "kind": "bolt", "executed": 10, "emitted": 4, "acked": 9, "failed": 1,
             "timed_out": 0, "errors": 0, "execute_ms_avg": 2.0, "execute_ms_p99": 7.0, "execute_s_total": 0.02,
-            "queue": 16, "queue_max": 64, "figures": figures}
+            "queue": 16, "queue_max": 64, "overflow": 5, "overflow_most": 9, "figures": figures}
     return {"worker": "w0", "threads": 2, "busy_fraction": 0.25, "leader": True,
             "topologies": {"t": {"tasks": {3: task}}}, "links": {"w1": {"bytes_out": 100}},
             "transport": {"rejected": 0, "frames_in": 5, "bytes_in": 500, "open_streams": 1, "dropped": 0}}
@@ -37,6 +37,8 @@ def test_every_family_parses_with_help_type_and_units():
     assert families["streamnet_task_executed"].type == "counter"
     assert families["streamnet_compute_busy_ratio"].samples[0].value == 0.25
     assert families["streamnet_task_queue_fill_ratio"].samples[0].value == 0.25
+    assert families["streamnet_task_overflow"].samples[0].value == 5    # unbounded by the queue: no fill ratio
+    assert "streamnet_task_overflow_fill_ratio" not in families
     summary = {s.name: s for s in families["streamnet_task_execute_seconds"].samples}
     assert summary["streamnet_task_execute_seconds"].value == 0.007          # p99, in seconds
     assert summary["streamnet_task_execute_seconds_count"].value == 10

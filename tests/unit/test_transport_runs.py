@@ -12,10 +12,12 @@ from streamnet.runtime.codec import CodecError
 from streamnet.runtime.dataplane import routing
 from streamnet.runtime.dataplane.acker import ROOT_BITS
 from streamnet.runtime.dataplane.delivery import Delivery
+from streamnet.runtime.dataplane import inbox as inbox_module
 from streamnet.runtime.dataplane.executor import BoltExecutor
+from streamnet.runtime.dataplane.inbox import Inbox
 from streamnet.runtime.dataplane.routing import View
 from streamnet.runtime.dataplane.transport import Auth
-from streamnet.runtime.messages import AckMsg, DataMsg, DataRun, FailMsg, from_wire, to_wire_all
+from streamnet.runtime.messages import AckMsg, DataMsg, DataRun, FailMsg, HoldMsg, from_wire, to_wire_all
 from streamnet.testing import until
 
 
@@ -79,51 +81,55 @@ class _Runtime:
         self.parked, self.dropped, self.stale = [], 0, 0
 
 
-def test_a_run_reaches_its_bolt_as_tuples_in_order_with_their_anchors():
-    rt = _Runtime()
+def _delivery(rt):
+    """A Delivery to one bolt, task 3, whose signals to other workers are recorded."""
     bolt = BoltExecutor.__new__(BoltExecutor)       # its queue is all delivery touches
-    bolt.queue_taken = False
+    bolt.queue_taken, bolt.task = False, 3
     d = Delivery(worker_id="w1", auth=None, session=None, limits=None, runtimes={"train": rt},
                  on_unreachable=lambda *a: None)
+    signals = []
+    d._signal = lambda rt, peer, msg: signals.append((peer, msg))
+    rt.executors = {3: bolt}
+    return d, bolt, signals
+
+
+def test_a_run_reaches_its_bolt_as_tuples_in_order_with_their_anchors():
+    rt = _Runtime()
+    d, bolt, signals = _delivery(rt)
 
     async def go():
-        bolt.inbound = asyncio.Queue(2)              # smaller than the run: delivery waits for room
-        rt.executors = {3: bolt}
-        taken = []
-
-        async def consume():
-            while len(taken) < 3:
-                taken.append(await bolt.inbound.get())
-        consumer = asyncio.get_running_loop().create_task(consume())
-        try:     # a tuple lost, or delivery stuck, fails here instead of hanging the suite
-            await asyncio.wait_for(d.receive(DataRun("train", 3, "default", 1, [[0], [1], [2]],
-                                                     [[], [[7, 8]], []], 2), sender="w0"), 30)
-            await asyncio.wait_for(consumer, 30)
-        finally:
-            consumer.cancel()
-        return taken
+        # smaller than the run: the rest waits in the overflow, the sender is told to hold
+        bolt.inbound = Inbox(2, on_drained=lambda inbox: d.release(rt, 3, inbox))
+        await asyncio.wait_for(d.receive(DataRun("train", 3, "default", 1, [[0], [1], [2]],
+                                                 [[], [[7, 8]], []], 2), sender="w0"), 30)
+        assert bolt.inbound.qsize() == 2 and len(bolt.inbound.overflow) == 1
+        assert signals == [("w0", HoldMsg("train", 3, True))]
+        return [await asyncio.wait_for(bolt.inbound.get(), 30) for _ in range(3)]
     tuples = asyncio.run(go())
     assert [t["n"] for t in tuples] == [0, 1, 2]
     assert [t.anchors for t in tuples] == [{}, {7: 8}, {}]
     assert rt.dropped == 0
+    assert signals[1:] == [("w0", HoldMsg("train", 3, False))]     # released once the overflow emptied
 
 
-def test_receive_now_delivers_what_fits_and_leaves_the_rest_untouched_for_receive():
+def test_receive_now_delivers_what_fits_spills_the_rest_and_leaves_the_rest_to_receive(monkeypatch):
     rt = _Runtime()
-    bolt = BoltExecutor.__new__(BoltExecutor)
-    bolt.queue_taken = False
-    d = Delivery(worker_id="w1", auth=None, session=None, limits=None, runtimes={"train": rt},
-                 on_unreachable=lambda *a: None)
-    bolt.inbound = asyncio.Queue(3)
-    rt.executors = {3: bolt}
+    d, bolt, signals = _delivery(rt)
+    bolt.inbound = Inbox(3)
     run = DataRun("train", 3, "default", 1, [[0], [1]], [[], [[7, 8]]], 2)
     assert d.receive_now(run, sender="w0")                       # room for both: delivered at once
-    assert [bolt.inbound.get_nowait()["n"] for _ in range(2)] == [0, 1]
+    assert [bolt.inbound.get_nowait()["n"] for _ in range(2)] == [0, 1] and signals == []
     bolt.inbound.put_nowait("x")
     bolt.inbound.put_nowait("y")
-    assert not d.receive_now(run, sender="w0")                   # room for one of two: nothing done
-    assert bolt.inbound.qsize() == 2 and rt.dropped == 0
-    bolt.inbound = asyncio.Queue(3)
+    assert d.receive_now(run, sender="w0")                       # room for one of two: the other overflows
+    assert bolt.inbound.qsize() == 3 and [t["n"] for t, _ in bolt.inbound.overflow] == [1]
+    assert signals == [("w0", HoldMsg("train", 3, True))] and rt.dropped == 0
+    assert d.receive_now(_t(9), sender="w0")                     # behind it, in order; not told again so soon
+    assert [t["n"] for t, _ in bolt.inbound.overflow] == [1, 9] and len(signals) == 1
+    monkeypatch.setattr(inbox_module, "OVERFLOW_TUPLES", 2)
+    assert not d.receive_now(_t(10), sender="w0")                # the overflow at its bound: the slow way
+    assert len(bolt.inbound.overflow) == 2
+    bolt.inbound = Inbox(3)
     bolt.queue_taken = True                                      # a fenced instance's queue: the slow way
     assert not d.receive_now(_t(5), sender="w0") and bolt.inbound.empty()
     moved = DataMsg("train", 4, "default", 1, [0], [[(0 << ROOT_BITS) | 9, 1]], 2)   # not here, not newer
@@ -131,6 +137,24 @@ def test_receive_now_delivers_what_fits_and_leaves_the_rest_untouched_for_receiv
     assert d.receive_now(_t(6, version=1), sender="w2")          # stale (task 1 is w0's): dropped at once
     assert rt.stale == 1
     assert d.receive_now(DataMsg("other", 3, "default", 1, [0], [], 2), sender="w0") and d.dropped == 1
+
+
+def test_a_stream_waits_for_an_overflow_at_its_bound(monkeypatch):
+    monkeypatch.setattr(inbox_module, "OVERFLOW_TUPLES", 1)
+    rt = _Runtime()
+    d, bolt, signals = _delivery(rt)
+
+    async def go():
+        bolt.inbound = Inbox(1)
+        assert d.receive_now(_t(0), sender="w0") and d.receive_now(_t(1), sender="w0")
+        waiting = asyncio.get_running_loop().create_task(d.receive(_t(2), sender="w0"))
+        for _ in range(10):                                     # passes of the loop: nothing else runs
+            await asyncio.sleep(0)
+        assert not waiting.done()                               # queue and overflow full: the stream waits
+        first = bolt.inbound.get_nowait()                        # 1 moves up from the overflow: room for 2
+        await asyncio.wait_for(waiting, 30)
+        return [first["n"], bolt.inbound.get_nowait()["n"], bolt.inbound.get_nowait()["n"]]
+    assert asyncio.run(go()) == [0, 1, 2]
 
 
 def test_links_to_workers_no_assignment_names_are_closed():

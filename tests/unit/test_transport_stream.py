@@ -16,7 +16,7 @@ from streamnet.runtime import codec
 from streamnet.runtime.dataplane import frame_io, transport
 from streamnet.runtime.dataplane.guard import ConnectionGuard, GuardedRunner
 from streamnet.runtime.dataplane.transport import PROTOCOL, Auth, PeerLink, StreamServer
-from streamnet.runtime.messages import AckMsg, DataMsg, DataRun
+from streamnet.runtime.messages import AckMsg, DataMsg, DataRun, HoldMsg
 from streamnet.testing import until
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -29,8 +29,9 @@ class Receiver:
         """now(msg): whether a dispatch_now takes msg at once (None: the server has none)."""
         self.got = []
         self.now, self.at_once = now, 0
+        self.opened = []        # the senders of the streams opened, in order
         self.server = StreamServer(Auth(secret, "w1"), self._dispatch, codec.DEFAULT_LIMITS,
-                                   dispatch_now=self._dispatch_now if now else None)
+                                   dispatch_now=self._dispatch_now if now else None, on_open=self.opened.append)
         self.guard = ConnectionGuard()
 
     async def _dispatch(self, msg, sender):
@@ -100,18 +101,19 @@ def test_tuples_and_tensors_of_every_size_arrive_intact_and_read_only():
             for n in sizes:
                 await link.send(DataMsg("t", 1, "default", 0, [np.arange(n, dtype=np.float32)], [], 3))
             await link.send(AckMsg("t", 0, 5, 6))
-            await until(lambda: len(rx.got) == 300 + len(sizes) + 1, "every message")
+            link.queue.put_control(HoldMsg("t", 1, True))       # past the queue's bound, in order
+            await until(lambda: len(rx.got) == 300 + len(sizes) + 2, "every message")
             assert rx.guard.status()["open"] == 1 and rx.server.open_streams == 1
             return [m for m, _ in rx.got], link.frames_out, rx.server.rejected
     got, frames, rejected = asyncio.run(go())
-    assert rejected == 0 and frames < 300 + len(sizes) + 1
+    assert rejected == 0 and frames < 300 + len(sizes) + 2
     assert [m.values for m in got[:300]] == [[i, "x"] for i in range(300)]
     assert [m.anchors for m in got[:300]] == [[[i, i + 1]] for i in range(300)]
     for n, m in zip(sizes, got[300:]):
         (x,) = m.values
         assert x.dtype == np.float32 and np.array_equal(x, np.arange(n, dtype=np.float32))
         assert not x.flags.writeable
-    assert got[-1] == AckMsg("t", 0, 5, 6)
+    assert got[-2:] == [AckMsg("t", 0, 5, 6), HoldMsg("t", 1, True)]
 
 
 def _refuse_every_50th(msg) -> bool:
@@ -379,8 +381,10 @@ def test_the_sender_reconnects_at_once_when_the_receiver_closes_the_stream():
             await until(lambda: link.reconnects == 1 and link.connected, "the link to reconnect")
             await link.send(AckMsg("t", 0, 2, 2))   # not written into the dead socket
             await until(lambda: len(rx.got) == 2, "the second message")
-            return [m for m, _ in rx.got]
-    assert asyncio.run(go()) == [AckMsg("t", 0, 1, 1), AckMsg("t", 0, 2, 2)]
+            return [m for m, _ in rx.got], rx.opened
+    got, opened = asyncio.run(go())
+    assert got == [AckMsg("t", 0, 1, 1), AckMsg("t", 0, 2, 2)]
+    assert opened == ["w0", "w0"]           # each stream told (its holds may have been lost with the old one)
 
 
 def test_a_stream_that_does_not_ask_to_upgrade_is_refused():

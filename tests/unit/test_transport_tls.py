@@ -60,7 +60,7 @@ def test_two_ends_with_certificates_of_the_cluster_ca_talk_and_the_wire_shows_no
     got, rejected, wire = _send(pki("w1"), pki("w0"), "delivered")
     (msg,) = got
     assert rejected == 0 and bytes(msg.values[0]) == MARK * 100
-    assert b"streamnet-frames/3+tls" in wire and MARK not in wire      # the upgrade in clear, frames not
+    assert b"streamnet-frames/4+tls" in wire and MARK not in wire      # the upgrade in clear, frames not
 
 
 def test_without_tls_the_tensor_is_on_the_wire(pki):

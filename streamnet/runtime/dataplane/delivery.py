@@ -1,22 +1,35 @@
 """Delivery: carries out routing.py's decisions for one worker - into a local task's
 queue, onto the link to a peer worker (with backpressure), into the parking
-lot, or back to the spouts as failed trees."""
+lot, or back to the spouts as failed trees.
+
+Backpressure is per task. A local emitter waits for room in the bolt's queue. A
+tuple from another worker that finds the queue full goes into the task's overflow
+(inbox.py) and the sender is told to hold that task's tuples (HoldMsg); its emitters
+to that task wait until released, and its stream goes on carrying everything else."""
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Callable
 
 import aiohttp
 
 from .. import codec
 from ..component import Tuple
-from ..messages import AckMsg, DataMsg, DataRun, FailMsg, Message
+from ..messages import AckMsg, DataMsg, DataRun, FailMsg, HoldMsg, Message
 from . import routing
 from .executor import BoltExecutor, SpoutExecutor
 from .transport import Auth, PeerLink
 
 log = logging.getLogger(__name__)
+
+#: a sender whose tuples still reach a held task's overflow this long after it was told
+#: to hold is told again (the hold may have been lost with a broken stream)
+RETELL_S = 0.5
+#: a sender waiting on a held task looks this often whether the task moved or the
+#: worker is closing
+HELD_CHECK_S = 1.0
 
 
 class Delivery:
@@ -30,6 +43,9 @@ class Delivery:
         self.dropped = 0                    # inbound messages for no runtime or no task here
         self.closing = False
         self._retiring: set[asyncio.Task] = set()   # closes of links replaced or to workers gone
+        #: (peer, topology, task) -> resolved when that peer's bolt task releases its hold
+        self.held: dict[tuple[str, str, int], asyncio.Future] = {}
+        self.holds = 0                      # holds this worker was told of (status)
 
     def link(self, peer: str, url: str) -> PeerLink:
         link = self.links.get(peer)
@@ -53,6 +69,7 @@ class Delivery:
             log.info("worker %s: closing the link to %s, which no topology here addresses any more%s", self.id,
                      peer, f" ({queued} message(s) queued to it dropped)" if queued else "")
             self._retire(link)
+            self.peer_restarted(peer)
 
     def _retire(self, link: PeerLink) -> None:
         task = asyncio.get_running_loop().create_task(link.close(0.0))
@@ -75,6 +92,9 @@ class Delivery:
             await self._fail_roots(rt, msg)
         else:
             peer = rt.view.task_worker[target]
+            if self.held and (peer, rt.name, target) in self.held and type(msg) in (DataMsg, DataRun):
+                await self._to_held_task(rt, target, peer, msg)
+                return
             q = self.link(peer, rt.view.addresses[peer]).queue
             if q.full():
                 await self._to_full_peer(rt, target, peer, q, msg)
@@ -107,18 +127,88 @@ class Delivery:
                     await self.send(rt, target, msg)
                     return
 
+    async def _to_held_task(self, rt, target: int, peer: str, msg: Message) -> None:
+        # the task's worker asked us to hold its tuples: wait for the release - but look
+        # every second whether the task moved, or this worker is closing
+        key = (peer, rt.name, target)
+        while (fut := self.held.get(key)) is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), HELD_CHECK_S)
+            except asyncio.TimeoutError:
+                if self.closing:
+                    rt.dropped += 1
+                    return
+                if rt.view.task_worker.get(target) != peer:
+                    break
+        await self.send(rt, target, msg)
+
+    def _on_hold(self, msg: HoldMsg, sender: str | None) -> None:
+        """A peer's bolt task holds (or releases) the tuples we send it."""
+        key = (sender, msg.topology, msg.target)
+        if msg.held:
+            if key not in self.held:
+                self.held[key] = asyncio.get_running_loop().create_future()
+                self.holds += 1
+        else:
+            fut = self.held.pop(key, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+    def peer_restarted(self, peer: str) -> None:
+        """A new stream from `peer` (or its link closed): what it held may have been
+        released on a stream that broke, so its holds end; where its tasks are still
+        full, our next tuples reach their overflows and it tells us again."""
+        self._end_holds(lambda key: key[0] == peer)
+
+    def forget(self, topology: str) -> None:
+        """The topology left this worker: its holds end (one submitted again under the
+        name starts with none)."""
+        self._end_holds(lambda key: key[1] == topology)
+
+    def _end_holds(self, which) -> None:
+        for key in [k for k in self.held if which(k)]:
+            fut = self.held.pop(key)
+            if not fut.done():
+                fut.set_result(None)
+
+    def _tell_hold(self, rt, ex, sender: str) -> None:
+        """Tuples from `sender` went into the overflow of bolt task ex: it should hold
+        them (told again after RETELL_S if they keep coming)."""
+        told = ex.inbound.told
+        now = time.monotonic()
+        last = told.get(sender)
+        if last is not None and now - last < RETELL_S:
+            return
+        told[sender] = now
+        self._signal(rt, sender, HoldMsg(rt.name, ex.task, True))
+
+    def release(self, rt, task: int, inbox) -> None:
+        """Bolt task `task`'s overflow is empty: the workers told to hold may send."""
+        told, inbox.told = inbox.told, {}
+        for sender in told:
+            self._signal(rt, sender, HoldMsg(rt.name, task, False))
+
+    def _signal(self, rt, peer: str, msg: HoldMsg) -> None:
+        address = rt.view.addresses.get(peer)
+        if address is None or self.closing:
+            return                      # not a worker of this assignment (any more)
+        self.link(peer, address).queue.put_control(msg)
+
     # -- inbound: from a peer's stream ------------------------------------------------------
     def receive_now(self, msg: Message, sender: str | None = None) -> bool:
         """receive() where nothing has to wait: True when done; False, having done
         nothing, when the message must go through receive() (a bolt's full queue, trees
         to fail). The stream server calls it from its socket's callback."""
+        if type(msg) is HoldMsg:
+            self._on_hold(msg, sender)
+            return True
         rt = self.runtimes.get(msg.topology)
         if rt is None:
             self.dropped += 1      # not ours (any more): the sender's view is stale
             return True
         decision = routing.inbound(msg, rt.view, sender)
         if decision == routing.DELIVER:
-            return self._deliver_now(rt, rt.executors[msg.target], msg)
+            return self._deliver_now(rt, rt.executors[msg.target], msg, sender)
         if decision == routing.PARK:
             rt.park(msg)   # the sender applied a newer assignment than we have: hold it until we do
         elif decision == routing.STALE:
@@ -134,8 +224,14 @@ class Delivery:
         if routing.inbound(msg, rt.view, sender) == routing.FAIL_ROOTS:
             self.dropped += 1
             await self._fail_roots(rt, msg)
-        else:
-            await self._deliver_local(rt, rt.executors[msg.target], msg)
+            return
+        ex = rt.executors[msg.target]
+        if sender is not None and isinstance(ex, BoltExecutor) and not ex.queue_taken:
+            # its overflow is at its bound: this stream waits for it (inbox.py)
+            await ex.inbound.overflow_room()
+            if self._deliver_now(rt, ex, msg, sender):
+                return
+        await self._deliver_local(rt, ex, msg)
 
     async def deliver_parked(self, rt) -> None:
         """Tuples that arrived for tasks of an assignment we had not applied yet."""
@@ -149,17 +245,25 @@ class Delivery:
                 rt.dropped += 1
                 await self._fail_roots(rt, msg)
 
-    def _deliver_now(self, rt, ex, msg: Message) -> bool:
+    def _deliver_now(self, rt, ex, msg: Message, sender: str | None = None) -> bool:
         """_deliver_local where nothing has to wait: False, having done nothing, where
-        a bolt's queue has no room for the message's tuples or was handed over."""
+        a bolt's queue has no room for the message's tuples or was handed over. Tuples
+        from another worker (`sender`) that find no room go into the overflow, and that
+        worker is told to hold - unless the overflow is at its bound."""
         if isinstance(msg, (DataMsg, DataRun)) and isinstance(ex, BoltExecutor):
             tuples = _tuples(rt, msg)
             if tuples is None:
                 rt.dropped += len(msg) if isinstance(msg, DataRun) else 1
                 return True
             q = ex.inbound
-            if ex.queue_taken or (q.maxsize > 0 and q.maxsize - q.qsize() < len(tuples)):
+            if ex.queue_taken:
                 return False
+            if not q.has_room(len(tuples)):
+                if sender is None or q.overflow_full():
+                    return False
+                q.spill(tuples)
+                self._tell_hold(rt, ex, sender)
+                return True
             for tup in tuples:
                 q.put_nowait(tup)
         elif isinstance(msg, AckMsg) and isinstance(ex, SpoutExecutor):
@@ -202,6 +306,10 @@ class Delivery:
 
     def status(self) -> dict:
         return {p: l.status() for p, l in self.links.items()}
+
+    def holds_status(self) -> dict:
+        """The peers' tasks this worker holds tuples for now, and how many holds it was told of."""
+        return {"now": sorted(f"{p}/{t}[{k}]" for p, t, k in self.held), "told": self.holds}
 
 
 def _tuples(rt, msg: DataMsg | DataRun) -> list[Tuple] | None:

@@ -23,6 +23,7 @@ from ..component import Bolt, BoltCollector, Context, Spout, SpoutCollector, Tup
 from ..messages import AckMsg, DataMsg, FailMsg
 from .acker import ROOT_BITS, Acker, root_task
 from .fencing import FencedError
+from .inbox import Inbox
 
 log = logging.getLogger(__name__)
 STOP = object()
@@ -332,7 +333,7 @@ class BoltExecutor(Executor):
 
     def __init__(self, *a, queue_size: int, **k):
         super().__init__(*a, **k)
-        self.inbound: asyncio.Queue = asyncio.Queue(queue_size)
+        self.inbound = Inbox(queue_size, on_drained=self._drained)
         self.auto_ack = bool(getattr(self.instance, "auto_ack", False))
         self._current: Tuple | None = None
         self.holding: dict[int, Tuple] = {}   # received, neither acked nor failed yet
@@ -468,6 +469,10 @@ class BoltExecutor(Executor):
         for tup in list(self.holding.values()):
             self.fail(tup)
         await self.flush()
+
+    def _drained(self, inbox: Inbox) -> None:
+        """The overflow has emptied: the workers told to hold this task's tuples may send."""
+        self.rt.release_holds(self.task, inbox)
 
     def _tick_due(self) -> None:
         if self.inbound.empty():            # else it sees the time before its next tuple

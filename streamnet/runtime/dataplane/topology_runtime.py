@@ -290,6 +290,10 @@ class TopologyRuntime:
         """A task here is about to wait: what the worker's links hold goes now."""
         self.worker.delivery.write_now()
 
+    def release_holds(self, task: int, inbox) -> None:
+        """Bolt task `task`'s overflow has emptied (inbox.py): release its senders."""
+        self.worker.delivery.release(self, task, inbox)
+
     def status(self) -> dict:
         tasks = {}
         for t, ex in sorted(self.executors.items()):
@@ -298,6 +302,7 @@ class TopologyRuntime:
                 m["figures"] = ex.ctx.figures_status()
             if isinstance(ex, BoltExecutor):
                 m["queue"], m["queue_max"] = ex.inbound.qsize(), ex.inbound.maxsize
+                m["overflow"], m["overflow_most"] = len(ex.inbound.overflow), ex.inbound.most_overflow
             else:
                 m["pending"], m["pending_max"] = len(ex.pending), ex.max_pending
             tasks[t] = m

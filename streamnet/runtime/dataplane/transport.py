@@ -7,7 +7,7 @@ Both ends prove they hold the cluster secret, and every frame is authenticated:
                                       <-     {nonce, worker, proof = MAC("hello"|nonce|c|receiver)}
     checks the proof: a receiver without the secret gets nothing
     POST /stream  X-Streamnet-Auth = MAC("stream"|nonce|sender|receiver),
-                  Upgrade: streamnet-frames/3 (or streamnet-frames/3+tls)
+                  Upgrade: streamnet-frames/4 (or streamnet-frames/4+tls)
                                              checks it (the nonce: issued here, fresh, unused)
                                       <-     101 Switching Protocols
     (+tls: a TLS handshake, certificates checked both ways; the frames go inside - tls.py)
@@ -21,8 +21,10 @@ into a buffer of its own (frame_io.py) - neither copies the payload. The receive
 checks each frame's sequence number and tag before decoding it, so a relay without
 the secret can neither alter, drop, reorder nor inject a frame (a forged ack). Small
 tuples queued together go out as one frame. The receiver hands each message to the
-worker, whose bounded task queues make a slow bolt push back through TCP on its
-senders.
+worker: a bolt whose queue is full keeps what comes for it in an overflow and tells
+the sender to hold its tuples (inbox.py, delivery.py), so the stream goes on carrying
+everything else; only an overflow at its bound makes the stream, and so TCP, push
+back on the sender.
 
 Neither end wakes a task per frame where it need not. The receiver delivers a
 frame's messages from its socket's callback while nothing has to wait
@@ -82,7 +84,7 @@ __all__ = ["Auth", "FrameAuth", "PeerAuthError", "PeerLink", "StreamServer", "TR
 log = logging.getLogger(__name__)
 
 HELLO, STREAM = "/hello", "/stream"
-PROTOCOL = "streamnet-frames/3"    # what /stream upgrades to (3: runs of tuples, messages.py)
+PROTOCOL = "streamnet-frames/4"    # what /stream upgrades to (3: runs of tuples; 4: holds, messages.py)
 PROTOCOL_TLS = PROTOCOL + "+tls"   # ... and then runs TLS inside
 HANDSHAKE_TIMEOUT_S = 10.0         # /hello, connecting, and the answer to the upgrade
 HEARTBEAT_S = 5.0                  # an idle sender's empty frame
@@ -114,11 +116,14 @@ class StreamServer:
     """The receiving half, mounted on the worker's aiohttp app."""
 
     def __init__(self, auth: Auth, dispatch: Callable[[Message, str], Awaitable[None]], limits: codec.Limits,
-                 tls: TlsConfig | None = None, dispatch_now: Callable[[Message, str], bool] | None = None):
+                 tls: TlsConfig | None = None, dispatch_now: Callable[[Message, str], bool] | None = None,
+                 on_open: Callable[[str], None] | None = None):
         """dispatch_now, where given, delivers a message if it can without waiting
-        (True), or does nothing (False: it goes through dispatch)."""
+        (True), or does nothing (False: it goes through dispatch). on_open(sender) is
+        called as a sender's new stream starts carrying frames."""
         self.auth, self.dispatch, self.limits, self.tls = auth, dispatch, limits, tls
         self.dispatch_now = dispatch_now
+        self.on_open = on_open
         self.protocol = PROTOCOL if tls is None else PROTOCOL_TLS
         self.rejected = 0
         self.log_budget = LogBudget()
@@ -200,6 +205,8 @@ class StreamServer:
                 reader.connection_lost(e)
                 return web.Response(text="bye")
         self.open_streams += 1
+        if self.on_open is not None:
+            self.on_open(sender)
         try:
             reason = await self._frames(reader, sender)
         except asyncio.CancelledError:
@@ -309,6 +316,13 @@ class _LinkQueue(asyncio.Queue):
     def wake(self) -> None:
         if self.waiter is not None:
             _set(self.waiter)
+
+    def put_control(self, msg) -> None:
+        """Queue a control message past the bound (a hold or release: a few per task, and
+        one must not wait behind the tuples that it is about)."""
+        self._put(msg)
+        self._unfinished_tasks += 1
+        self._wakeup_next(self._getters)
 
     def put_back(self, items: list) -> None:
         """Messages take() took, back at the front in their order (the next frame's)."""

@@ -1,0 +1,157 @@
+"""Backpressure per task (inbox.py, delivery.py): a bolt's full queue keeps what other
+workers send it in an overflow, in order, and tells them to hold that task's tuples;
+their emitters to it wait until released, while everything else they send goes on."""
+import asyncio
+
+import numpy as np
+import pytest
+
+from streamnet.runtime.codec import CodecError
+from streamnet.runtime.component import Tuple
+from streamnet.runtime.dataplane import delivery as delivery_module
+from streamnet.runtime.dataplane import inbox as inbox_module
+from streamnet.runtime.dataplane.delivery import Delivery
+from streamnet.runtime.dataplane.inbox import Inbox
+from streamnet.runtime.dataplane.routing import View
+from streamnet.runtime.messages import AckMsg, DataMsg, HoldMsg, from_wire, to_wire_all
+
+
+def _tup(n, size=0):
+    values = [n, np.zeros(size // 4, dtype=np.float32)] if size else [n]
+    return Tuple(values, ["n", "x"][:len(values)], "default", "src", 1, {})
+
+
+def test_a_hold_travels_as_a_checked_wire_message():
+    for held in (True, False):
+        msg = HoldMsg("train", 3, held)
+        assert from_wire(to_wire_all([msg])[0]) == msg
+    for bad in (["h", "train", 3, 2], ["h", "train", 3, True], ["h", "train", 3], ["h", "train", 3, 1, 0],
+                ["h", "train", "3", 1]):
+        with pytest.raises(CodecError):
+            from_wire(bad)
+
+
+def test_the_overflow_refills_the_queue_in_order_and_says_once_when_it_has_emptied():
+    drained = []
+    q = Inbox(2, on_drained=drained.append)
+    q.spill([_tup(i) for i in range(5)])
+    assert q.qsize() == 2 and [t["n"] for t, _ in q.overflow] == [2, 3, 4] and q.most_overflow == 3
+    assert not q.has_room(1) and not q.empty()
+    got = [q.get_nowait()["n"] for _ in range(3)]
+    assert got == [0, 1, 2] and q.qsize() == 2 and not q.overflow and drained == [q]   # full again
+    assert [q.get_nowait()["n"] for _ in range(2)] == [3, 4] and q.empty() and drained == [q]
+    assert q.has_room(2) and not q.has_room(3)
+
+
+def test_the_overflow_is_bounded_in_tuples_and_in_array_bytes(monkeypatch):
+    q = Inbox(1)
+    monkeypatch.setattr(inbox_module, "OVERFLOW_BYTES", 1000)
+    q.spill([_tup(0), _tup(1, size=600)])
+    assert not q.overflow_full() and q.overflow_bytes == 600
+    q.spill([_tup(2, size=600)])
+    assert q.overflow_full() and q.overflow_bytes == 1200
+    q.get_nowait()                       # 1 moves into the queue: 600 bytes left
+    assert not q.overflow_full() and q.overflow_bytes == 600
+    monkeypatch.setattr(inbox_module, "OVERFLOW_TUPLES", 1)
+    assert q.overflow_full()
+
+
+class _Link:
+    def __init__(self):
+        self.queue = asyncio.Queue(8)
+
+
+class _Runtime:
+    def __init__(self):
+        self.name, self.dropped = "train", 0
+        # task 3 (a bolt) and task 0 (a spout) on w0; this worker is w1
+        self.view = View("w1", 2, frozenset(), {0: "w0", 3: "w0", 4: "w2"}, {"w0": "u0", "w2": "u2"})
+
+
+def _delivery():
+    d = Delivery(worker_id="w1", auth=None, session=None, limits=None, runtimes={},
+                 on_unreachable=lambda *a: None)
+    links = {}
+    d.link = lambda peer, url: links.setdefault(peer, _Link())
+    return d, links
+
+
+def _data(target, n):
+    return DataMsg("train", target, "default", 9, [n], [], 2)
+
+
+def test_emitters_to_a_held_task_wait_for_its_release_and_nothing_else_does():
+    async def go():
+        d, links = _delivery()
+        rt = _Runtime()
+        d.receive_now(HoldMsg("train", 3, True), sender="w0")
+        assert d.holds_status() == {"now": ["w0/train[3]"], "told": 1}
+        held = asyncio.get_running_loop().create_task(d.send(rt, 3, _data(3, 1)))
+        await d.send(rt, 0, AckMsg("train", 0, 5, 6))          # an ack to a spout on w0 goes at once
+        for _ in range(10):
+            await asyncio.sleep(0)                              # passes of the loop: nothing else runs
+        assert not held.done() and [m.target for m in links["w0"].queue._queue] == [0]
+        d.receive_now(HoldMsg("train", 3, False), sender="w0")
+        await asyncio.wait_for(held, 30)
+        assert [m.target for m in links["w0"].queue._queue] == [0, 3] and d.held == {}
+    asyncio.run(go())
+
+
+def test_a_new_stream_from_the_peer_ends_its_holds():
+    async def go():
+        d, links = _delivery()
+        rt = _Runtime()
+        d.receive_now(HoldMsg("train", 3, True), sender="w0")
+        d.receive_now(HoldMsg("train", 4, True), sender="w2")
+        held = asyncio.get_running_loop().create_task(d.send(rt, 3, _data(3, 1)))
+        await asyncio.sleep(0)
+        d.peer_restarted("w0")                  # the release may have been lost with the old stream
+        await asyncio.wait_for(held, 30)
+        assert links["w0"].queue.qsize() == 1 and list(d.held) == [("w2", "train", 4)]
+    asyncio.run(go())
+
+
+def test_holds_end_with_their_topology_here():
+    async def go():
+        d, _ = _delivery()
+        d.receive_now(HoldMsg("train", 3, True), sender="w0")
+        d.receive_now(HoldMsg("other", 3, True), sender="w0")
+        fut = d.held[("w0", "train", 3)]
+        d.forget("train")
+        assert fut.done() and list(d.held) == [("w0", "other", 3)]
+    asyncio.run(go())
+
+
+def test_a_tuple_held_for_a_task_that_moves_goes_to_its_new_worker(monkeypatch):
+    monkeypatch.setattr(delivery_module, "HELD_CHECK_S", 0.01)
+
+    async def go():
+        d, links = _delivery()
+        rt = _Runtime()
+        d.receive_now(HoldMsg("train", 3, True), sender="w0")
+        held = asyncio.get_running_loop().create_task(d.send(rt, 3, _data(3, 1)))
+        await asyncio.sleep(0)
+        rt.view = View("w1", 3, frozenset(), {0: "w0", 3: "w2", 4: "w2"}, {"w0": "u0", "w2": "u2"})
+        await asyncio.wait_for(held, 30)
+        assert "w0" not in links and links["w2"].queue.qsize() == 1
+    asyncio.run(go())
+
+
+def test_a_sender_is_told_to_hold_once_and_again_if_its_tuples_keep_coming(monkeypatch):
+    d, _ = _delivery()
+    told = []
+    d._signal = lambda rt, peer, msg: told.append((peer, msg))
+
+    class Bolt:
+        task, inbound = 3, Inbox(1)
+    rt = _Runtime()
+    d._tell_hold(rt, Bolt, "w0")
+    d._tell_hold(rt, Bolt, "w0")                     # within RETELL_S: not again
+    d._tell_hold(rt, Bolt, "w2")
+    monkeypatch.setattr(delivery_module, "RETELL_S", 0.0)
+    d._tell_hold(rt, Bolt, "w0")                     # the hold may have been lost: told again
+    assert told == [("w0", HoldMsg("train", 3, True)), ("w2", HoldMsg("train", 3, True)),
+                    ("w0", HoldMsg("train", 3, True))]
+    d.release(rt, 3, Bolt.inbound)
+    assert told[3:] == [("w0", HoldMsg("train", 3, False)), ("w2", HoldMsg("train", 3, False))]
+    assert Bolt.inbound.told == {}
