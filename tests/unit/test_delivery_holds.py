@@ -31,16 +31,33 @@ def test_a_hold_travels_as_a_checked_wire_message():
             from_wire(bad)
 
 
-def test_the_overflow_refills_the_queue_in_order_and_says_once_when_it_has_emptied():
-    drained = []
-    q = Inbox(2, on_drained=drained.append)
-    q.spill([_tup(i) for i in range(5)])
-    assert q.qsize() == 2 and [t["n"] for t, _ in q.overflow] == [2, 3, 4] and q.most_overflow == 3
-    assert not q.has_room(1) and not q.empty()
-    got = [q.get_nowait()["n"] for _ in range(3)]
-    assert got == [0, 1, 2] and q.qsize() == 2 and not q.overflow and drained == [q]   # full again
-    assert [q.get_nowait()["n"] for _ in range(2)] == [3, 4] and q.empty() and drained == [q]
-    assert q.has_room(2) and not q.has_room(3)
+def test_the_overflow_refills_the_queue_in_order_and_the_senders_are_released_once_it_is_low():
+    released = []
+    q = Inbox(4, on_release=lambda inbox: released.append(sorted(inbox.released())))
+    assert (q.high, q.low) == (3, 2)
+    q.spill([_tup(i) for i in range(7)])
+    assert q.qsize() == 4 and [t["n"] for t, _ in q.overflow] == [4, 5, 6] and q.most_overflow == 3
+    assert q.above_high() and not q.has_room(1) and not q.empty()
+    assert q.tell("w0") and not q.tell("w0") and q.tell("w2")        # once each, within RETELL_S
+    got = [q.get_nowait()["n"] for _ in range(4)]
+    assert got == [0, 1, 2, 3] and q.qsize() == 3 and not q.overflow and released == []   # full, then 3
+    assert q.get_nowait()["n"] == 4 and released == [["w0", "w2"]] and q.told == {}       # down to 2
+    assert [q.get_nowait()["n"] for _ in range(2)] == [5, 6] and q.empty() and len(released) == 1
+    assert q.has_room(4) and not q.has_room(5)
+
+
+def test_held_senders_are_released_after_max_hold_s_whatever_the_queue(monkeypatch):
+    """Local emitters, woken as each tuple is taken, could keep the queue above LOW for ever."""
+    released = []
+    q = Inbox(4, on_release=lambda inbox: released.append(sorted(inbox.released())))
+    q.spill([_tup(i) for i in range(4)])
+    q.tell("w0")
+    q.get_nowait()
+    q.put_nowait(_tup(9))                   # a local emitter fills it again
+    assert released == []
+    monkeypatch.setattr(inbox_module, "MAX_HOLD_S", 0.0)
+    q.get_nowait()
+    assert released == [["w0"]]
 
 
 def test_the_overflow_is_bounded_in_tuples_and_in_array_bytes(monkeypatch):
@@ -54,6 +71,10 @@ def test_the_overflow_is_bounded_in_tuples_and_in_array_bytes(monkeypatch):
     assert not q.overflow_full() and q.overflow_bytes == 600
     monkeypatch.setattr(inbox_module, "OVERFLOW_TUPLES", 1)
     assert q.overflow_full()
+    nested = Tuple([3, [np.zeros(100, dtype=np.float32)], {"w": np.zeros(50, dtype=np.float32)}],
+                   ["n", "x", "y"], "default", "src", 1, {})
+    q.spill([nested])                    # arrays inside lists and maps count too
+    assert q.overflow_bytes == 600 + 600
 
 
 class _Link:
@@ -143,12 +164,12 @@ def test_a_sender_is_told_to_hold_once_and_again_if_its_tuples_keep_coming(monke
     d._signal = lambda rt, peer, msg: told.append((peer, msg))
 
     class Bolt:
-        task, inbound = 3, Inbox(1)
+        task, inbound = 3, Inbox(4)
     rt = _Runtime()
     d._tell_hold(rt, Bolt, "w0")
     d._tell_hold(rt, Bolt, "w0")                     # within RETELL_S: not again
     d._tell_hold(rt, Bolt, "w2")
-    monkeypatch.setattr(delivery_module, "RETELL_S", 0.0)
+    monkeypatch.setattr(inbox_module, "RETELL_S", 0.0)
     d._tell_hold(rt, Bolt, "w0")                     # the hold may have been lost: told again
     assert told == [("w0", HoldMsg("train", 3, True)), ("w2", HoldMsg("train", 3, True)),
                     ("w0", HoldMsg("train", 3, True))]

@@ -99,7 +99,7 @@ def test_a_run_reaches_its_bolt_as_tuples_in_order_with_their_anchors():
 
     async def go():
         # smaller than the run: the rest waits in the overflow, the sender is told to hold
-        bolt.inbound = Inbox(2, on_drained=lambda inbox: d.release(rt, 3, inbox))
+        bolt.inbound = Inbox(2, on_release=lambda inbox: d.release(rt, 3, inbox))
         await asyncio.wait_for(d.receive(DataRun("train", 3, "default", 1, [[0], [1], [2]],
                                                  [[], [[7, 8]], []], 2), sender="w0"), 30)
         assert bolt.inbound.qsize() == 2 and len(bolt.inbound.overflow) == 1
@@ -109,20 +109,25 @@ def test_a_run_reaches_its_bolt_as_tuples_in_order_with_their_anchors():
     assert [t["n"] for t in tuples] == [0, 1, 2]
     assert [t.anchors for t in tuples] == [{}, {7: 8}, {}]
     assert rt.dropped == 0
-    assert signals[1:] == [("w0", HoldMsg("train", 3, False))]     # released once the overflow emptied
+    assert signals[1:] == [("w0", HoldMsg("train", 3, False))]     # released: the overflow empty, the queue low
 
 
 def test_receive_now_delivers_what_fits_spills_the_rest_and_leaves_the_rest_to_receive(monkeypatch):
     rt = _Runtime()
     d, bolt, signals = _delivery(rt)
-    bolt.inbound = Inbox(3)
+    bolt.inbound = Inbox(4, on_release=lambda inbox: d.release(rt, 3, inbox))    # hold at 3, release at 2
     run = DataRun("train", 3, "default", 1, [[0], [1]], [[], [[7, 8]]], 2)
     assert d.receive_now(run, sender="w0")                       # room for both: delivered at once
-    assert [bolt.inbound.get_nowait()["n"] for _ in range(2)] == [0, 1] and signals == []
+    assert bolt.inbound.qsize() == 2 and signals == []
+    assert d.receive_now(_t(2), sender="w0")                     # 3 of 4: the sender is told to hold
+    assert signals == [("w0", HoldMsg("train", 3, True))]
+    assert [bolt.inbound.get_nowait()["n"] for _ in range(2)] == [0, 1]      # down to 2: released
+    assert signals[1:] == [("w0", HoldMsg("train", 3, False))]
     bolt.inbound.put_nowait("x")
     bolt.inbound.put_nowait("y")
+    del signals[:]
     assert d.receive_now(run, sender="w0")                       # room for one of two: the other overflows
-    assert bolt.inbound.qsize() == 3 and [t["n"] for t, _ in bolt.inbound.overflow] == [1]
+    assert bolt.inbound.qsize() == 4 and [t["n"] for t, _ in bolt.inbound.overflow] == [1]
     assert signals == [("w0", HoldMsg("train", 3, True))] and rt.dropped == 0
     assert d.receive_now(_t(9), sender="w0")                     # behind it, in order; not told again so soon
     assert [t["n"] for t, _ in bolt.inbound.overflow] == [1, 9] and len(signals) == 1

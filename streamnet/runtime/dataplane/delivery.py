@@ -3,14 +3,14 @@ queue, onto the link to a peer worker (with backpressure), into the parking
 lot, or back to the spouts as failed trees.
 
 Backpressure is per task. A local emitter waits for room in the bolt's queue. A
-tuple from another worker that finds the queue full goes into the task's overflow
-(inbox.py) and the sender is told to hold that task's tuples (HoldMsg); its emitters
-to that task wait until released, and its stream goes on carrying everything else."""
+worker whose tuples fill the queue past three quarters is told to hold that task's
+tuples (HoldMsg), and what it had already sent waits, past a full queue, in the
+task's overflow (inbox.py); its emitters to that task wait until released (the queue
+down to half), and its stream goes on carrying everything else."""
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Callable
 
 import aiohttp
@@ -24,9 +24,6 @@ from .transport import Auth, PeerLink
 
 log = logging.getLogger(__name__)
 
-#: a sender whose tuples still reach a held task's overflow this long after it was told
-#: to hold is told again (the hold may have been lost with a broken stream)
-RETELL_S = 0.5
 #: a sender waiting on a held task looks this often whether the task moved or the
 #: worker is closing
 HELD_CHECK_S = 1.0
@@ -172,20 +169,15 @@ class Delivery:
                 fut.set_result(None)
 
     def _tell_hold(self, rt, ex, sender: str) -> None:
-        """Tuples from `sender` went into the overflow of bolt task ex: it should hold
-        them (told again after RETELL_S if they keep coming)."""
-        told = ex.inbound.told
-        now = time.monotonic()
-        last = told.get(sender)
-        if last is not None and now - last < RETELL_S:
-            return
-        told[sender] = now
-        self._signal(rt, sender, HoldMsg(rt.name, ex.task, True))
+        """Tuples from `sender` filled bolt task ex's queue past HIGH, or went into its
+        overflow: it should hold them (told again after inbox.RETELL_S if they keep coming)."""
+        if ex.inbound.tell(sender):
+            self._signal(rt, sender, HoldMsg(rt.name, ex.task, True))
 
     def release(self, rt, task: int, inbox) -> None:
-        """Bolt task `task`'s overflow is empty: the workers told to hold may send."""
-        told, inbox.told = inbox.told, {}
-        for sender in told:
+        """Bolt task `task`'s queue is down to LOW, its overflow empty: the workers told
+        to hold may send."""
+        for sender in inbox.released():
             self._signal(rt, sender, HoldMsg(rt.name, task, False))
 
     def _signal(self, rt, peer: str, msg: HoldMsg) -> None:
@@ -266,6 +258,8 @@ class Delivery:
                 return True
             for tup in tuples:
                 q.put_nowait(tup)
+            if sender is not None and q.above_high():
+                self._tell_hold(rt, ex, sender)
         elif isinstance(msg, AckMsg) and isinstance(ex, SpoutExecutor):
             ex.on_ack(msg.root, msg.xor)
         elif isinstance(msg, FailMsg) and isinstance(ex, SpoutExecutor):

@@ -333,7 +333,7 @@ class BoltExecutor(Executor):
 
     def __init__(self, *a, queue_size: int, **k):
         super().__init__(*a, **k)
-        self.inbound = Inbox(queue_size, on_drained=self._drained)
+        self.inbound = Inbox(queue_size, on_release=self._release)
         self.auto_ack = bool(getattr(self.instance, "auto_ack", False))
         self._current: Tuple | None = None
         self.holding: dict[int, Tuple] = {}   # received, neither acked nor failed yet
@@ -470,8 +470,8 @@ class BoltExecutor(Executor):
             self.fail(tup)
         await self.flush()
 
-    def _drained(self, inbox: Inbox) -> None:
-        """The overflow has emptied: the workers told to hold this task's tuples may send."""
+    def _release(self, inbox: Inbox) -> None:
+        """The queue has room again: the workers told to hold this task's tuples may send."""
         self.rt.release_holds(self.task, inbox)
 
     def _tick_due(self) -> None:

@@ -291,7 +291,7 @@ class TopologyRuntime:
         self.worker.delivery.write_now()
 
     def release_holds(self, task: int, inbox) -> None:
-        """Bolt task `task`'s overflow has emptied (inbox.py): release its senders."""
+        """Bolt task `task`'s queue has room again (inbox.py): release its senders."""
         self.worker.delivery.release(self, task, inbox)
 
     def status(self) -> dict:
