@@ -319,7 +319,7 @@ def cmd_status(a) -> int:
                     extra = f"queue {m['queue']}/{m['queue_max']}" if "queue" in m else \
                         f"pending {m['pending']}/{m['pending_max']}"
                     if m.get("overflow"):      # from other workers, behind a full queue (senders told to hold)
-                        extra += f" + {m['overflow']} held"
+                        extra += f" + {m['overflow']} in overflow"
                     share = f"  share {asg.shares[int(t)]:.2f}" if asg and int(t) in asg.shares else ""
                     print(f"    task {t:>3s} {m['component']:<12s} on {w:<12s} executed {m['executed']:>8d}  "
                           f"acked {m['acked']:>8d}  failed {m['failed']:>5d}  {extra}  ~{rate:,.0f}/s busy{share}")

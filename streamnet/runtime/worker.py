@@ -396,8 +396,8 @@ class Worker:
     async def _drop_runtime(self, name: str) -> None:
         rt = self.runtimes.pop(name, None)
         if rt is not None:
+            self.delivery.forget(name)      # an emitter held here would keep its bolt from stopping
             await rt.stop()
-            self.delivery.forget(name)
             self._prune_links()
 
     def _prune_links(self) -> None:

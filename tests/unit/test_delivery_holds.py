@@ -31,7 +31,15 @@ def test_a_hold_travels_as_a_checked_wire_message():
             from_wire(bad)
 
 
-def test_the_overflow_refills_the_queue_in_order_and_the_senders_are_released_once_it_is_low():
+@pytest.fixture
+def slow_clock(monkeypatch):
+    """Holds that neither lapse nor are said again within a test, however slow the host."""
+    monkeypatch.setattr(inbox_module, "RETELL_S", 3600.0)
+    monkeypatch.setattr(inbox_module, "MAX_HOLD_S", 3600.0)
+    monkeypatch.setattr(delivery_module, "HOLD_LEASE_S", 3600.0)
+
+
+def test_the_overflow_refills_the_queue_in_order_and_the_senders_are_released_once_it_is_low(slow_clock):
     released = []
     q = Inbox(4, on_release=lambda inbox: released.append(sorted(inbox.released())))
     assert (q.high, q.low) == (3, 2)
@@ -46,7 +54,7 @@ def test_the_overflow_refills_the_queue_in_order_and_the_senders_are_released_on
     assert q.has_room(4) and not q.has_room(5)
 
 
-def test_held_senders_are_released_after_max_hold_s_whatever_the_queue(monkeypatch):
+def test_held_senders_are_released_after_max_hold_s_whatever_the_queue(monkeypatch, slow_clock):
     """Local emitters, woken as each tuple is taken, could keep the queue above LOW for ever."""
     released = []
     q = Inbox(4, on_release=lambda inbox: released.append(sorted(inbox.released())))
@@ -73,8 +81,8 @@ def test_the_overflow_is_bounded_in_tuples_and_in_array_bytes(monkeypatch):
     assert q.overflow_full()
     nested = Tuple([3, [np.zeros(100, dtype=np.float32)], {"w": np.zeros(50, dtype=np.float32)}],
                    ["n", "x", "y"], "default", "src", 1, {})
-    q.spill([nested])                    # arrays inside lists and maps count too
-    assert q.overflow_bytes == 600 + 600
+    q.spill([nested, Tuple(["abc", b"de"], ["s", "b"], "default", "src", 1, {})])
+    assert q.overflow_bytes == 600 + 600 + 5       # arrays inside lists and maps, strings and bytes count too
 
 
 class _Link:
@@ -83,34 +91,40 @@ class _Link:
 
 
 class _Runtime:
-    def __init__(self):
-        self.name, self.dropped = "train", 0
+    def __init__(self, name="train"):
+        self.name, self.dropped = name, 0
         # task 3 (a bolt) and task 0 (a spout) on w0; this worker is w1
         self.view = View("w1", 2, frozenset(), {0: "w0", 3: "w0", 4: "w2"}, {"w0": "u0", "w2": "u2"})
 
 
-def _delivery():
-    d = Delivery(worker_id="w1", auth=None, session=None, limits=None, runtimes={},
+def _delivery(rt=None):
+    """A Delivery on w1 running `rt` (a _Runtime by default, named "train"), whose links are
+    recorded: peer -> _Link."""
+    rt = rt or _Runtime()
+    d = Delivery(worker_id="w1", auth=None, session=None, limits=None, runtimes={rt.name: rt},
                  on_unreachable=lambda *a: None)
     links = {}
     d.link = lambda peer, url: links.setdefault(peer, _Link())
-    return d, links
+    return d, links, rt
 
 
 def _data(target, n):
     return DataMsg("train", target, "default", 9, [n], [], 2)
 
 
-def test_emitters_to_a_held_task_wait_for_its_release_and_nothing_else_does():
+async def _passes(n=10):
+    for _ in range(n):
+        await asyncio.sleep(0)                  # passes of the loop: nothing else runs
+
+
+def test_emitters_to_a_held_task_wait_for_its_release_and_nothing_else_does(slow_clock):
     async def go():
-        d, links = _delivery()
-        rt = _Runtime()
+        d, links, rt = _delivery()
         d.receive_now(HoldMsg("train", 3, True), sender="w0")
         assert d.holds_status() == {"now": ["w0/train[3]"], "told": 1}
         held = asyncio.get_running_loop().create_task(d.send(rt, 3, _data(3, 1)))
         await d.send(rt, 0, AckMsg("train", 0, 5, 6))          # an ack to a spout on w0 goes at once
-        for _ in range(10):
-            await asyncio.sleep(0)                              # passes of the loop: nothing else runs
+        await _passes()
         assert not held.done() and [m.target for m in links["w0"].queue._queue] == [0]
         d.receive_now(HoldMsg("train", 3, False), sender="w0")
         await asyncio.wait_for(held, 30)
@@ -118,48 +132,82 @@ def test_emitters_to_a_held_task_wait_for_its_release_and_nothing_else_does():
     asyncio.run(go())
 
 
-def test_a_new_stream_from_the_peer_ends_its_holds():
+def test_a_new_stream_from_the_peer_ends_its_holds(slow_clock):
     async def go():
-        d, links = _delivery()
-        rt = _Runtime()
+        d, links, rt = _delivery()
         d.receive_now(HoldMsg("train", 3, True), sender="w0")
         d.receive_now(HoldMsg("train", 4, True), sender="w2")
         held = asyncio.get_running_loop().create_task(d.send(rt, 3, _data(3, 1)))
-        await asyncio.sleep(0)
+        await _passes()
+        assert not held.done()
         d.peer_restarted("w0")                  # the release may have been lost with the old stream
         await asyncio.wait_for(held, 30)
         assert links["w0"].queue.qsize() == 1 and list(d.held) == [("w2", "train", 4)]
     asyncio.run(go())
 
 
-def test_holds_end_with_their_topology_here():
+def test_holds_end_with_their_topology_here(slow_clock):
     async def go():
-        d, _ = _delivery()
+        d, _, _ = _delivery()
+        d.runtimes["other"] = _Runtime("other")
         d.receive_now(HoldMsg("train", 3, True), sender="w0")
         d.receive_now(HoldMsg("other", 3, True), sender="w0")
-        fut = d.held[("w0", "train", 3)]
+        fut = d.held[("w0", "train", 3)][0]
         d.forget("train")
         assert fut.done() and list(d.held) == [("w0", "other", 3)]
     asyncio.run(go())
 
 
-def test_a_tuple_held_for_a_task_that_moves_goes_to_its_new_worker(monkeypatch):
-    monkeypatch.setattr(delivery_module, "HELD_CHECK_S", 0.01)
-
+def test_a_stale_hold_is_ignored():
+    """A hold for a topology not here (killed, then submitted again), or for a task our
+    assignment places elsewhere, would hold emitters that nobody will release."""
     async def go():
-        d, links = _delivery()
-        rt = _Runtime()
-        d.receive_now(HoldMsg("train", 3, True), sender="w0")
-        held = asyncio.get_running_loop().create_task(d.send(rt, 3, _data(3, 1)))
-        await asyncio.sleep(0)
-        rt.view = View("w1", 3, frozenset(), {0: "w0", 3: "w2", 4: "w2"}, {"w0": "u0", "w2": "u2"})
-        await asyncio.wait_for(held, 30)
-        assert "w0" not in links and links["w2"].queue.qsize() == 1
+        d, _, _ = _delivery()
+        d.receive_now(HoldMsg("gone", 3, True), sender="w0")     # no such topology here
+        d.receive_now(HoldMsg("train", 4, True), sender="w0")    # task 4 is w2's
+        d.receive_now(HoldMsg("train", 3, False), sender="w0")   # a release with no hold: nothing
+        assert d.held == {} and d.holds == 0
     asyncio.run(go())
 
 
-def test_a_sender_is_told_to_hold_once_and_again_if_its_tuples_keep_coming(monkeypatch):
-    d, _ = _delivery()
+def test_a_hold_lapses_unless_said_again(monkeypatch):
+    """A release lost with a stream, or one an instance stopped before sending, held its
+    senders' emitters for ever."""
+    monkeypatch.setattr(delivery_module, "HOLD_LEASE_S", 0.2)
+
+    async def go():
+        d, links, rt = _delivery()
+        loop = asyncio.get_running_loop()
+        d.receive_now(HoldMsg("train", 3, True), sender="w0")
+        t0 = loop.time()
+        held = loop.create_task(d.send(rt, 3, _data(3, 1)))
+        await _passes()
+        d.receive_now(HoldMsg("train", 3, True), sender="w0")    # said again: renewed
+        assert not held.done() and d.holds == 1
+        await asyncio.wait_for(held, 30)
+        return loop.time() - t0, links["w0"].queue.qsize(), dict(d.held)
+    waited, queued, held = asyncio.run(go())
+    assert waited >= 0.2 and queued == 1 and held == {}
+
+
+def test_a_tuple_held_for_a_task_that_moves_goes_to_its_new_worker(monkeypatch, slow_clock):
+    monkeypatch.setattr(delivery_module, "HELD_CHECK_S", 0.01)
+
+    async def go():
+        d, links, rt = _delivery()
+        d.receive_now(HoldMsg("train", 3, True), sender="w0")
+        held = asyncio.get_running_loop().create_task(d.send(rt, 3, _data(3, 1)))
+        await _passes()
+        assert not held.done()
+        rt.view = View("w1", 3, frozenset(), {0: "w0", 3: "w2", 4: "w2"}, {"w0": "u0", "w2": "u2"})
+        await asyncio.wait_for(held, 30)
+        # and the hold is gone: were the task to come back to w0, nobody would release it
+        assert "w0" not in links and links["w2"].queue.qsize() == 1 and d.held == {}
+    asyncio.run(go())
+
+
+def test_a_sender_is_told_to_hold_once_and_again_if_its_tuples_keep_coming(monkeypatch, slow_clock):
+    d, _, _ = _delivery()
     told = []
     d._signal = lambda rt, peer, msg: told.append((peer, msg))
 

@@ -70,3 +70,18 @@ def test_tuples_late_for_a_fenced_instance_go_to_its_successor_or_are_failed():
         return rt, old
     rt, old = asyncio.run(go())
     assert _failed_roots(rt) == [12] and old.inbound.empty()
+
+
+def test_a_queue_and_overflow_larger_than_the_successors_queue_go_over_at_once_in_order():
+    """A hand-over that waited for room in the new queue let tuples arriving meanwhile
+    from the same sources go first (into the overflow, which the queue takes first)."""
+    async def go():
+        rt = FakeRuntime()
+        old, new = _bolt(rt), _bolt(rt)
+        old.inbound.spill([_tup(0, r) for r in range(12)])   # 8 queued, 4 in the overflow
+        assert len(old.inbound.overflow) == 4
+        rt.executors[3] = new
+        await asyncio.wait_for(rt.hand_over_queue(old), 30)
+        new.inbound.spill([_tup(0, 99)])                     # arrives after the hand-over
+        return [new.inbound.get_nowait().values[0] for _ in range(13)]
+    assert asyncio.run(go()) == list(range(12)) + [99]

@@ -93,7 +93,8 @@ def _delivery(rt):
     return d, bolt, signals
 
 
-def test_a_run_reaches_its_bolt_as_tuples_in_order_with_their_anchors():
+def test_a_run_reaches_its_bolt_as_tuples_in_order_with_their_anchors(monkeypatch):
+    monkeypatch.setattr(inbox_module, "MAX_HOLD_S", 3600.0)
     rt = _Runtime()
     d, bolt, signals = _delivery(rt)
 
@@ -113,6 +114,8 @@ def test_a_run_reaches_its_bolt_as_tuples_in_order_with_their_anchors():
 
 
 def test_receive_now_delivers_what_fits_spills_the_rest_and_leaves_the_rest_to_receive(monkeypatch):
+    monkeypatch.setattr(inbox_module, "RETELL_S", 3600.0)      # "not told again so soon", whatever the host
+    monkeypatch.setattr(inbox_module, "MAX_HOLD_S", 3600.0)
     rt = _Runtime()
     d, bolt, signals = _delivery(rt)
     bolt.inbound = Inbox(4, on_release=lambda inbox: d.release(rt, 3, inbox))    # hold at 3, release at 2

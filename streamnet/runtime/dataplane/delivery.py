@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 #: a sender waiting on a held task looks this often whether the task moved or the
 #: worker is closing
 HELD_CHECK_S = 1.0
+#: a hold lapses this long after the peer last said it (a release lost with a stream,
+#: a hold that arrived after its release, an instance stopped before it released): the
+#: sender sends again, and a task still full tells it to hold again
+HOLD_LEASE_S = 2.0
 
 
 class Delivery:
@@ -40,8 +44,9 @@ class Delivery:
         self.dropped = 0                    # inbound messages for no runtime or no task here
         self.closing = False
         self._retiring: set[asyncio.Task] = set()   # closes of links replaced or to workers gone
-        #: (peer, topology, task) -> resolved when that peer's bolt task releases its hold
-        self.held: dict[tuple[str, str, int], asyncio.Future] = {}
+        #: (peer, topology, task) -> (resolved when that peer's bolt task releases its
+        #: hold, the loop's time at which the hold lapses)
+        self.held: dict[tuple[str, str, int], tuple[asyncio.Future, float]] = {}
         self.holds = 0                      # holds this worker was told of (status)
 
     def link(self, peer: str, url: str) -> PeerLink:
@@ -125,31 +130,44 @@ class Delivery:
                     return
 
     async def _to_held_task(self, rt, target: int, peer: str, msg: Message) -> None:
-        # the task's worker asked us to hold its tuples: wait for the release - but look
-        # every second whether the task moved, or this worker is closing
+        # the task's worker asked us to hold its tuples: wait for the release or the
+        # hold's lapse - and look every second whether the task moved, or this worker
+        # is closing
         key = (peer, rt.name, target)
-        while (fut := self.held.get(key)) is not None:
+        loop = asyncio.get_running_loop()
+        while (hold := self.held.get(key)) is not None:
+            fut, until = hold
+            left = until - loop.time()
+            if left <= 0:
+                self._end_holds(lambda k: k == key)      # not said again: send, and be told again
+                break
             try:
-                await asyncio.wait_for(asyncio.shield(fut), HELD_CHECK_S)
+                await asyncio.wait_for(asyncio.shield(fut), min(HELD_CHECK_S, left))
             except asyncio.TimeoutError:
                 if self.closing:
                     rt.dropped += 1
                     return
                 if rt.view.task_worker.get(target) != peer:
+                    self._end_holds(lambda k: k == key)  # moved: a hold there is the new worker's to say
                     break
         await self.send(rt, target, msg)
 
     def _on_hold(self, msg: HoldMsg, sender: str | None) -> None:
-        """A peer's bolt task holds (or releases) the tuples we send it."""
+        """A peer's bolt task holds (or releases) the tuples we send it. A hold for a
+        topology not here, or a task our assignment does not place on that peer, is
+        stale and ignored; a hold said again renews its lease."""
         key = (sender, msg.topology, msg.target)
-        if msg.held:
-            if key not in self.held:
-                self.held[key] = asyncio.get_running_loop().create_future()
-                self.holds += 1
-        else:
-            fut = self.held.pop(key, None)
-            if fut is not None and not fut.done():
-                fut.set_result(None)
+        if not msg.held:
+            self._end_holds(lambda k: k == key)
+            return
+        rt = self.runtimes.get(msg.topology)
+        if rt is None or rt.view.task_worker.get(msg.target) != sender:
+            return
+        loop = asyncio.get_running_loop()
+        hold = self.held.get(key)
+        if hold is None:
+            self.holds += 1
+        self.held[key] = (hold[0] if hold else loop.create_future(), loop.time() + HOLD_LEASE_S)
 
     def peer_restarted(self, peer: str) -> None:
         """A new stream from `peer` (or its link closed): what it held may have been
@@ -164,7 +182,7 @@ class Delivery:
 
     def _end_holds(self, which) -> None:
         for key in [k for k in self.held if which(k)]:
-            fut = self.held.pop(key)
+            fut, _ = self.held.pop(key)
             if not fut.done():
                 fut.set_result(None)
 
@@ -210,38 +228,42 @@ class Delivery:
         return True
 
     async def receive(self, msg: Message, sender: str | None = None) -> None:
-        if self.receive_now(msg, sender):
-            return
-        rt = self.runtimes[msg.topology]
-        if routing.inbound(msg, rt.view, sender) == routing.FAIL_ROOTS:
-            self.dropped += 1
-            await self._fail_roots(rt, msg)
-            return
-        ex = rt.executors[msg.target]
-        if sender is not None and isinstance(ex, BoltExecutor) and not ex.queue_taken:
-            # its overflow is at its bound: this stream waits for it (inbox.py)
-            await ex.inbound.overflow_room()
-            if self._deliver_now(rt, ex, msg, sender):
+        while not self.receive_now(msg, sender):
+            rt = self.runtimes[msg.topology]
+            if routing.inbound(msg, rt.view, sender) == routing.FAIL_ROOTS:
+                self.dropped += 1
+                await self._fail_roots(rt, msg)
                 return
-        await self._deliver_local(rt, ex, msg)
+            ex = rt.executors[msg.target]
+            if isinstance(ex, BoltExecutor) and not ex.queue_taken and ex.inbound.overflow_full():
+                # this stream waits for the overflow (inbox.py), then routes the message
+                # again: its task may have moved or stopped meanwhile
+                await ex.inbound.overflow_room()
+                continue
+            await self._deliver_local(rt, ex, msg)
+            return
 
     async def deliver_parked(self, rt) -> None:
-        """Tuples that arrived for tasks of an assignment we had not applied yet."""
+        """Tuples that arrived for tasks of an assignment we had not applied yet: they
+        came from other workers, so they go behind a bolt's overflow, in order, as they
+        would have from their streams."""
         for msg in rt.unpark():
             decision = routing.parked(msg, rt.view)
             if decision == routing.DELIVER:
-                await self._deliver_local(rt, rt.executors[msg.target], msg)
+                ex = rt.executors[msg.target]
+                if not self._deliver_now(rt, ex, msg, remote=True):
+                    await self._deliver_local(rt, ex, msg)
             elif decision == routing.PARK:
                 rt.park(msg)
             else:
                 rt.dropped += 1
                 await self._fail_roots(rt, msg)
 
-    def _deliver_now(self, rt, ex, msg: Message, sender: str | None = None) -> bool:
+    def _deliver_now(self, rt, ex, msg: Message, sender: str | None = None, remote: bool = False) -> bool:
         """_deliver_local where nothing has to wait: False, having done nothing, where
         a bolt's queue has no room for the message's tuples or was handed over. Tuples
-        from another worker (`sender`) that find no room go into the overflow, and that
-        worker is told to hold - unless the overflow is at its bound."""
+        from another worker (`sender`, or `remote`: parked) that find no room go into the
+        overflow, and the sender is told to hold - unless the overflow is at its bound."""
         if isinstance(msg, (DataMsg, DataRun)) and isinstance(ex, BoltExecutor):
             tuples = _tuples(rt, msg)
             if tuples is None:
@@ -251,10 +273,11 @@ class Delivery:
             if ex.queue_taken:
                 return False
             if not q.has_room(len(tuples)):
-                if sender is None or q.overflow_full():
+                if (sender is None and not remote) or q.overflow_full():
                     return False
                 q.spill(tuples)
-                self._tell_hold(rt, ex, sender)
+                if sender is not None:
+                    self._tell_hold(rt, ex, sender)
                 return True
             for tup in tuples:
                 q.put_nowait(tup)
@@ -302,7 +325,8 @@ class Delivery:
         return {p: l.status() for p, l in self.links.items()}
 
     def holds_status(self) -> dict:
-        """The peers' tasks this worker holds tuples for now, and how many holds it was told of."""
+        """The peers' tasks this worker holds tuples for now, and how many holds it was
+        told of (a lapsed hold said again counts again)."""
         return {"now": sorted(f"{p}/{t}[{k}]" for p, t, k in self.held), "told": self.holds}
 
 

@@ -152,8 +152,9 @@ async def hand_over_queue(rt, old) -> None:
     new = rt.executors.get(old.task)
     if new is not None and new.kind == "bolt" and new is not old:
         queued = old.take_queue()
-        for tup in queued:
-            await new.inbound.put(tup)
+        # at once, behind what is in the new queue's overflow: a put that waited for
+        # room would let tuples arriving meanwhile from the same sources go first
+        new.inbound.spill(queued)
         what = "handed to the new instance"
     else:
         queued = await old.fail_queue()

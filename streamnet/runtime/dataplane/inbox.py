@@ -8,18 +8,25 @@ workers between a spout and a sink on each, shuffled: tests/integration).
 
 Now the worker tells a sender to hold that task's tuples (delivery.py, HoldMsg) once
 the queue is three quarters full (HIGH), and releases it once the queue is down to
-half (LOW) with nothing in the overflow: the sender's emitters to that task wait, as
-a local emitter waits for a full queue, and nobody else does. A tuple from another
-worker that finds the queue full - what was already on its way when the hold arrived,
-the sender's link queue and the socket buffers, about what the stream held before -
-waits in the task's overflow, in order, and the stream goes on; the overflow feeds
-the queue as the bolt takes tuples. (Holding only once the queue was full, and
-releasing once the overflow was empty, sent most of a flood of small tuples through
-the overflow: perf/transport.py's small tuples 14 % slower.)
+half (LOW) with nothing in the overflow, or MAX_HOLD_S after the first hold: the
+sender's emitters to that task wait, as a local emitter waits for a full queue, and
+nobody else does. A tuple from another worker that finds the queue full - what was
+already on its way when the hold arrived: the sender's link queue, the socket
+buffers, the receiver's frames not yet dispatched - waits in the task's overflow, in
+order, and the stream goes on; the overflow feeds the queue as the bolt takes tuples.
+A hold lapses on the sender after delivery.HOLD_LEASE_S unless said again, so a
+release lost with a stream, or never sent, costs a sender at most that.
 
-The overflow is bounded too (OVERFLOW_TUPLES, OVERFLOW_BYTES of arrays: a sender
-that does not hold, or a flood already in flight): past that the stream waits for it,
-as before.
+A saturated flood of small tuples goes mostly through the overflow (what the socket
+buffers hold of them, 32,000 at a time in perf/transport.py's, arrives before the
+hold takes effect): 13 % fewer a second than when the stream waited
+(docs/perf-history.md).
+
+The overflow is bounded too, per task (OVERFLOW_TUPLES; OVERFLOW_BYTES of arrays,
+strings and bytes - an array is a view of its frame, which holds about as much): past
+either the stream waits for it, as every stream did before; a bolt that cannot drain
+it because it waits on a hold whose release is queued behind on that stream is freed
+when the hold lapses.
 """
 from __future__ import annotations
 
@@ -107,6 +114,8 @@ class Inbox(asyncio.Queue):
             for v in tup.values:        # codec.array_bytes(), inline: once per tuple of a flood
                 if type(v) is np.ndarray:
                     n += v.nbytes
+                elif type(v) is str or type(v) is bytes:
+                    n += len(v)
                 elif type(v) is list or type(v) is dict:
                     n += array_bytes(v)
             overflow.append((tup, n))

@@ -210,6 +210,8 @@ class TopologyRuntime:
                 await asyncio.sleep(0.01)
             for e in bolts:
                 await self._stop_executor(e)
+                if e.inbound.told:          # stopped with its senders held (a bolt cancelled): release them
+                    self.release_holds(e.task, e.inbound)
             self.executors.clear()
             self.worker.load.forget(self.name)
             self.refresh_view()

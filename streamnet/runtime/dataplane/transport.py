@@ -21,10 +21,11 @@ into a buffer of its own (frame_io.py) - neither copies the payload. The receive
 checks each frame's sequence number and tag before decoding it, so a relay without
 the secret can neither alter, drop, reorder nor inject a frame (a forged ack). Small
 tuples queued together go out as one frame. The receiver hands each message to the
-worker: a bolt whose queue is full keeps what comes for it in an overflow and tells
-the sender to hold its tuples (inbox.py, delivery.py), so the stream goes on carrying
-everything else; only an overflow at its bound makes the stream, and so TCP, push
-back on the sender.
+worker: a bolt whose queue fills tells the sender to hold its tuples, and keeps what
+comes for it meanwhile in an overflow (inbox.py, delivery.py), so the stream goes on
+carrying everything else. The stream's task waits - and so TCP pushes back on the
+sender - only for a message that cannot be placed at once: an overflow at its bound,
+failed trees bound for a full link, a fenced instance's queue being handed over.
 
 Neither end wakes a task per frame where it need not. The receiver delivers a
 frame's messages from its socket's callback while nothing has to wait
@@ -318,11 +319,11 @@ class _LinkQueue(asyncio.Queue):
             _set(self.waiter)
 
     def put_control(self, msg) -> None:
-        """Queue a control message past the bound (a hold or release: a few per task, and
-        one must not wait behind the tuples that it is about)."""
+        """Queue a control message (a hold or a release: a few per task) even when the
+        queue is full: it goes behind what is queued, but the caller - a bolt's queue
+        being filled or taken from - must not wait for room. (Nobody calls get() on a
+        link's queue, and nobody joins it: _put alone, and on_put, are what counts.)"""
         self._put(msg)
-        self._unfinished_tasks += 1
-        self._wakeup_next(self._getters)
 
     def put_back(self, items: list) -> None:
         """Messages take() took, back at the front in their order (the next frame's)."""
