@@ -14,6 +14,7 @@ from streamnet.runtime.dataplane.delivery import Delivery
 from streamnet.runtime.dataplane.inbox import Inbox
 from streamnet.runtime.dataplane.routing import View
 from streamnet.runtime.messages import AckMsg, DataMsg, HoldMsg, from_wire, to_wire_all
+from streamnet.testing import until
 
 
 def _tup(n, size=0):
@@ -121,7 +122,7 @@ def test_emitters_to_a_held_task_wait_for_its_release_and_nothing_else_does(slow
     async def go():
         d, links, rt = _delivery()
         d.receive_now(HoldMsg("train", 3, True), sender="w0")
-        assert d.holds_status() == {"now": ["w0/train[3]"], "told": 1}
+        assert d.holds_status() == {"now": ["w0/train[3]"], "told": 1, "lapsed": 0}
         held = asyncio.get_running_loop().create_task(d.send(rt, 3, _data(3, 1)))
         await d.send(rt, 0, AckMsg("train", 0, 5, 6))          # an ack to a spout on w0 goes at once
         await _passes()
@@ -170,24 +171,51 @@ def test_a_stale_hold_is_ignored():
     asyncio.run(go())
 
 
-def test_a_hold_lapses_unless_said_again(monkeypatch):
+def test_a_hold_said_again_lasts_longer_and_one_not_said_again_lapses(monkeypatch):
     """A release lost with a stream, or one an instance stopped before sending, held its
     senders' emitters for ever."""
-    monkeypatch.setattr(delivery_module, "HOLD_LEASE_S", 0.2)
-
     async def go():
         d, links, rt = _delivery()
         loop = asyncio.get_running_loop()
         d.receive_now(HoldMsg("train", 3, True), sender="w0")
+        first = d.held[("w0", "train", 3)][1]
+        await asyncio.sleep(0.01)
+        d.receive_now(HoldMsg("train", 3, True), sender="w0")    # said again: renewed, not counted again
+        assert d.held[("w0", "train", 3)][1] > first and d.holds == 1
+        monkeypatch.setattr(delivery_module, "HOLD_LEASE_S", 0.05)
+        d.receive_now(HoldMsg("train", 3, True), sender="w0")    # the last word: lapses 0.05 s on
         t0 = loop.time()
-        held = loop.create_task(d.send(rt, 3, _data(3, 1)))
-        await _passes()
-        d.receive_now(HoldMsg("train", 3, True), sender="w0")    # said again: renewed
-        assert not held.done() and d.holds == 1
-        await asyncio.wait_for(held, 30)
-        return loop.time() - t0, links["w0"].queue.qsize(), dict(d.held)
-    waited, queued, held = asyncio.run(go())
-    assert waited >= 0.2 and queued == 1 and held == {}
+        await asyncio.wait_for(d.send(rt, 3, _data(3, 1)), 30)
+        return loop.time() - t0, links["w0"].queue.qsize(), d
+    waited, queued, d = asyncio.run(go())
+    assert 0 < waited and queued == 1 and d.held == {} and d.holds_status()["lapsed"] == 1
+
+
+def test_a_hold_is_said_again_while_it_lasts_and_no_longer_once_released_or_its_instance_is_gone(monkeypatch):
+    monkeypatch.setattr(delivery_module, "HOLD_LEASE_S", 0.04)     # said again every 0.02 s
+    monkeypatch.setattr(inbox_module, "RETELL_S", 3600.0)
+
+    class Bolt:
+        task, inbound, queue_taken = 3, Inbox(4), False
+
+    async def go():
+        d, _, rt = _delivery()
+        told = []
+        d._signal = lambda rt, peer, msg: told.append((peer, msg.held))
+        rt.executors = {3: Bolt}
+        d._tell_hold(rt, Bolt, "w0")
+        await until(lambda: len(told) >= 3, "the hold said twice more")
+        assert set(told) == {("w0", True)}
+        d.release(rt, 3, Bolt.inbound)
+        n = len(told)
+        await asyncio.sleep(0.1)                 # long enough for two more, were it still said
+        assert told[n - 1:] == [("w0", False)] and Bolt.inbound.renewal is None
+        d._tell_hold(rt, Bolt, "w2")
+        rt.executors = {}                        # the instance stopped or moved: its holds lapse
+        n = len(told)
+        await asyncio.sleep(0.1)
+        assert len(told) == n and Bolt.inbound.renewal is None
+    asyncio.run(go())
 
 
 def test_a_tuple_held_for_a_task_that_moves_goes_to_its_new_worker(monkeypatch, slow_clock):
@@ -207,20 +235,21 @@ def test_a_tuple_held_for_a_task_that_moves_goes_to_its_new_worker(monkeypatch, 
 
 
 def test_a_sender_is_told_to_hold_once_and_again_if_its_tuples_keep_coming(monkeypatch, slow_clock):
-    d, _, _ = _delivery()
-    told = []
-    d._signal = lambda rt, peer, msg: told.append((peer, msg))
-
     class Bolt:
         task, inbound = 3, Inbox(4)
-    rt = _Runtime()
-    d._tell_hold(rt, Bolt, "w0")
-    d._tell_hold(rt, Bolt, "w0")                     # within RETELL_S: not again
-    d._tell_hold(rt, Bolt, "w2")
-    monkeypatch.setattr(inbox_module, "RETELL_S", 0.0)
-    d._tell_hold(rt, Bolt, "w0")                     # the hold may have been lost: told again
-    assert told == [("w0", HoldMsg("train", 3, True)), ("w2", HoldMsg("train", 3, True)),
-                    ("w0", HoldMsg("train", 3, True))]
-    d.release(rt, 3, Bolt.inbound)
-    assert told[3:] == [("w0", HoldMsg("train", 3, False)), ("w2", HoldMsg("train", 3, False))]
-    assert Bolt.inbound.told == {}
+
+    async def go():
+        d, _, rt = _delivery()
+        told = []
+        d._signal = lambda rt, peer, msg: told.append((peer, msg))
+        d._tell_hold(rt, Bolt, "w0")
+        d._tell_hold(rt, Bolt, "w0")                     # within RETELL_S: not again
+        d._tell_hold(rt, Bolt, "w2")
+        monkeypatch.setattr(inbox_module, "RETELL_S", 0.0)
+        d._tell_hold(rt, Bolt, "w0")                     # the hold may have been lost: told again
+        assert told == [("w0", HoldMsg("train", 3, True)), ("w2", HoldMsg("train", 3, True)),
+                        ("w0", HoldMsg("train", 3, True))]
+        d.release(rt, 3, Bolt.inbound)
+        assert told[3:] == [("w0", HoldMsg("train", 3, False)), ("w2", HoldMsg("train", 3, False))]
+        assert Bolt.inbound.told == {} and Bolt.inbound.renewal is None
+    asyncio.run(go())

@@ -1,7 +1,9 @@
 """What a fenced bolt instance does with the tuples it took and the ones still queued."""
 import asyncio
+from types import SimpleNamespace
 
 from streamnet.runtime.component import Tuple
+from streamnet.runtime.dataplane import inbox as inbox_module
 from streamnet.runtime.dataplane.acker import ROOT_BITS
 from streamnet.runtime.dataplane.executor import BoltExecutor
 from streamnet.runtime.dataplane.topology_runtime import TopologyRuntime
@@ -11,6 +13,7 @@ from streamnet.runtime.messages import DataMsg, FailMsg
 class FakeRuntime:
     """What an executor needs of its runtime: a name and somewhere to deliver."""
     name = "t"
+    view = SimpleNamespace(local=frozenset())     # no task of it is on this worker
 
     def __init__(self):
         self.sent: list = []
@@ -22,7 +25,11 @@ class FakeRuntime:
     def write_now(self):
         pass                    # nothing is queued on links here
 
+    def release_holds(self, task, inbox):
+        self.released = getattr(self, "released", []) + sorted(inbox.released())
+
     hand_over_queue = TopologyRuntime.hand_over_queue
+    _stop_executor = TopologyRuntime._stop_executor
 
 
 def _bolt(rt, task=3):
@@ -85,3 +92,25 @@ def test_a_queue_and_overflow_larger_than_the_successors_queue_go_over_at_once_i
         new.inbound.spill([_tup(0, 99)])                     # arrives after the hand-over
         return [new.inbound.get_nowait().values[0] for _ in range(13)]
     assert asyncio.run(go()) == list(range(12)) + [99]
+
+
+def test_a_bolt_cancelled_at_its_stop_fails_its_queue_and_overflow_releases_its_senders_and_frees_a_stream(
+        monkeypatch):
+    """A stream waiting for room in the overflow of a bolt cancelled at its stop waited
+    for ever (only a tuple taken made room), and its senders stayed held."""
+    monkeypatch.setattr(inbox_module, "OVERFLOW_TUPLES", 2)
+    monkeypatch.setattr(inbox_module, "MAX_HOLD_S", 3600.0)
+
+    async def go():
+        rt = FakeRuntime()
+        ex = _bolt(rt)
+        ex.inbound.spill([_tup(0, r) for r in range(10)])     # 8 queued, 2 in the overflow: at its bound
+        ex.inbound.tell("w0")
+        stream = asyncio.get_running_loop().create_task(ex.inbound.overflow_room())
+        ex._task = asyncio.get_running_loop().create_task(asyncio.Event().wait())   # a bolt that never stops
+        await rt._stop_executor(ex, timeout=0.1)
+        await asyncio.wait_for(stream, 30)
+        return rt, ex
+    rt, ex = asyncio.run(go())
+    assert _failed_roots(rt) == list(range(10)) and ex.inbound.empty() and ex.queue_taken
+    assert rt.released == ["w0"] and ex.inbound.told == {}

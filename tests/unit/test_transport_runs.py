@@ -116,35 +116,38 @@ def test_a_run_reaches_its_bolt_as_tuples_in_order_with_their_anchors(monkeypatc
 def test_receive_now_delivers_what_fits_spills_the_rest_and_leaves_the_rest_to_receive(monkeypatch):
     monkeypatch.setattr(inbox_module, "RETELL_S", 3600.0)      # "not told again so soon", whatever the host
     monkeypatch.setattr(inbox_module, "MAX_HOLD_S", 3600.0)
-    rt = _Runtime()
-    d, bolt, signals = _delivery(rt)
-    bolt.inbound = Inbox(4, on_release=lambda inbox: d.release(rt, 3, inbox))    # hold at 3, release at 2
-    run = DataRun("train", 3, "default", 1, [[0], [1]], [[], [[7, 8]]], 2)
-    assert d.receive_now(run, sender="w0")                       # room for both: delivered at once
-    assert bolt.inbound.qsize() == 2 and signals == []
-    assert d.receive_now(_t(2), sender="w0")                     # 3 of 4: the sender is told to hold
-    assert signals == [("w0", HoldMsg("train", 3, True))]
-    assert [bolt.inbound.get_nowait()["n"] for _ in range(2)] == [0, 1]      # down to 2: released
-    assert signals[1:] == [("w0", HoldMsg("train", 3, False))]
-    bolt.inbound.put_nowait("x")
-    bolt.inbound.put_nowait("y")
-    del signals[:]
-    assert d.receive_now(run, sender="w0")                       # room for one of two: the other overflows
-    assert bolt.inbound.qsize() == 4 and [t["n"] for t, _ in bolt.inbound.overflow] == [1]
-    assert signals == [("w0", HoldMsg("train", 3, True))] and rt.dropped == 0
-    assert d.receive_now(_t(9), sender="w0")                     # behind it, in order; not told again so soon
-    assert [t["n"] for t, _ in bolt.inbound.overflow] == [1, 9] and len(signals) == 1
-    monkeypatch.setattr(inbox_module, "OVERFLOW_TUPLES", 2)
-    assert not d.receive_now(_t(10), sender="w0")                # the overflow at its bound: the slow way
-    assert len(bolt.inbound.overflow) == 2
-    bolt.inbound = Inbox(3)
-    bolt.queue_taken = True                                      # a fenced instance's queue: the slow way
-    assert not d.receive_now(_t(5), sender="w0") and bolt.inbound.empty()
-    moved = DataMsg("train", 4, "default", 1, [0], [[(0 << ROOT_BITS) | 9, 1]], 2)   # not here, not newer
-    assert not d.receive_now(moved, sender="w0") and d.dropped == 0   # its trees fail: that may wait
-    assert d.receive_now(_t(6, version=1), sender="w2")          # stale (task 1 is w0's): dropped at once
-    assert rt.stale == 1
-    assert d.receive_now(DataMsg("other", 3, "default", 1, [0], [], 2), sender="w0") and d.dropped == 1
+
+    async def go():  # holds are said again on a timer of the running loop
+        rt = _Runtime()
+        d, bolt, signals = _delivery(rt)
+        bolt.inbound = Inbox(4, on_release=lambda inbox: d.release(rt, 3, inbox))    # hold at 3, release at 2
+        run = DataRun("train", 3, "default", 1, [[0], [1]], [[], [[7, 8]]], 2)
+        assert d.receive_now(run, sender="w0")                       # room for both: delivered at once
+        assert bolt.inbound.qsize() == 2 and signals == []
+        assert d.receive_now(_t(2), sender="w0")                     # 3 of 4: the sender is told to hold
+        assert signals == [("w0", HoldMsg("train", 3, True))]
+        assert [bolt.inbound.get_nowait()["n"] for _ in range(2)] == [0, 1]      # down to 2: released
+        assert signals[1:] == [("w0", HoldMsg("train", 3, False))]
+        bolt.inbound.put_nowait("x")
+        bolt.inbound.put_nowait("y")
+        del signals[:]
+        assert d.receive_now(run, sender="w0")                       # room for one of two: the other overflows
+        assert bolt.inbound.qsize() == 4 and [t["n"] for t, _ in bolt.inbound.overflow] == [1]
+        assert signals == [("w0", HoldMsg("train", 3, True))] and rt.dropped == 0
+        assert d.receive_now(_t(9), sender="w0")                     # behind it, in order; not told again so soon
+        assert [t["n"] for t, _ in bolt.inbound.overflow] == [1, 9] and len(signals) == 1
+        monkeypatch.setattr(inbox_module, "OVERFLOW_TUPLES", 2)
+        assert not d.receive_now(_t(10), sender="w0")                # the overflow at its bound: the slow way
+        assert len(bolt.inbound.overflow) == 2
+        bolt.inbound = Inbox(3)
+        bolt.queue_taken = True                                      # a fenced instance's queue: the slow way
+        assert not d.receive_now(_t(5), sender="w0") and bolt.inbound.empty()
+        moved = DataMsg("train", 4, "default", 1, [0], [[(0 << ROOT_BITS) | 9, 1]], 2)   # not here, not newer
+        assert not d.receive_now(moved, sender="w0") and d.dropped == 0   # its trees fail: that may wait
+        assert d.receive_now(_t(6, version=1), sender="w2")          # stale (task 1 is w0's): dropped at once
+        assert rt.stale == 1
+        assert d.receive_now(DataMsg("other", 3, "default", 1, [0], [], 2), sender="w0") and d.dropped == 1
+    asyncio.run(go())
 
 
 def test_a_stream_waits_for_an_overflow_at_its_bound(monkeypatch):

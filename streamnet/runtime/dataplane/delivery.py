@@ -5,8 +5,10 @@ lot, or back to the spouts as failed trees.
 Backpressure is per task. A local emitter waits for room in the bolt's queue. A
 worker whose tuples fill the queue past three quarters is told to hold that task's
 tuples (HoldMsg), and what it had already sent waits, past a full queue, in the
-task's overflow (inbox.py); its emitters to that task wait until released (the queue
-down to half), and its stream goes on carrying everything else."""
+task's overflow (inbox.py); its emitters to that task wait until released (inbox.py
+says when), and its stream goes on carrying everything else. A hold is said again
+every HOLD_LEASE_S / 2 while it lasts, and lapses on the sender after HOLD_LEASE_S
+without it (a release lost, an instance gone)."""
 from __future__ import annotations
 
 import asyncio
@@ -48,6 +50,7 @@ class Delivery:
         #: hold, the loop's time at which the hold lapses)
         self.held: dict[tuple[str, str, int], tuple[asyncio.Future, float]] = {}
         self.holds = 0                      # holds this worker was told of (status)
+        self.lapsed = 0                     # of those, ended by their lease, not a release
 
     def link(self, peer: str, url: str) -> PeerLink:
         link = self.links.get(peer)
@@ -139,7 +142,10 @@ class Delivery:
             fut, until = hold
             left = until - loop.time()
             if left <= 0:
-                self._end_holds(lambda k: k == key)      # not said again: send, and be told again
+                # not said again (a release lost with a stream, an instance that stopped):
+                # send, and be told again if the task is still full
+                self._end_holds(lambda k: k == key)
+                self.lapsed += 1
                 break
             try:
                 await asyncio.wait_for(asyncio.shield(fut), min(HELD_CHECK_S, left))
@@ -188,13 +194,31 @@ class Delivery:
 
     def _tell_hold(self, rt, ex, sender: str) -> None:
         """Tuples from `sender` filled bolt task ex's queue past HIGH, or went into its
-        overflow: it should hold them (told again after inbox.RETELL_S if they keep coming)."""
-        if ex.inbound.tell(sender):
+        overflow: it should hold them (told again after inbox.RETELL_S if they keep
+        coming, and every HOLD_LEASE_S / 2 while the hold lasts, so that it does not lapse)."""
+        inbox = ex.inbound
+        if inbox.tell(sender):
             self._signal(rt, sender, HoldMsg(rt.name, ex.task, True))
+            if inbox.renewal is None:
+                inbox.renewal = asyncio.get_running_loop().call_later(HOLD_LEASE_S / 2, self._renew, rt, ex)
+
+    def _renew(self, rt, ex) -> None:
+        """Say the holds of bolt task ex again while they last and its instance is the
+        task's here; once it is not (stopped, moved, fenced), they lapse on the senders."""
+        inbox = ex.inbound
+        inbox.renewal = None
+        if not inbox.told or ex.queue_taken or rt.executors.get(ex.task) is not ex or self.closing:
+            return
+        for sender in inbox.renew():
+            self._signal(rt, sender, HoldMsg(rt.name, ex.task, True))
+        inbox.renewal = asyncio.get_running_loop().call_later(HOLD_LEASE_S / 2, self._renew, rt, ex)
 
     def release(self, rt, task: int, inbox) -> None:
-        """Bolt task `task`'s queue is down to LOW, its overflow empty: the workers told
-        to hold may send."""
+        """Bolt task `task`'s queue is down to LOW, its overflow empty (or it stopped):
+        the workers told to hold may send."""
+        if inbox.renewal is not None:
+            inbox.renewal.cancel()
+            inbox.renewal = None
         for sender in inbox.released():
             self._signal(rt, sender, HoldMsg(rt.name, task, False))
 
@@ -245,8 +269,9 @@ class Delivery:
 
     async def deliver_parked(self, rt) -> None:
         """Tuples that arrived for tasks of an assignment we had not applied yet: they
-        came from other workers, so they go behind a bolt's overflow, in order, as they
-        would have from their streams."""
+        came from other workers, so they go behind a bolt's overflow rather than wait for
+        room as a local emitter does. (Tuples from the same senders that arrive on the
+        streams once the task is placed here, before these are delivered, go first.)"""
         for msg in rt.unpark():
             decision = routing.parked(msg, rt.view)
             if decision == routing.DELIVER:
@@ -263,7 +288,8 @@ class Delivery:
         """_deliver_local where nothing has to wait: False, having done nothing, where
         a bolt's queue has no room for the message's tuples or was handed over. Tuples
         from another worker (`sender`, or `remote`: parked) that find no room go into the
-        overflow, and the sender is told to hold - unless the overflow is at its bound."""
+        overflow, and the sender (where known) is told to hold - unless the overflow is at
+        its bound."""
         if isinstance(msg, (DataMsg, DataRun)) and isinstance(ex, BoltExecutor):
             tuples = _tuples(rt, msg)
             if tuples is None:
@@ -325,9 +351,10 @@ class Delivery:
         return {p: l.status() for p, l in self.links.items()}
 
     def holds_status(self) -> dict:
-        """The peers' tasks this worker holds tuples for now, and how many holds it was
-        told of (a lapsed hold said again counts again)."""
-        return {"now": sorted(f"{p}/{t}[{k}]" for p, t, k in self.held), "told": self.holds}
+        """The peers' tasks this worker holds tuples for now, how many holds it was told
+        of (a lapsed hold said again counts again), and how many of them lapsed."""
+        return {"now": sorted(f"{p}/{t}[{k}]" for p, t, k in self.held), "told": self.holds,
+                "lapsed": self.lapsed}
 
 
 def _tuples(rt, msg: DataMsg | DataRun) -> list[Tuple] | None:

@@ -8,14 +8,17 @@ workers between a spout and a sink on each, shuffled: tests/integration).
 
 Now the worker tells a sender to hold that task's tuples (delivery.py, HoldMsg) once
 the queue is three quarters full (HIGH), and releases it once the queue is down to
-half (LOW) with nothing in the overflow, or MAX_HOLD_S after the first hold: the
-sender's emitters to that task wait, as a local emitter waits for a full queue, and
-nobody else does. A tuple from another worker that finds the queue full - what was
-already on its way when the hold arrived: the sender's link queue, the socket
-buffers, the receiver's frames not yet dispatched - waits in the task's overflow, in
-order, and the stream goes on; the overflow feeds the queue as the bolt takes tuples.
-A hold lapses on the sender after delivery.HOLD_LEASE_S unless said again, so a
-release lost with a stream, or never sent, costs a sender at most that.
+half (LOW) with nothing in the overflow, or when the bolt takes a tuple MAX_HOLD_S
+after the first hold with nothing in the overflow: the sender's emitters to that task
+wait, as a local emitter waits for a full queue, and nobody else does. A tuple from
+another worker that finds the queue full - what was already on its way when the hold
+arrived: the sender's link queue, the socket buffers, the receiver's frames not yet
+dispatched - waits in the task's overflow, in order, and the stream goes on; the
+overflow feeds the queue as the bolt takes tuples.
+
+The worker says a hold again every delivery.HOLD_LEASE_S / 2 while it lasts; on the
+sender it lapses after HOLD_LEASE_S without that, so a release lost with a stream,
+or never sent by an instance that stopped, costs a sender at most that.
 
 A saturated flood of small tuples goes mostly through the overflow (what the socket
 buffers hold of them, 32,000 at a time in perf/transport.py's, arrives before the
@@ -66,6 +69,7 @@ class Inbox(asyncio.Queue):
         self.most_overflow = 0              # the largest the overflow has been, in tuples
         self.told: dict[str, float] = {}    # sender worker -> when it was last told to hold
         self.held_since = 0.0               # when the first of `told` was told
+        self.renewal = None                 # the timer that says the holds again (delivery.py)
         self.on_release = on_release
         self.high = max(1, int(maxsize * HIGH)) if maxsize > 0 else None    # None: never held
         self.low = int(maxsize * LOW)
@@ -82,6 +86,13 @@ class Inbox(asyncio.Queue):
             self.held_since = now
         self.told[sender] = now
         return True
+
+    def renew(self) -> list[str]:
+        """The senders told to hold, told again now."""
+        now = time.monotonic()
+        for sender in self.told:
+            self.told[sender] = now
+        return list(self.told)
 
     def released(self) -> dict[str, float]:
         """The senders told to hold, now released."""

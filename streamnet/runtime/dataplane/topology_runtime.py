@@ -196,6 +196,13 @@ class TopologyRuntime:
         except asyncio.TimeoutError:
             log.warning("%s: task %d did not stop within %.0f s; cancelling", self.name, ex.task, timeout)
             ex._task.cancel()
+        if isinstance(ex, BoltExecutor) and (not ex.inbound.empty() or ex.inbound.told):
+            # what nobody will take now (a cancelled bolt's queue, tuples that came after
+            # its STOP) is failed for replay, and its senders released; a stream waiting
+            # for room in its overflow goes on
+            await ex.fail_queue()
+            if ex.inbound.told:
+                self.release_holds(ex.task, ex.inbound)
 
     async def stop(self, drain_s: float = 5.0) -> None:
         """Stop spouts, let bolt queues drain (up to drain_s), then stop bolts."""
@@ -210,8 +217,6 @@ class TopologyRuntime:
                 await asyncio.sleep(0.01)
             for e in bolts:
                 await self._stop_executor(e)
-                if e.inbound.told:          # stopped with its senders held (a bolt cancelled): release them
-                    self.release_holds(e.task, e.inbound)
             self.executors.clear()
             self.worker.load.forget(self.name)
             self.refresh_view()
