@@ -22,7 +22,7 @@ or never sent by an instance that stopped, costs a sender at most that.
 
 A saturated flood of small tuples goes mostly through the overflow (what the socket
 buffers hold of them, 32,000 at a time in perf/transport.py's, arrives before the
-hold takes effect): 13 % fewer a second than when the stream waited
+hold takes effect): up to about 13 % fewer a second than when the stream waited
 (docs/perf-history.md).
 
 The overflow is bounded too, per task (OVERFLOW_TUPLES; OVERFLOW_BYTES of arrays,
