@@ -168,6 +168,29 @@ def test_a_stream_waits_for_an_overflow_at_its_bound(monkeypatch):
     assert asyncio.run(go()) == [0, 1, 2]
 
 
+def test_a_stream_that_waited_for_an_overflow_routes_its_message_again(monkeypatch):
+    """The task moved while the stream waited: its tuple went into the old instance's
+    overflow, where nobody would take it."""
+    monkeypatch.setattr(inbox_module, "OVERFLOW_TUPLES", 1)
+    rt = _Runtime()
+    d, bolt, signals = _delivery(rt)
+
+    async def go():
+        bolt.inbound = Inbox(1)
+        assert d.receive_now(_t(0), sender="w0") and d.receive_now(_t(1), sender="w0")
+        waiting = asyncio.get_running_loop().create_task(d.receive(_t(2), sender="w0"))
+        for _ in range(10):                                     # passes of the loop: nothing else runs
+            await asyncio.sleep(0)
+        assert not waiting.done()
+        rt.view = View("w1", 2, frozenset(), {1: "w0", 3: "w2"}, {"w0": "u", "w2": "v"})   # task 3 moved
+        rt.executors = {}
+        bolt.inbound.get_nowait()                                # the old instance takes one: room
+        await asyncio.wait_for(waiting, 30)
+    asyncio.run(go())
+    assert [t["n"] for t in bolt.inbound._queue] == [1] and not bolt.inbound.overflow   # not into the old one
+    assert d.dropped == 1                                        # unanchored, for a task not here: dropped
+
+
 def test_links_to_workers_no_assignment_names_are_closed():
     """A link to a worker that left for good reconnected every 2 s for the life of the
     process, holding what was queued to it."""
