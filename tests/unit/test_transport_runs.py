@@ -150,18 +150,25 @@ def test_receive_now_delivers_what_fits_spills_the_rest_and_leaves_the_rest_to_r
     asyncio.run(go())
 
 
+async def _waiting_at_the_bound(d, bolt):
+    """A stream's receive() of tuple 2, waiting: bolt's queue of 1 holds tuple 0 and its
+    overflow (OVERFLOW_TUPLES patched to 1) tuple 1."""
+    bolt.inbound = Inbox(1)
+    assert d.receive_now(_t(0), sender="w0") and d.receive_now(_t(1), sender="w0")
+    waiting = asyncio.get_running_loop().create_task(d.receive(_t(2), sender="w0"))
+    for _ in range(10):                                     # passes of the loop: nothing else runs
+        await asyncio.sleep(0)
+    assert not waiting.done()                               # queue and overflow full: the stream waits
+    return waiting
+
+
 def test_a_stream_waits_for_an_overflow_at_its_bound(monkeypatch):
     monkeypatch.setattr(inbox_module, "OVERFLOW_TUPLES", 1)
     rt = _Runtime()
     d, bolt, signals = _delivery(rt)
 
     async def go():
-        bolt.inbound = Inbox(1)
-        assert d.receive_now(_t(0), sender="w0") and d.receive_now(_t(1), sender="w0")
-        waiting = asyncio.get_running_loop().create_task(d.receive(_t(2), sender="w0"))
-        for _ in range(10):                                     # passes of the loop: nothing else runs
-            await asyncio.sleep(0)
-        assert not waiting.done()                               # queue and overflow full: the stream waits
+        waiting = await _waiting_at_the_bound(d, bolt)
         first = bolt.inbound.get_nowait()                        # 1 moves up from the overflow: room for 2
         await asyncio.wait_for(waiting, 30)
         return [first["n"], bolt.inbound.get_nowait()["n"], bolt.inbound.get_nowait()["n"]]
@@ -176,12 +183,7 @@ def test_a_stream_that_waited_for_an_overflow_routes_its_message_again(monkeypat
     d, bolt, signals = _delivery(rt)
 
     async def go():
-        bolt.inbound = Inbox(1)
-        assert d.receive_now(_t(0), sender="w0") and d.receive_now(_t(1), sender="w0")
-        waiting = asyncio.get_running_loop().create_task(d.receive(_t(2), sender="w0"))
-        for _ in range(10):                                     # passes of the loop: nothing else runs
-            await asyncio.sleep(0)
-        assert not waiting.done()
+        waiting = await _waiting_at_the_bound(d, bolt)
         rt.view = View("w1", 2, frozenset(), {1: "w0", 3: "w2"}, {"w0": "u", "w2": "v"})   # task 3 moved
         rt.executors = {}
         bolt.inbound.get_nowait()                                # the old instance takes one: room
