@@ -144,7 +144,7 @@ class Delivery:
             if left <= 0:
                 # not said again (a release lost with a stream, an instance that stopped):
                 # send, and be told again if the task is still full
-                self._end_holds(lambda k: k == key)
+                self._end_hold(key)
                 self.lapsed += 1
                 break
             try:
@@ -154,7 +154,7 @@ class Delivery:
                     rt.dropped += 1
                     return
                 if rt.view.task_worker.get(target) != peer:
-                    self._end_holds(lambda k: k == key)  # moved: a hold there is the new worker's to say
+                    self._end_hold(key)                  # moved: a hold there is the new worker's to say
                     break
         await self.send(rt, target, msg)
 
@@ -164,7 +164,7 @@ class Delivery:
         stale and ignored; a hold said again renews its lease."""
         key = (sender, msg.topology, msg.target)
         if not msg.held:
-            self._end_holds(lambda k: k == key)
+            self._end_hold(key)
             return
         rt = self.runtimes.get(msg.topology)
         if rt is None or rt.view.task_worker.get(msg.target) != sender:
@@ -188,9 +188,12 @@ class Delivery:
 
     def _end_holds(self, which) -> None:
         for key in [k for k in self.held if which(k)]:
-            fut, _ = self.held.pop(key)
-            if not fut.done():
-                fut.set_result(None)
+            self._end_hold(key)
+
+    def _end_hold(self, key) -> None:
+        hold = self.held.pop(key, None)
+        if hold is not None and not hold[0].done():
+            hold[0].set_result(None)
 
     def _tell_hold(self, rt, ex, sender: str) -> None:
         """Tuples from `sender` filled bolt task ex's queue past HIGH, or went into its
