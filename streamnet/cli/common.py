@@ -109,6 +109,19 @@ def positive_float(text: str) -> float:
     return x
 
 
+#: --session-timeout's ceiling: ZooKeeper grants at most 20 of its ticks anyway (40 s at its
+#: default 2 s tick); far above, kazoo's connect overflowed or hung
+MAX_SESSION_TIMEOUT_S = 3600.0
+
+
+def session_timeout(text: str) -> float:
+    x = positive_float(text)
+    if x > MAX_SESSION_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SESSION_TIMEOUT_S:.0f} seconds (ZooKeeper grants "
+                                         f"at most 20 of its ticks); got {text}")
+    return x
+
+
 def worker_name(text: str) -> str:
     """--name: one element of a ZooKeeper path, in ASCII (the handshake's fields are)."""
     from ..runtime.names import name_problem
@@ -191,8 +204,10 @@ def add_cluster_options(p: argparse.ArgumentParser, zk_required: bool = True) ->
                         "default)")
     p.add_argument("--secret-file", default=os.environ.get("STREAMNET_SECRET_FILE") or None,
                    help="file holding the cluster secret (default: $STREAMNET_SECRET_FILE)")
-    p.add_argument("--session-timeout", type=positive_float, default=10.0,
-                   help="ZooKeeper session timeout in seconds: how long until a dead worker is declared dead (default: 10)")
+    p.add_argument("--session-timeout", type=session_timeout, default=10.0,
+                   help="ZooKeeper session timeout in seconds: how long until a dead worker is declared dead "
+                        "(default: 10; the server grants 2 to 20 of its ticks, at most "
+                        f"{MAX_SESSION_TIMEOUT_S:.0f} asked)")
 
 
 def add_allow_option(p: argparse.ArgumentParser) -> None:

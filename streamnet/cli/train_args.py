@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from .common import threads_option
-from ..training.config import (ALGORITHMS, DATASETS, LENET5_MIN_INPUT, MODELS, SETUPS, AlgorithmConfig, ModelConfig,
-                               RunConfig, with_overrides)
+from ..training.config import (ALGORITHMS, DATASETS, LENET5_MAX_INPUT, LENET5_MIN_INPUT, MODELS, SETUPS,
+                               AlgorithmConfig, ModelConfig, RunConfig, with_overrides)
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,8 @@ TRAINING_FLAGS: tuple[Flag, ...] = (
     Flag("--outer-momentum", "outer_momentum", float, "Nesterov momentum on the averaged change (mixbp)"),
     Flag("--lr-schedule", "lr_schedule", choices=("constant", "cosine"), help="learning-rate schedule"),
     Flag("--input-size", "input_size", int, "images are resized to N x N for the network: LeNet-5 takes "
-         f"N >= {LENET5_MIN_INPUT} (default 28, padded to 32 as in the paper), AlexNet 64 or 224 (default 64)",
+         f"N from {LENET5_MIN_INPUT} to {LENET5_MAX_INPUT} (default 28, padded to 32 as in the paper), AlexNet 64 "
+         "or 224 (default 64)",
          metavar="N"),
     Flag("--dataset", "dataset", choices=DATASETS, help="default: fashion-mnist"),
     Flag("--data", "data_dir", metavar="DIR",
@@ -134,10 +135,18 @@ _NUMBER_TYPES = {"units": int, "threads": int, "epochs": int, "seed": int, "batc
                  "sync_tasks": int, "eval_every_epochs": int}
 
 
+#: the settings that take text: a number or a list there reached the loader (`data_dir=[1]`:
+#: a TypeError from os.stat; `data_dir=7` tested file descriptor 7)
+_TEXT_KEYS = frozenset({"data_dir", "dataset", "lr_schedule", "balance", "checkpoint_dir"})
+
+
 def check_set_types(options: dict) -> None:
     """--set KEY=VALUE for a training setup: a number where the configuration wants one
-    (the dataclass checks compare numbers, and a string would be a TypeError there)."""
+    (the dataclass checks compare numbers, and a string would be a TypeError there), and
+    text where it wants text."""
     for k, v in options.items():
+        if k in _TEXT_KEYS and not isinstance(v, str):
+            raise ConfigError(f"--set {k} takes text; got {v!r}")
         want = _NUMBER_TYPES.get(k)
         if want is int and (isinstance(v, bool) or not isinstance(v, int)):
             raise ConfigError(f"--set {k} takes an integer; got {v!r}")

@@ -142,8 +142,9 @@ async def serve(a) -> int:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, on_signal)
             log = logging.getLogger("streamnet")
-            log.info("worker %s up on %s:%d (cluster %s, ZooKeeper %s, session timeout %.1f s: a worker silent "
-                     "that long is declared dead; refused connections are detected sooner; classes from %s)", name,
+            log.info("worker %s up on %s:%d (cluster %s, ZooKeeper %s, session timeout %.1f s asked, within the "
+                     "2 to 20 ticks the server grants: a worker silent that long is declared dead; refused "
+                     "connections are detected sooner; classes from %s)", name,
                      a.host, worker.port, a.cluster, a.zk, a.session_timeout, ",".join(worker.allow_modules))
             await stop.wait()
             log.info("worker %s: signal received; stopping (%s)", name, a.on_signal)

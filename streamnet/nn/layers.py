@@ -256,8 +256,10 @@ class Dropout(Layer):
             self._mask = None
             return x
         per_sample = x.size // max(x.shape[0], 1)
-        out, self._mask = K.dropout_forward(x, self.p, (self.seed << 32) + self.step,
-                                            self.sample_offset * per_sample)
+        # (seed << 32) + step, kept to 63 bits: a wider key is no integer numba can type
+        # (a seed of 2**32 failed the first step); unchanged for every seed below 2**31
+        key = ((self.seed & 0x7FFFFFFF) << 32) + (self.step & 0xFFFFFFFF)
+        out, self._mask = K.dropout_forward(x, self.p, key, self.sample_offset * per_sample)
         self.step += 1
         return out
 

@@ -15,6 +15,7 @@ ALGORITHMS = ("online", "cumulative", "mixbp")
 DATASETS = ("fashion-mnist", "mnist", "idx", "synthetic")
 MODELS = ("lenet5", "alexnet")
 BALANCE_MODES = ("static", "load")
+MAX_SEED = 1 << 31
 
 
 class FieldError(ConfigError):
@@ -78,6 +79,9 @@ def _smallest_input(layers) -> int:
 
 
 LENET5_MIN_INPUT = _smallest_input(_LENET5_FEATURES)
+#: the largest: fc1 grows with the square of the input (16 x s x s x 120 weights, s about a
+#: quarter of it): 30 million parameters at 512, 1.2 million million at 100,000 (a MemoryError)
+LENET5_MAX_INPUT = 512
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -92,6 +96,9 @@ class ModelConfig:
         _require(self.name != "lenet5" or self.input_size >= LENET5_MIN_INPUT, "input_size",
                  f"must be >= {LENET5_MIN_INPUT} for lenet5 (smaller leaves a layer an input smaller than its "
                  f"kernel); got {self.input_size}")
+        _require(self.name != "lenet5" or self.input_size <= LENET5_MAX_INPUT, "input_size",
+                 f"must be <= {LENET5_MAX_INPUT} for lenet5 (its first dense layer grows with the input's "
+                 f"square); got {self.input_size}")
 
     @property
     def input_size(self) -> int:
@@ -169,6 +176,8 @@ class RunConfig:
     def __post_init__(self):
         _count(self.units, "units")
         _count(self.seed, "seed", 0)
+        # the dropout layers' streams take (seed << 32) + step as one 64-bit integer
+        _require(self.seed < MAX_SEED, "seed", f"must be < {MAX_SEED} (2**31); got {self.seed}")
         _require(self.balance in BALANCE_MODES, "balance", f"must be one of {', '.join(BALANCE_MODES)}; "
                  f"got {self.balance!r}")
         _require(self.balance == "static" or (self.algorithm.unit_batches is None and

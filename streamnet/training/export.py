@@ -21,10 +21,10 @@ import struct
 import numpy as np
 
 from ..data.datasets import STATS
-from ..errors import StreamnetError
+from ..errors import ConfigError, StreamnetError
 from ..nn import Model, build_model
 from .checkpoint import load_checkpoint
-from .config import run_config_from_dict
+from .config import ModelConfig, run_config_from_dict
 
 FORMATS = ("safetensors", "torch")
 
@@ -67,7 +67,11 @@ def load_for_export(path: str, model: str | None = None, input_size: int | None 
             raise ExportError(f"{path} records its network, {name} with input size {recorded}; --model "
                               f"{model or name} --input-size {input_size or recorded} disagrees (leave them out)")
     elif model is not None:
-        name, options, dataset = model, ({"input_size": input_size} if input_size else {}), None
+        name, options, dataset = model, ({"input_size": input_size} if input_size is not None else {}), None
+        try:
+            ModelConfig(name=name, options=options)     # an input size the network cannot take
+        except ConfigError as e:
+            raise ExportError(f"--model {name} --input-size {input_size}: {getattr(e, 'problem', e)}") from None
     else:
         raise ExportError(f"{path} holds parameters only, without its run configuration; say which network "
                           "with --model (and --input-size for AlexNet)")

@@ -7,7 +7,7 @@ import pytest
 from streamnet.cli import submit
 from streamnet.cli.common import error_exit
 from streamnet.runtime.control import ClusterTimeout, TopologyGone
-from streamnet.training.config import LENET5_MIN_INPUT
+from streamnet.training.config import LENET5_MAX_INPUT, LENET5_MIN_INPUT
 
 from tests.unit.test_cli_mistakes import UNREACHABLE_ZK, one_line_error, run_main
 
@@ -43,7 +43,7 @@ def test_lenet5_smallest_input_is_the_networks():
 def test_input_size_help_covers_both_networks(capsys):
     assert run_main(submit.main, ["train", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert f"LeNet-5 takes N >= {LENET5_MIN_INPUT}" in out and "AlexNet 64 or 224" in out
+    assert f"LeNet-5 takes N from {LENET5_MIN_INPUT} to {LENET5_MAX_INPUT}" in out and "AlexNet 64 or 224" in out
 
 
 @pytest.mark.parametrize("port", ["70000", "-1"])
