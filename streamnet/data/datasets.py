@@ -33,6 +33,13 @@ CLASSES = {"fashion-mnist": 10, "mnist": 10}
 # beyond its known class count. (65,536 classes behind LeNet-5's 84 features are a
 # 5.5M-parameter layer; no IDX dataset this trainer serves comes near.)
 MAX_CLASSES = 65_536
+# The largest images and the most samples an IDX split may hold. A file is read whole
+# (idx.MAX_BYTES), and what is made of it is larger: labels as int64 (8 bytes each),
+# and a batch of images as float32 at their own size before they are resized for the
+# network (which takes at most 512 x 512): one 65,535 x 65,535 image was 16 GiB there.
+MAX_SIDE = 2048
+MAX_SAMPLES = 1 << 26
+_STATS_CHUNK = 1 << 22      # pixels the mean and std are summed over at a time (float64)
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,11 @@ def _read_split(directory: str, xkey: str, ykey: str) -> Split:
         images = images.astype(np.float32)  # float files may hold NaN/Inf: quarantined later
     if images.shape[1] != images.shape[2] or not images.shape[1]:
         raise DataError(f"{xpath}: images must be square, with pixels; got {images.shape[1]}x{images.shape[2]}")
+    if images.shape[1] > MAX_SIDE:
+        raise DataError(f"{xpath}: images of {images.shape[1]}x{images.shape[2]} pixels; at most {MAX_SIDE}x"
+                        f"{MAX_SIDE} (the networks take at most 512x512: resize them first)")
+    if len(images) > MAX_SAMPLES:
+        raise DataError(f"{xpath}: {len(images):,} images; at most {MAX_SAMPLES:,} in one file")
     if labels.ndim != 1:
         raise DataError(f"{ypath}: expected a 1-dimensional label file, got shape {labels.shape}")
     if len(labels) != len(images):
@@ -149,11 +161,34 @@ def load_idx_dir(directory: str, name: str = "idx") -> Dataset:
     if train.images.shape[1:] != test.images.shape[1:]:
         raise DataError(f"{directory}: train images {train.images.shape[1:]} and test images "
                         f"{test.images.shape[1:]} differ in size")
-    finite = train.images[np.isfinite(train.images)] if train.images.dtype.kind == "f" else train.images
-    if not finite.size:     # no sample to train on: load_data says so
-        finite = np.zeros(1, np.float32)
-    mean, std = STATS.get(name, (float(finite.mean() / 255), float(finite.std() / 255) or 1.0))
+    mean, std = STATS[name] if name in STATS else pixel_stats(train.images)
     return Dataset(name, train, test, classes, mean, std)
+
+
+def pixel_stats(images: np.ndarray) -> tuple[float, float]:
+    """(mean, std) of the finite pixels / 255, summed in float64 a chunk at a time: one
+    pass and no copy of the whole set (numpy's std of a uint8 set made a float64
+    temporary 8 times its size), and finite for any float32 pixels (summed in float32,
+    pixels of 1e20 made the std infinite, near 3e38 the mean). The std is 1.0 for
+    constant images; (0, 1) when no pixel is finite (no sample to train on: load_data
+    says so)."""
+    flat = images.reshape(-1)
+    total = squares = 0.0
+    count = 0
+    for lo in range(0, flat.size, _STATS_CHUNK):
+        part = flat[lo:lo + _STATS_CHUNK].astype(np.float64)
+        if images.dtype.kind == "f":
+            part = part[np.isfinite(part)]
+        total += float(part.sum())
+        squares += float(np.dot(part, part))
+        count += part.size
+    if not count:
+        return 0.0, 1.0
+    mean = total / count
+    # E[x^2] - mean^2 cancels where the spread is tiny against the mean: pixels are not
+    # such data, and a constant set's 0 (or the rounding's slightly negative) gives 1.0
+    var = max(squares / count - mean * mean, 0.0)
+    return mean / 255, (var ** 0.5) / 255 or 1.0
 
 
 def synthetic(train_size: int = 2048, test_size: int = 512, image_size: int = 28,
