@@ -10,6 +10,7 @@ rounds (each line names its step); the in-process trainer logs every round.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 
@@ -32,9 +33,12 @@ class MetricsLog:
         self.path = path
 
     def write(self, kind: str, **fields) -> None:
+        """A line of the fields given; a figure that is not finite (the loss of a run that
+        diverged) as null: JSON has no NaN, and jq and strict readers refused the line."""
         record = {"kind": kind, "time": round(time.time(), 3)}
-        record.update({k: v for k, v in fields.items() if v is not None})
-        self.f.write(json.dumps(record) + "\n")
+        record.update({k: None if isinstance(v, float) and not math.isfinite(v) else v
+                       for k, v in fields.items() if v is not None})
+        self.f.write(json.dumps(record, allow_nan=False) + "\n")
 
     def close(self) -> None:
         self.f.close()
@@ -74,6 +78,8 @@ def _check_plotted(path: str, numbered: list[tuple[int, dict]]) -> None:
             continue            # not drawn (plot keeps the rounds that have elapsed_s)
         for name in PLOTTED[record["kind"]]:
             v = record.get(name)
+            if v is None and name in record:
+                continue        # null: a figure that was not finite, drawn as a gap
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise StreamnetError(f"{path}:{i}: {record['kind']} record with "
                                      + (f"no {name}" if v is None else f"{name} {v!r}, not a number"))
@@ -96,11 +102,13 @@ def plot(path: str, out: str | None = None) -> str:
         raise StreamnetError("plot needs matplotlib (pip install matplotlib, or the perf extra)") from None
     out = out or os.path.splitext(path)[0] + ".png"
     fig, (ax_loss, ax_acc, ax_rate) = plt.subplots(1, 3, figsize=(14, 4))
-    ax_loss.plot([r["elapsed_s"] for r in rounds], [r["loss"] for r in rounds], lw=1)
+    def figure(r, name, scale=1.0):
+        return math.nan if r[name] is None else scale * r[name]      # null: not finite, a gap
+    ax_loss.plot([r["elapsed_s"] for r in rounds], [figure(r, "loss") for r in rounds], lw=1)
     ax_loss.set(xlabel="seconds", ylabel="training loss", title="training loss per round")
-    ax_acc.plot([r["epoch"] for r in epochs], [100 * r["test_accuracy"] for r in epochs], "o-")
+    ax_acc.plot([r["epoch"] for r in epochs], [figure(r, "test_accuracy", 100) for r in epochs], "o-")
     ax_acc.set(xlabel="epoch", ylabel="test accuracy (%)", title="test accuracy per epoch")
-    ax_rate.plot([r["elapsed_s"] for r in rounds], [r["samples_per_s"] for r in rounds], lw=1)
+    ax_rate.plot([r["elapsed_s"] for r in rounds], [figure(r, "samples_per_s") for r in rounds], lw=1)
     ax_rate.set(xlabel="seconds", ylabel="samples/s", title="throughput (this run)")
     for ax in (ax_loss, ax_acc, ax_rate):
         ax.grid(alpha=0.3)
