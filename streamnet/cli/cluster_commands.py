@@ -11,6 +11,7 @@ from ..runtime.control import (ClusterTimeout, TopologyFailed, TopologyGone, Unk
                                is_done, kill_topology, wait_done)
 from ..runtime.assignment import MAX_THREADS, threads_ok
 from ..runtime.topology import Topology, TopologyError, parallelism_fixed, resolve
+from ..runtime.values import whole
 from ..training.run_stats import CHECKPOINTS, EVAL_HISTORY, STOPPED_AT, STRAGGLERS
 from .common import (add_cluster_options, allowed_modules, check_writable, connect, parse_set, positive_float,
                      read_secret, write_secret)
@@ -89,6 +90,11 @@ def cmd_submit(a) -> int:
     check_paths(given)
     auto_threads(given)      # (a cluster's workers each decide their own threads)
     opts.update(given)
+    for key in ("data_dir", "checkpoint_dir"):
+        # a relative path is this command's: the workers, each in its own working directory
+        # (the systemd unit's is /), read it as it stands
+        if isinstance(opts.get(key), str) and opts[key]:
+            opts[key] = os.path.abspath(opts[key])
     from ..runtime.control.roles import parse
     from ..training.checkpoint import signing_with
     # check the checkpoint's MAC here when we hold the cluster secret (the workers always do)
@@ -387,7 +393,7 @@ def cmd_rebalance(a) -> int:
         for cid, n in request["parallelism"].items():
             if cid not in known:
                 raise StreamnetError(f"topology {a.topology!r} has no component {cid!r}; known: {', '.join(sorted(known))}")
-            if not isinstance(n, int) or n < 1:
+            if not whole(n) or n < 1:
                 raise StreamnetError(f"parallelism of {cid!r} must be an integer >= 1; got {n!r}")
         if request["parallelism"]:          # the spec it would make, checked as the leader will
             after = {**spec, "components": [{**c, "parallelism": request["parallelism"].get(c["id"], c["parallelism"])}

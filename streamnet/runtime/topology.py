@@ -164,7 +164,7 @@ class TopologyBuilder:
     def _add(self, kind: str, cid: str, component: str, parallelism: int, config: dict) -> dict:
         if any(c["id"] == cid for c in self._components):
             raise TopologyError(f"duplicate component id {cid!r}; ids must be unique")
-        if not isinstance(parallelism, int) or parallelism < 1:
+        if not whole(parallelism) or parallelism < 1:
             raise TopologyError(f"{kind} {cid!r}: parallelism must be an integer >= 1; got {parallelism!r}")
         spec = {"id": cid, "kind": kind, "class": component, "parallelism": parallelism,
                 "config": dict(config), "inputs": []}
@@ -267,7 +267,7 @@ class Topology:
         for c in self.components:
             if c["kind"] not in ("spout", "bolt"):
                 raise TopologyError(f"component {c['id']!r}: kind must be spout or bolt")
-            if not isinstance(c["parallelism"], int) or c["parallelism"] < 1:
+            if not whole(c["parallelism"]) or c["parallelism"] < 1:
                 raise TopologyError(f"component {c['id']!r}: parallelism must be >= 1")
             if c["kind"] == "spout" and c["inputs"]:
                 raise TopologyError(f"spout {c['id']!r} cannot subscribe to streams")
