@@ -314,6 +314,11 @@ def cmd_status(a) -> int:
             ended = (": stopped cleanly, every spout done" if status == "stopping" else ": finished, every spout done") \
                 if done else ""
             print(f"topology {n} ({status}{ended}), assignment v{version}")
+            failures = state.failures(n)          # why it cannot run (status "failed"), if it cannot
+            for key, why in list(failures.items())[:5]:
+                print(f"  {key}: {why}")
+            if len(failures) > 5:
+                print(f"  and {len(failures) - 5} more failures (all: the topology's results)")
             away = sorted(set(asg.tasks.values()) - set(workers)) if asg else []
             if away:
                 print(f"  tasks on workers no longer registered: {', '.join(away)}"

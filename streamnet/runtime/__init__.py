@@ -15,11 +15,12 @@ from .control.coordinator import (BadVersionError, ConnectionLostError, Coordina
 from .control.inprocess import InProcessServer
 from .control.placement import assign
 from .dataplane.fencing import FencedError
+from .dataplane.log_budget import LogBudget
 from .local import LocalCluster
 from .topology import Topology, TopologyBuilder, TopologyError, resolve
 from .worker import Worker
 
 __all__ = ["ClusterState", "CodecError", "Limits", "BasicBolt", "Bolt", "Context", "Spout", "Tuple",
            "BadVersionError", "ConnectionLostError", "Coordinator", "CoordinatorError", "InProcessServer", "NoNodeError",
-           "NodeExistsError", "SessionClosedError", "FencedError", "LocalCluster", "wait_for", "wait_done", "kill_topology",
+           "NodeExistsError", "SessionClosedError", "FencedError", "LogBudget", "LocalCluster", "wait_for", "wait_done", "kill_topology",
            "ClusterTimeout", "assign", "Topology", "TopologyBuilder", "TopologyError", "Worker", "resolve"]

@@ -21,7 +21,7 @@ from .assignment import MAX_THREADS, Assignment, threads_ok
 from .dataplane import accept_shortage
 from .dataplane.delivery import Delivery
 from .dataplane.executor import Wake
-from .control.cluster_state import REFUSED, RUNNING, ClusterState
+from .control.cluster_state import FAILED_STATUS, REFUSED, RUNNING, ClusterState
 from .dataplane.compute import ComputePool
 from .dataplane.cpu_policy import short_slice
 from .control.coordinator import CoordinatorError, NodeExistsError
@@ -382,13 +382,33 @@ class Worker:
         self.refused[name] = version
         log.error("worker %s refuses topology %s: %s", self.id, name, error)
         self.publish(name, f"{REFUSED}{self.id}", str(error))
+        self.topology_failed(name, f"{REFUSED}{self.id}")
+
+    def topology_failed(self, name: str, because: str) -> None:
+        """A task of `name` could not start here, or this worker refused it (the reason is
+        published as the result `because`): the run cannot go on, so it is marked failed
+        and its tasks stop on every worker. Left running, the work sent to the task that
+        never started was failed and replayed at once, for ever (20,000 replays a second),
+        the topology still "active" for anyone who was not waiting on it. The reason is
+        written first, so that whoever sees the status finds it, and marks only the run
+        that has it (not one of the same name submitted since)."""
+        async def mark():
+            await self.publisher.flush()
+            if await asyncio.to_thread(self.state.fail_topology, name, because):
+                log.error("worker %s: topology %s cannot run; marked it failed (its tasks stop on every worker; "
+                          "`streamnet-submit status %s` says why, `kill` removes it)", self.id, name, name)
+        self._spawn(mark())
 
     async def _on_status(self, name: str, status: str | None) -> None:
         if status == "stopping" and name in self.runtimes:
             log.info("worker %s: topology %s is stopping cleanly", self.id, name)
             self.runtimes[name].stop_requested = True
-        if status in ("killed", None):
+        if status in ("killed", FAILED_STATUS, None):
             await self._drop_runtime(name)
+            # "stopped" marks answer a kill (kill_topology waits for them, then removes the
+            # topology): a failed run's are written when it is killed, as any run's - a mark
+            # written for "failed" made the kill's wait end at once, and the kill's own mark,
+            # late, landed in the next run of that name
             if status == "killed":
                 await self.publisher.flush()     # what close() published, before the client reads it
                 await asyncio.to_thread(self.state.mark_stopped, name, self.id)

@@ -46,7 +46,7 @@ import time
 
 import numpy as np
 
-from ..runtime import FencedError, Spout
+from ..runtime import FencedError, LogBudget, Spout
 from .bp import lr_scale
 from .config import run_config_from_dict
 from .run_stats import StoppedAt
@@ -97,6 +97,7 @@ class DataSpout(Spout):
         self.ahead = False                          # is the next round's work sent already (_send_ahead)?
         self.replay: list[tuple] = []
         self.replayed = 0             # work tuples sent again after a failure
+        self._replay_lines = LogBudget()
         self.replayed_samples = 0     # the samples of that work
         self._count_replay(0)
         self.draining = self.stopped = False
@@ -302,7 +303,9 @@ class DataSpout(Spout):
         if key in self.in_flight:
             self.replayed += 1
             self._count_replay(sum(len(b) for b in dict(zip(WORK, self.in_flight[key]))["batches"]))
-            log.warning("replaying work of unit %d, epoch %d, round %d", key[2], key[0], key[1])
+            said = self._replay_lines.allow()      # a burst of them after a failure is one cause
+            if said is not None:
+                log.warning("replaying work of unit %d, epoch %d, round %d%s", key[2], key[0], key[1], said)
             self.replay.append(key)
 
     def _count_replay(self, samples: int) -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from streamnet.examples import wordcount
 from streamnet.runtime import LocalCluster
-from streamnet.runtime.control import TopologyFailed, drain_topology, wait_for
+from streamnet.runtime.control import TopologyFailed, drain_topology, kill_topology, wait_done, wait_for
 from streamnet.testing import running_cluster
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -95,3 +95,24 @@ def test_a_task_whose_saved_state_cannot_be_read_fails_its_topology_and_the_work
         assert "its saved state (count.0) cannot be read: malformed frame header" in str(e.value)
         results = c.run(wordcount.topology(count=300), timeout=60)
         assert wordcount.merge_counts(results) == wordcount.expected_counts(300, 0)
+
+
+def test_a_topology_that_cannot_start_is_marked_failed_and_stops_with_no_client_waiting(monkeypatch):
+    """Submitted without a client waiting on it (`submit` without --wait), such a topology
+    stayed "active": the work sent to the task that never started was failed and replayed
+    at once, for ever (20,000 replays a second and as many log lines). Now the worker
+    marks it failed, every worker stops its tasks, and a client that looks later gets the
+    reason."""
+    with LocalCluster(workers=2) as c:
+        monkeypatch.setattr(wordcount.CountBolt, "prepare", _raise("CountBolt"))
+        c.submit(wordcount.topology(count=1_000_000))
+        wait_for(lambda: c.state.status("wordcount") == "failed", 60, "the topology to be marked failed")
+        assert c.state.failures("wordcount")            # written before the status
+        wait_for(lambda: not any("wordcount" in w.runtimes for w in c.workers), 60,
+                 "every worker to stop the topology's tasks")
+        with pytest.raises(TopologyFailed) as e:
+            wait_done(c.state, "wordcount", 10)
+        assert "prepare() raised ValueError: CountBolt cannot start here" in str(e.value)
+        results = kill_topology(c.state, "wordcount", 60)
+        assert any(k.startswith("failed.") for k in results)
+        assert "wordcount" not in c.state.topology_names()

@@ -7,7 +7,7 @@ import time
 from typing import Callable
 
 from ...errors import StreamnetError
-from .cluster_state import RUNNING, ClusterState
+from .cluster_state import FAILED_STATUS, RUNNING, ClusterState
 from .coordinator import ConnectionLostError, SessionClosedError, retry_while_lost
 from ..topology import Topology
 
@@ -88,14 +88,21 @@ def wait_done(state: ClusterState, name: str, timeout: float, interval: float = 
     spouts = spout_tasks(Topology.from_dict(retrying(lambda: state.topology(name), timeout, what)))
     deadline = time.monotonic() + timeout
 
-    def finished():
-        done = len(spouts & state.done_tasks(name))
-        if done < len(spouts) and state.status(name) not in RUNNING:
-            raise TopologyGone(f"topology {name!r} was killed before it finished")
+    def failed() -> None:
         failures = state.failures(name)
         if failures:
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
             raise TopologyFailed(f"topology {name!r} failed: {next(iter(failures.values()))}{more}")
+
+    def finished():
+        failed()
+        done = len(spouts & state.done_tasks(name))
+        status = state.status(name) if done < len(spouts) else None
+        if status == FAILED_STATUS:
+            failed()    # its reason, written before the status (read above before it was there)
+            raise TopologyFailed(f"topology {name!r} failed (a task could not start, or a worker refused it)")
+        if done < len(spouts) and status not in RUNNING:
+            raise TopologyGone(f"topology {name!r} was killed before it finished")
         if on_poll:
             on_poll(done, len(spouts))
         return done == len(spouts)

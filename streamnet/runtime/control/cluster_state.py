@@ -55,8 +55,11 @@ class UnknownTopologyError(StreamnetError):
 #: the nodes under <root>/<cluster> (roles.py gives each its ACL)
 TOP_NODES = ("workers", "topologies", "assignments", "checkpoints", "leader", "unreachable")
 
-#: topology statuses whose tasks run (and are scheduled); "killed" stops them
+#: topology statuses whose tasks run (and are scheduled); "killed" stops them, and so
+#: does "failed": a task could not start, or a worker refused the topology (its results
+#: say why), so the run cannot go on - workers stop its tasks as for "killed"
 RUNNING = ("active", "stopping")
+FAILED_STATUS = "failed"
 
 
 #: result keys that say a topology cannot run: a task that could not start
@@ -348,6 +351,15 @@ class ClusterState:
 
     def set_status(self, name: str, status: str) -> None:
         self.coord.put(self.path("topologies", name, "status"), status.encode())
+
+    def fail_topology(self, name: str, because: str) -> bool:
+        """Mark a running topology failed because of its result `because` (a failed.* or
+        refused.* key, published first); False if it is not running (killed, gone) or has
+        no such result: a topology of that name submitted again since is another run."""
+        if self.status(name) not in RUNNING or self.coord.exists(self.path("topologies", name, "results", because)) is None:
+            return False
+        self.set_status(name, FAILED_STATUS)
+        return True
 
     def watch_status(self, name: str, callback: Callable[[str | None], None]):
         return self.coord.watch_data(self.path("topologies", name, "status"),

@@ -263,6 +263,7 @@ class TopologyRuntime:
         c = self.topology.task_component(task)
         self.worker.publish(self.name, f"{FAILED}{task}",
                             f"{c['kind']} {c['id']!r} (task {task}) on worker {self.worker.id}: {why}")
+        self.worker.topology_failed(self.name, f"{FAILED}{task}")
 
     MAX_PARKED = 10_000             # tuples
     MAX_PARKED_BYTES = 1 << 30      # what their arrays keep alive: the frames they are views of
