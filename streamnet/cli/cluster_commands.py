@@ -37,6 +37,8 @@ def build_topology(what: str, options: dict, flags: dict | None = None):
             topo = resolve(what)(**options)
         except TypeError as e:
             raise StreamnetError(f"{what}: {e}") from None
+        except TopologyError as e:
+            raise StreamnetError(f"topology {what!r}: {e}") from None
         if not isinstance(topo, Topology):
             raise StreamnetError(f"{what} returned {type(topo).__name__}, not a Topology")
         return topo, None

@@ -60,9 +60,11 @@ def resolve(path: str, allow=None):
     """Import "package.module:Name". With `allow` (module prefixes), a module outside
     them is refused before it is imported: importing runs its code. None is for
     paths the caller wrote itself (a client's own topology function)."""
-    if not isinstance(path, str) or path.count(":") != 1:
-        raise TopologyError(f"component class must be 'package.module:Class'; got {path!r}")
-    mod, _, name = path.partition(":")
+    mod, _, name = path.partition(":") if isinstance(path, str) else ("", "", "")
+    if not isinstance(path, str) or path.count(":") != 1 or not mod or not name:
+        # an empty module (":x") was a ValueError from importlib, shown as a traceback
+        raise TopologyError(f"a path must be 'package.module:Class' (a topology function's "
+                            f"'package.module:function'); got {path!r}")
     if allow is not None and not module_allowed(mod, allow):
         raise TopologyError(f"class {path!r} is not allowed: module {mod!r} is outside the allowed prefixes "
                             f"{', '.join(allow) or '(none)'}; to run it, start the workers with "

@@ -33,6 +33,7 @@ from .load import LoadMeter
 from .dataplane.topology_runtime import TopologyRuntime
 from .topology import DEFAULT_ALLOWED_MODULES, TopologyError, resolve, spec_version
 from .dataplane.guard import HEADER_TIMEOUT_S, ConnectionGuard, GuardedRunner
+from .dataplane.log_budget import budget_logger
 from .dataplane.transport import Auth, StreamServer
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class Worker:
         # keepalive_timeout runs from a connection's start: it is also the time allowed
         # to send a request's headers (a half-sent request holds a descriptor no longer)
         self.guard = ConnectionGuard()
+        budget_logger("aiohttp.server")     # a malformed request is a line and a traceback each
         self._runner = GuardedRunner(app, self.guard, read_bufsize=READ_BUFSIZE, access_log=None,
                                      shutdown_timeout=1.0, keepalive_timeout=HEADER_TIMEOUT_S)
         await self._runner.setup()

@@ -624,3 +624,24 @@ def test_workers_and_clients_reach_a_tls_only_zookeeper_and_plain_clients_do_not
             assert r.stdout.split() == ["KazooTimeoutError", "KazooTimeoutError"], r.stdout + r.stderr
     finally:
         server.stop()
+
+
+def test_malformed_requests_from_a_stranger_fill_no_log(caplog):
+    """aiohttp's server logs each malformed request with its traceback (11 lines): a
+    loop of them from anyone who reaches the port wrote 11,000 lines in half a second.
+    Its logger now has the stream refusals' budget: 20 lines a minute, the next line
+    saying how many were left out; the worker answers on."""
+    import logging
+    with LocalCluster(workers=1) as c:
+        port = c.workers[0].port
+        with caplog.at_level(logging.ERROR, logger="aiohttp.server"):
+            for _ in range(60):
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                    s.sendall(b"GET /status HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n")
+                    s.settimeout(5)
+                    with contextlib.suppress(OSError):
+                        while s.recv(4096):     # the 400 answer, then the worker closes
+                            pass
+            logged = [r for r in caplog.records if r.name == "aiohttp.server"]
+        assert len(logged) <= 20, len(logged)      # (the budget is the process's: earlier tests may have used some)
+        assert _status(port)["worker"] == c.workers[0].id

@@ -208,3 +208,11 @@ def test_a_bool_is_not_a_parallelism():
     from streamnet.runtime.topology import TopologyBuilder, TopologyError
     with pytest.raises(TopologyError, match="parallelism must be an integer >= 1; got True"):
         TopologyBuilder("t").add_spout("s", "streamnet.examples.wordcount:SentenceSpout", parallelism=True)
+
+
+@pytest.mark.parametrize("what", [":", ":foo", "a:b:c"])
+def test_a_topology_path_without_a_module_or_a_name_is_one_line(what, capsys):
+    """":foo" was importlib's ValueError (Empty module name), shown as a traceback."""
+    assert run_main(submit.main, ["describe", what]) == 2
+    line = one_line_error(capsys, "streamnet-submit")
+    assert f"topology {what!r}: a path must be 'package.module:Class' (a topology function's " in line, line

@@ -9,6 +9,7 @@ With `burst` 1 it is "once per window": the accept-shortage handler (accept_shor
 """
 from __future__ import annotations
 
+import logging
 import time
 
 
@@ -35,3 +36,30 @@ class LogBudget:
         suffix = self.left_out.format(self.unsaid) if self.unsaid else ""
         self.unsaid = 0
         return suffix
+
+
+class BudgetFilter(logging.Filter):
+    """A logging filter that lets a logger's records through within a LogBudget: for a
+    library's logger that anyone who reaches the port can make write (aiohttp's server
+    logs each malformed request with its traceback: 11 lines each, 11,000 lines in half a
+    second from a stranger's loop). The next record let through says how many were left
+    out."""
+
+    def __init__(self, budget: LogBudget | None = None):
+        super().__init__()
+        self.budget = budget or LogBudget()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        said = self.budget.allow()
+        if said is None:
+            return False
+        if said:
+            record.msg = f"{record.msg}{said}"      # (the suffix holds no % for the record's args)
+        return True
+
+
+def budget_logger(name: str) -> None:
+    """Give the logger `name` a BudgetFilter, once per process."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, BudgetFilter) for f in logger.filters):
+        logger.addFilter(BudgetFilter())
