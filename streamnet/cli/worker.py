@@ -99,6 +99,46 @@ def preload_paths(given: list[str] | None, allow: tuple[str, ...]) -> tuple[str,
     return tuple(p for p in paths if p != "none")
 
 
+#: how long a worker waits for the registration of a namesake that does not answer to go
+#: (its process died; ZooKeeper ends its session after the session timeout it asked for,
+#: at most 20 ticks of the server's)
+NAMESAKE_WAIT_S = 60.0
+
+
+async def _wait_out_a_dead_namesake(state, name: str, secret: bytes, a) -> None:
+    """Return once no worker named `name` is registered. One that answers on its address
+    and proves the secret is alive: StreamnetError (exit 2, "stop it or pick another
+    --name"). One that does not is a process that died within its session (a crash, then
+    systemd's restart 5 s later): its registration lasts until ZooKeeper ends that
+    session, so this waits for it to go - up to NAMESAKE_WAIT_S, then ClusterTimeout
+    (exit 1: a supervisor tries again). Before, that restart exited 2, which the systemd
+    unit does not restart (RestartPreventExitStatus=2): one crash left the node down."""
+    from ..runtime.control import ClusterTimeout, wait_for
+    from ..runtime.control.election import ProbeInconclusive, probe
+    from ..runtime.dataplane.transport import Auth
+    info = (await asyncio.to_thread(state.workers)).get(name)
+    if info is None:
+        return
+    try:
+        why = await asyncio.to_thread(probe, info, name, Auth(secret, name))
+    except ProbeInconclusive as e:
+        why = str(e)
+    where = f"{info.get('host')}:{info.get('port')}"
+    if why is None:
+        raise StreamnetError(f"a worker named {name} is already registered in cluster {a.cluster} and answers at "
+                             f"{where}; stop it or pick another --name")
+    logging.getLogger("streamnet").warning(
+        "a worker named %s is registered in cluster %s but does not answer at %s (%s): waiting up to %.0f s for "
+        "its ZooKeeper session to end (a process that died)", name, a.cluster, where, why, NAMESAKE_WAIT_S)
+    try:
+        await asyncio.to_thread(wait_for, lambda: name not in state.workers(), NAMESAKE_WAIT_S,
+                                f"the registration of the dead worker {name} to go", 0.25)
+    except ClusterTimeout as e:
+        raise ClusterTimeout(f"{e}; it does not answer at {where} ({why}), but its ZooKeeper session goes on: "
+                             "another process holds it, or the server's session timeout is longer; try again, "
+                             "or pick another --name") from None
+
+
 async def serve(a) -> int:
     from ..runtime.worker import Worker
     from ..runtime.monitor import read_token
@@ -111,8 +151,7 @@ async def serve(a) -> int:
     duplicate = StreamnetError(f"a worker named {name} is already registered in cluster {a.cluster}; "
                                "stop it or pick another --name")
     try:
-        if name in await asyncio.to_thread(state.workers):
-            raise duplicate
+        await _wait_out_a_dead_namesake(state, name, secret, a)
     except BaseException:
         await asyncio.to_thread(coord.close)
         raise
