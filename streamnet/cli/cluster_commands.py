@@ -256,6 +256,11 @@ def cmd_kill(a) -> int:
         coord.close()
 
 
+#: a topology node that holds no spec: what a worker's late write (a stopped mark, a result)
+#: made again after a kill removed the topology; `submit` of that name clears it too
+LEFTOVER = "(no spec: left over from a kill; `streamnet-submit kill {}` removes it)"
+
+
 def cmd_list(a) -> int:
     coord, state, _ = connect(a)
     try:
@@ -263,7 +268,13 @@ def cmd_list(a) -> int:
         if not names:
             print("no topologies")
         for n in names:
-            spec = state.topology(n)
+            try:
+                spec = state.topology(n)
+            except UnknownTopologyError:
+                continue            # removed since the listing
+            if not isinstance(spec, dict):
+                print(f"{n:<20s} {LEFTOVER.format(n)}")
+                continue
             asg, version = state.assignment(n)
             tasks = sum(c["parallelism"] for c in spec["components"])
             print(f"{n:<20s} {state.status(n) or '?':<8s} {tasks:4d} tasks  assignment v{version}  "
@@ -310,6 +321,9 @@ def cmd_status(a) -> int:
                 continue
             asg, version = state.assignment(n)
             try:
+                if not isinstance(state.topology(n), dict):
+                    print(f"topology {n}: {LEFTOVER.format(n)}")
+                    continue
                 status, done = state.status(n), is_done(state, n)
             except UnknownTopologyError:
                 continue            # removed since the listing

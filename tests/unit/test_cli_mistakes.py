@@ -293,6 +293,30 @@ def test_status_of_an_unknown_topology(zk, secret, capsys):
     assert f"no topology 'nosuch' in cluster '{cluster}'" in one_line_error(capsys, "streamnet-submit")
 
 
+def test_list_and_kill_of_a_topology_node_left_over_from_a_kill(zk, secret, capsys):
+    """Two kills at once could leave a topology node holding no spec (a worker's late
+    stopped mark or result made it again); `list` then failed with a TypeError traceback."""
+    import argparse
+
+    from streamnet.cli.common import connect
+    cluster = cluster_name("cli-leftover")
+    where = ["--zk", zk, "--cluster", cluster, "--secret-file", secret]
+    coord, state, _ = connect(argparse.Namespace(zk=zk, cluster=cluster, secret_file=secret, session_timeout=10.0))
+    try:
+        state.mark_stopped("ghost", "w0")           # a late mark makes nothing now
+        assert state.topology_names() == []
+        # a late result still does: the nodes above it, holding nothing
+        coord.create(state.path("topologies", "ghost", "results", "late"), b"", makepath=True)
+        assert state.topology_names() == ["ghost"]
+        assert submit.main(["list", *where]) == 0
+        out = capsys.readouterr()
+        assert "ghost" in out.out and "no spec: left over from a kill" in out.out and "Traceback" not in out.err
+        assert submit.main(["kill", "ghost", *where]) == 0
+        assert state.topology_names() == []
+    finally:
+        coord.close()
+
+
 def test_duplicate_worker_name(zk, secret, capsys):
     import threading
 

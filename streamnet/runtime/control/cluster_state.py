@@ -388,10 +388,17 @@ class ClusterState:
         return {int(t) for t in kids if t.isdigit()}     # only workers write here: a task number each
 
     def mark_stopped(self, name: str, worker: str) -> None:
-        try:
-            self.coord.create(self.path("topologies", name, "stopped", worker), b"")
-        except (NodeExistsError, NoNodeError):
-            pass
+        """Say that `worker` stopped the topology's tasks; nothing when the topology is gone:
+        a late mark made the nodes above it again, a topology node holding no spec that
+        `list` and `status` then stumbled on."""
+        stopped = self.path("topologies", name, "stopped")
+        for path in (stopped, f"{stopped}/{worker}"):
+            try:
+                self.coord.create(path, b"", makepath=False)
+            except NodeExistsError:
+                continue
+            except NoNodeError:
+                return
 
     def stopped_workers(self, name: str) -> set[str]:
         try:
