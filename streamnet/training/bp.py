@@ -195,7 +195,7 @@ class Aggregator:
 
     A unit whose contribution is not finite is left out of its round (the others are
     combined). TrainingDiverged when a unit's was left out in DIVERGED_ROUNDS rounds in a
-    row that it worked in, or when the outer step itself made the parameters not finite (a
+    row that it worked in, when every unit's of a round was (nothing to combine), or when the outer step itself made the parameters not finite (a
     large outer learning rate or momentum): the run would otherwise go on to its end on
     the other units alone or on none (a test accuracy at chance), or with every unit
     refusing the parameters it is sent."""
@@ -216,11 +216,12 @@ class Aggregator:
             self.velocity[...] = v
 
     def combine(self, contributions: list[Contribution], lr_scale: float = 1.0, step: int | None = None) -> np.ndarray:
-        usable = []
+        usable, refused = [], False
         for c in sorted(contributions, key=lambda c: c.unit):
             if c.samples == 0:
                 continue
             if c.finite is False or not K.all_finite(c.vector):   # a slice drops the unit the whole would
+                refused = True
                 log.warning("refusing the contribution of unit %d to step %s: non-finite values (its %d "
                             "local step(s) diverged); the others are combined", c.unit, step, c.steps)
                 self.refused.append((c.unit, "non-finite"))
@@ -233,6 +234,11 @@ class Aggregator:
             self.nonfinite.pop(c.unit, None)
             usable.append(c)
         if not usable:
+            if refused:
+                # every unit that worked diverged: nothing moves, and a short run went on to
+                # report success with a training loss of 0 and a test accuracy at chance
+                raise TrainingDiverged(f"training diverged at step {step}: every unit's update was not finite, "
+                                       "nothing to combine; try a smaller learning rate (--lr)")
             return self.params
         if len(usable) == 1:
             avg = usable[0].vector

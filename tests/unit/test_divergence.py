@@ -35,6 +35,18 @@ def test_a_unit_refused_in_a_row_of_rounds_is_divergence_and_once_is_not():
         agg.combine([_c(0, np.nan), _c(1, 0.1)], step=99)
 
 
+def test_a_round_in_which_every_unit_diverged_is_divergence_at_once():
+    """Nothing to combine: a run of two rounds (--lr 1e9) ended "successfully", training
+    loss 0 and the test accuracy at chance."""
+    agg = Aggregator(np.zeros(P, np.float32), plan_for(AlgorithmConfig(name="mixbp")))
+    agg.combine([_c(0, np.nan), _c(1, 0.1), _c(2, 0, samples=0)], step=0)       # one left: goes on
+    before = agg.params.copy()
+    with pytest.raises(TrainingDiverged, match="at step 1: every unit's update was not finite, nothing to combine"):
+        agg.combine([_c(0, np.nan), _c(1, np.inf), _c(2, 0, samples=0)], step=1)
+    assert np.isfinite(before).all() and (before != 0).all()
+    np.testing.assert_array_equal(agg.params, before)                               # untouched
+
+
 def test_an_outer_step_that_overflows_is_divergence():
     agg = Aggregator(np.full(P, 3e38, np.float32), Plan(inner=None, outer=SGD(lr=1.0), scale_outer=True))
     with pytest.raises(TrainingDiverged, match="step 7: the outer step made the parameters not finite"):
