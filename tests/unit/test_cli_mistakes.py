@@ -344,12 +344,18 @@ def test_duplicate_worker_name(zk, secret, capsys):
         except Exception:
             raise AssertionError(f"the refused worker left threads running (its ZooKeeper client?): {new()}")
     finally:
-        first.terminate()
+        _stop(first)
+
+
+def _stop(p: subprocess.Popen) -> None:
+    """Terminate a worker process and reap it (killed if it does not end within 30 s)."""
+    if p.poll() is None:
+        p.terminate()
         try:
-            first.wait(30)
+            p.wait(30)
         except subprocess.TimeoutExpired:
-            first.kill()
-            first.wait(10)
+            p.kill()
+            p.wait(10)
 
 
 def test_a_worker_restarted_after_a_crash_waits_out_its_dead_namesake(zk, secret):
@@ -381,13 +387,7 @@ def test_a_worker_restarted_after_a_crash_waits_out_its_dead_namesake(zk, secret
     finally:
         coord.close()
         for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(10)
+            _stop(p)
             if p.stderr:
                 p.stderr.close()
 

@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from streamnet.runtime.component import BoltCollector, Context, Tuple
 from streamnet.training import AlgorithmConfig, DataConfig, ModelConfig, RunConfig
@@ -205,7 +206,7 @@ def test_a_parameter_tuple_whose_generation_is_not_a_count_is_refused():
 
 
 def test_with_one_slice_the_sync_task_judges_finiteness_and_still_drops_a_diverged_unit():
-    from streamnet.training.bp import Aggregator, Contribution, plan_for
+    from streamnet.training.bp import Aggregator, Contribution, TrainingDiverged, plan_for
     bolt, out = _bolt(sync_tasks=1)
     asyncio.run(bolt.execute(_work(0)))
     sent, = [dict(zip(CONTRIBUTION, v)) for _, v in out.emitted]
@@ -214,7 +215,8 @@ def test_with_one_slice_the_sync_task_judges_finiteness_and_still_drops_a_diverg
     before = agg.params.copy()
     diverged = sent["vector"].copy()
     diverged[7] = np.nan
-    agg.combine([Contribution(1, sent["samples"], sent["steps"], sent["loss_sum"], diverged, sent["finite"])])
+    with pytest.raises(TrainingDiverged, match="every unit's update was not finite"):   # the round's only unit
+        agg.combine([Contribution(1, sent["samples"], sent["steps"], sent["loss_sum"], diverged, sent["finite"])])
     assert agg.refused == [(1, "non-finite")]
     np.testing.assert_array_equal(agg.params, before)
 

@@ -156,20 +156,16 @@ def test_float_pixels_near_float32s_largest_make_finite_statistics_and_inputs(tm
     assert np.isfinite(x).all() and x.std() > 0.1
 
 
-def test_images_larger_than_the_bound_are_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(datasets, "MAX_SIDE", 16)
-    _image_dir(tmp_path, np.zeros((3, 17, 17), np.uint8))
+@pytest.mark.parametrize("bound,value,images,says", [
+    ("MAX_SIDE", 16, (3, 17, 17), "images of 17x17 pixels; at most 16x16"),
+    ("MAX_SAMPLES", 5, (6, 8, 8), "6 images; at most 5 in one file"),
+])
+def test_images_larger_or_more_than_the_bounds_are_refused(bound, value, images, says, tmp_path, monkeypatch):
+    monkeypatch.setattr(datasets, bound, value)
+    _image_dir(tmp_path, np.zeros(images, np.uint8))
     with pytest.raises(DataError) as err:
         _load(tmp_path, "idx")
-    assert "train-images-idx3-ubyte: images of 17x17 pixels; at most 16x16" in str(err.value)
-
-
-def test_more_samples_than_the_bound_are_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(datasets, "MAX_SAMPLES", 5)
-    _image_dir(tmp_path, np.zeros((6, 8, 8), np.uint8))
-    with pytest.raises(DataError) as err:
-        _load(tmp_path, "idx")
-    assert "train-images-idx3-ubyte: 6 images; at most 5 in one file" in str(err.value)
+    assert f"train-images-idx3-ubyte: {says}" in str(err.value)
 
 
 # -- the metrics log ----------------------------------------------------------------------
