@@ -22,5 +22,6 @@ from .worker import Worker
 
 __all__ = ["ClusterState", "CodecError", "Limits", "BasicBolt", "Bolt", "Context", "Spout", "Tuple",
            "BadVersionError", "ConnectionLostError", "Coordinator", "CoordinatorError", "InProcessServer", "NoNodeError",
-           "NodeExistsError", "SessionClosedError", "FencedError", "LogBudget", "LocalCluster", "wait_for", "wait_done", "kill_topology",
+           "NodeExistsError", "SessionClosedError", "FencedError", "LogBudget", "LocalCluster", "wait_for", "wait_done",
+           "kill_topology",
            "ClusterTimeout", "assign", "Topology", "TopologyBuilder", "TopologyError", "Worker", "resolve"]

@@ -195,10 +195,11 @@ class Aggregator:
 
     A unit whose contribution is not finite is left out of its round (the others are
     combined). TrainingDiverged when a unit's was left out in DIVERGED_ROUNDS rounds in a
-    row that it worked in, when every unit's of a round was (nothing to combine), or when the outer step itself made the parameters not finite (a
-    large outer learning rate or momentum): the run would otherwise go on to its end on
-    the other units alone or on none (a test accuracy at chance), or with every unit
-    refusing the parameters it is sent."""
+    row that it worked in, when every unit's of a round was (nothing to combine), or when
+    the outer step itself made the parameters not finite (a large outer learning rate or
+    momentum): the run would otherwise go on to its end on the other units alone or on
+    none (a test accuracy at chance), or with every unit refusing the parameters it is
+    sent."""
 
     def __init__(self, params: np.ndarray, plan: Plan):
         self.plan = plan

@@ -356,7 +356,8 @@ class ClusterState:
         """Mark a running topology failed because of its result `because` (a failed.* or
         refused.* key, published first); False if it is not running (killed, gone) or has
         no such result: a topology of that name submitted again since is another run."""
-        if self.status(name) not in RUNNING or self.coord.exists(self.path("topologies", name, "results", because)) is None:
+        reason = self.path("topologies", name, "results", because)
+        if self.status(name) not in RUNNING or self.coord.exists(reason) is None:
             return False
         self.set_status(name, FAILED_STATUS)
         return True
