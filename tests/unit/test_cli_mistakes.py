@@ -344,52 +344,29 @@ def test_duplicate_worker_name(zk, secret, capsys):
         except Exception:
             raise AssertionError(f"the refused worker left threads running (its ZooKeeper client?): {new()}")
     finally:
-        _stop(first)
-
-
-def _stop(p: subprocess.Popen) -> None:
-    """Terminate a worker process and reap it (killed if it does not end within 30 s)."""
-    if p.poll() is None:
-        p.terminate()
+        first.terminate()
         try:
-            p.wait(30)
+            first.wait(30)
         except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(10)
+            first.kill()
+            first.wait(10)
 
 
-def test_a_worker_restarted_after_a_crash_waits_out_its_dead_namesake(zk, secret):
+def test_a_worker_restarted_after_a_crash_waits_out_its_dead_namesake(zk):
     """A worker killed with SIGKILL stays registered until its ZooKeeper session ends; the
     same worker started again meanwhile (systemd restarts it 5 s later) exited 2 - "already
     registered" - which the unit does not restart: one crash left the node down. It now
     finds that the registered one does not answer, waits for the registration to go, and
     registers."""
-    import argparse
-    import signal
-
-    from streamnet.cli.common import connect
-    cluster = cluster_name("cli-restart")
-    cmd = [sys.executable, "-m", "streamnet.cli.worker", "--zk", zk, "--cluster", cluster, "--secret-file", secret,
-           "--port", "0", "--threads", "1", "--name", "w1", "--session-timeout", "2"]
-    coord, state, _ = connect(argparse.Namespace(zk=zk, cluster=cluster, secret_file=secret, session_timeout=10.0))
-    procs = []
-    try:
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_for(lambda: "w1" in state.workers(), 60, "the first worker to register", interval=0.1)
-        first_port = state.workers()["w1"]["port"]
-        procs[0].send_signal(signal.SIGKILL)
-        procs[0].wait(10)
-        assert "w1" in state.workers()                      # its session outlives it
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-        wait_for(lambda: state.workers().get("w1", {}).get("port") not in (None, first_port) or
-                 procs[1].poll() is not None, 90, "the restarted worker to register", interval=0.1)
-        assert procs[1].poll() is None, procs[1].communicate()[1]
-    finally:
-        coord.close()
-        for p in procs:
-            _stop(p)
-            if p.stderr:
-                p.stderr.close()
+    from streamnet.testing import running_cluster
+    with running_cluster(zk, workers=1, session_timeout=2) as (c, state):
+        first_port = state.workers()["w0"]["port"]
+        c.kill9("w0")
+        assert "w0" in state.workers()                      # its session outlives it
+        again = c.start_worker("w0")
+        wait_for(lambda: state.workers().get("w0", {}).get("port") not in (None, first_port) or
+                 again.poll() is not None, 90, "the restarted worker to register", interval=0.1)
+        assert again.poll() is None, c.dump_logs()
 
 
 @pytest.mark.parametrize("argv,says", [
