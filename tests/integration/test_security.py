@@ -13,6 +13,7 @@ from aiohttp import web
 
 from streamnet.examples import wordcount
 from streamnet.runtime import LocalCluster, codec, wait_for
+from streamnet.runtime.control.cluster_state import FAILED_STATUS
 from streamnet.runtime.dataplane.transport import TRAILER, Auth, PeerLink, StreamServer
 from streamnet.runtime.messages import AckMsg, DataMsg
 from streamnet.testing import link_through_relay, stream_server_on, until
@@ -27,18 +28,22 @@ def _status(port: int) -> dict:
         return json.load(r)
 
 
-def test_a_spec_naming_popen_written_into_the_coordinator_is_refused_by_every_worker(tmp_path):
+def test_a_spec_naming_popen_written_into_the_coordinator_is_refused_and_runs_nowhere(tmp_path):
     marker = tmp_path / "popen-ran"
     with LocalCluster(workers=3) as c:
         c.state.submit_topology("evil", popen_spec(str(marker)))     # straight in: no client-side check
         wait_for(lambda: c.state.assignment("evil")[0] is not None, 20, "the leader to place evil")
+        # the first worker to read the spec refuses it and marks the run failed; a worker that
+        # reads the status after that never builds the spec, so one refusal or more is right
+        wait_for(lambda: c.state.status("evil") == FAILED_STATUS, 20, "evil to be marked failed")
 
         def refusals():
             return {k: v for k, v in c.state.results("evil").items() if k.startswith("refused.")}
-        wait_for(lambda: len(refusals()) == 3, 20, "every worker to refuse evil")
+        wait_for(lambda: refusals(), 20, "a worker's refusal of evil")
         for w in c.workers:
-            why = refusals()[f"refused.{w.id}"]
-            assert "'subprocess:Popen' is not allowed" in why and "evil" not in w.runtimes
+            assert "evil" not in w.runtimes
+            if f"refused.{w.id}" in refusals():
+                assert "'subprocess:Popen' is not allowed" in refusals()[f"refused.{w.id}"]
         assert not marker.exists()
         # the workers stay up and run what they may
         assert all(_status(w.port) for w in c.workers)
