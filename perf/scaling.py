@@ -13,6 +13,13 @@ independent units get from these cores, which share caches, memory bandwidth and
 on a VM, perhaps physical cores - so a shortfall of N workers is split into the
 machine's and the engine's.
 
+The engine's samples/s are over its whole run, in which every evaluation but the
+last runs beside the next epoch on the units' workers; the in-process trainer's are
+over its training loops alone (it evaluates between them). Each ratio over the base
+or the ceiling is therefore also given with the in-process trainers' evaluations
+timed too, all but the last (`... both with their evaluations`): the same work on
+both sides.
+
 --engine processes (the default) runs each worker as its own `streamnet-worker`
 process on a real ZooKeeper, pinned to core i mod cores; --engine local runs them as
 threads of this process (LocalCluster: one interpreter lock, not how users run it).
@@ -77,6 +84,15 @@ def epoch_rate(history) -> float | None:
     return sum(n for n, _ in spans) / sum(t for _, t in spans) if spans else None
 
 
+def evaluating_rate(s) -> float | None:
+    """samples/s of an in-process run with its evaluations timed too, all but the last:
+    the work the engine's samples_per_s covers (its evaluations run beside the next
+    epoch, and its time ends at its last combine)."""
+    evals = s.extra.get("eval_s")
+    spent = s.train_s + sum(evals[:-1]) if evals is not None else None
+    return s.samples_processed / spent if spent else None
+
+
 def run_streamnet(mode: str, workers: int, a) -> dict:
     cfg = _config(mode, workers, a)
     reached = {}
@@ -111,6 +127,7 @@ def run_in_process(mode: str, a) -> dict:
         s = train_local(_config(mode, 1, a)).summary
     hit = [h for h in s.history if h.test_accuracy is not None and h.test_accuracy >= a.target]
     return {"samples_per_s": s.samples_per_s, "epoch_samples_per_s": epoch_rate(s.history),
+            "samples_per_s_evaluating": evaluating_rate(s),
             "time_to_target_s": None, "epochs_to_target": hit[0].epoch if hit else None,
             "best_accuracy": max((h.test_accuracy for h in s.history if h.test_accuracy is not None), default=None),
             "epochs_run": len(s.history), "bytes_per_sample": 0.0, "wall_s": s.wall_s}
@@ -126,7 +143,8 @@ def _trainer_on_core(mode: str, args: dict, core: int, barrier, results) -> None
     load_kernels()          # as run_in_process and the workers: 0.4-0.5 s out of the first epoch's time
     barrier.wait()  # start training together: a trainer running alone would count the other core's share
     s = train_local(cfg).summary
-    results.put({"core": core, "samples_per_s": s.samples_per_s, "epoch_samples_per_s": epoch_rate(s.history)})
+    results.put({"core": core, "samples_per_s": s.samples_per_s, "epoch_samples_per_s": epoch_rate(s.history),
+                 "samples_per_s_evaluating": evaluating_rate(s)})
 
 
 def run_in_process_together(mode: str, k: int, a) -> dict:
@@ -153,8 +171,10 @@ def run_in_process_together(mode: str, k: int, a) -> dict:
             if p.is_alive():
                 p.kill()
     rates = [r["epoch_samples_per_s"] for r in each]
+    evaluating = [r["samples_per_s_evaluating"] for r in each]
     return {"samples_per_s": sum(r["samples_per_s"] for r in each),
-            "epoch_samples_per_s": sum(rates) if all(rates) else None, "each": each}
+            "epoch_samples_per_s": sum(rates) if all(rates) else None,
+            "samples_per_s_evaluating": sum(evaluating) if all(evaluating) else None, "each": each}
 
 
 def run_ddp(workers: int, a) -> dict:
@@ -247,11 +267,17 @@ def mode_ratios(runs: dict, workers: list[int]) -> dict:
             if r.get("epoch_samples_per_s") and base.get("epoch_samples_per_s"):
                 ratios[f"{k} worker(s) / in-process 1 unit (epochs' own time)"] = \
                     r["epoch_samples_per_s"] / base["epoch_samples_per_s"]
+        if _ok(base) and _ok(r) and base.get("samples_per_s_evaluating"):
+            ratios[f"{k} worker(s) / in-process 1 unit, both with their evaluations (samples/s)"] = \
+                r["samples_per_s"] / base["samples_per_s_evaluating"]
         if _ok(base) and _ok(together):
             ratios[f"{k} in-process trainers at once / 1 (the machine's ceiling)"] = \
                 together["samples_per_s"] / base["samples_per_s"]
             if _ok(r):
                 ratios[f"{k} worker(s) / that ceiling"] = r["samples_per_s"] / together["samples_per_s"]
+                if together.get("samples_per_s_evaluating"):
+                    ratios[f"{k} worker(s) / that ceiling, both with their evaluations"] = \
+                        r["samples_per_s"] / together["samples_per_s_evaluating"]
     return ratios
 
 
@@ -293,7 +319,9 @@ def _measure(a, workers, out) -> int:
         if mode != "ddp":
             key = f"{mode}/inproc"
             r = out["runs"][key] = run_in_process(mode, a)
-            print(f"{key:<16s}  {r['samples_per_s']:8,.0f} samples/s (in-process trainer, 1 unit, no engine)")
+            print(f"{key:<16s}  {r['samples_per_s']:8,.0f} samples/s (in-process trainer, 1 unit, no engine)"
+                  + (f"; {r['samples_per_s_evaluating']:,.0f} with its evaluations timed"
+                     if r.get("samples_per_s_evaluating") else ""))
             for k in workers:
                 if k > 1:
                     key = f"{mode}/inproc x{k}"

@@ -64,6 +64,7 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
         return unit.run_round((ds.batch(ds.train, idx, size) for idx in batches), scale)
 
     train_s = 0.0
+    eval_s: list[float] = []      # each evaluation's seconds (not in train_s)
     done_rounds = 0
     with ThreadPoolExecutor(max_workers=min(cfg.threads, cfg.units), thread_name_prefix="compute") as pool:
         for epoch in range(cfg.epochs):
@@ -90,7 +91,9 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
             train_s += seconds
             acc = tloss = None
             if cfg.evaluates(epoch + 1):
+                e0 = time.perf_counter()
                 acc, tloss = evaluate(units[0].model, ds, ds.test)
+                eval_s.append(time.perf_counter() - e0)
             summary.history.append(EpochRecord(epoch + 1, loss_sum / max(loss_samples, 1), acc, tloss, samples,
                                                seconds, samples / seconds if seconds > 0 else 0.0))
             summary.samples_processed += samples
@@ -106,6 +109,7 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
     summary.samples_per_s = summary.samples_processed / train_s if train_s > 0 else 0.0
     summary.wall_s = time.perf_counter() - wall0
     summary.extra["refused_contributions"] = len(agg.refused)
+    summary.extra["eval_s"] = eval_s
     summary.extra["quarantined"] = ds.quarantined
     summary.extra["samples_quarantined"] = sum(q["count"] for q in ds.quarantined.values())
     return TrainResult(summary, agg.params.copy(), units[0].model.spec())

@@ -47,3 +47,36 @@ def test_the_epochs_own_rate_leaves_out_the_first_epoch_whose_clock_starts_with_
     assert epoch_rate([E(samples=100, seconds=4.0)]) == 25.0                 # one epoch: what there is
     assert epoch_rate([E(samples=0, seconds=0.0), E(samples=100, seconds=2.0)]) == 50.0   # epoch 1 not timed here
     assert epoch_rate([]) is None
+
+
+def test_the_ratios_with_the_in_process_evaluations_timed_too():
+    """The engine's samples/s have its evaluations in them (beside the next epoch); the
+    in-process trainers' loops do not: the same work on both sides is a second ratio."""
+    runs = {"inproc": {"samples_per_s": 100.0, "samples_per_s_evaluating": 80.0},
+            "inproc x2": {"samples_per_s": 180.0, "samples_per_s_evaluating": 160.0},
+            "2": {"samples_per_s": 150.0}}
+    ratios = mode_ratios(runs, [2])
+    assert ratios["2 worker(s) / in-process 1 unit (samples/s)"] == pytest.approx(1.5)
+    assert ratios["2 worker(s) / in-process 1 unit, both with their evaluations (samples/s)"] == pytest.approx(150 / 80)
+    assert ratios["2 worker(s) / that ceiling, both with their evaluations"] == pytest.approx(150 / 160)
+
+
+def test_the_evaluating_rate_times_every_evaluation_but_the_last():
+    """As the engine's run: its last evaluation is after its last combine, out of its time."""
+    from types import SimpleNamespace as S
+
+    from scaling import evaluating_rate
+    assert evaluating_rate(S(samples_processed=300, train_s=2.0, extra={"eval_s": [0.5, 0.5, 9.0]})) == 100.0
+    assert evaluating_rate(S(samples_processed=300, train_s=3.0, extra={"eval_s": [9.0]})) == 100.0
+    assert evaluating_rate(S(samples_processed=300, train_s=3.0, extra={})) is None    # a summary without them
+
+
+def test_the_in_process_trainer_times_each_evaluation_outside_its_training_time():
+    from streamnet.training import AlgorithmConfig, DataConfig, ModelConfig, RunConfig, train_local
+    cfg = RunConfig(model=ModelConfig(name="lenet5"),
+                    data=DataConfig(dataset="synthetic", synthetic_train=256, synthetic_test=64),
+                    algorithm=AlgorithmConfig(name="mixbp", batch=32, sync_period=2), units=1, epochs=2)
+    s = train_local(cfg).summary
+    assert len(s.extra["eval_s"]) == sum(h.test_accuracy is not None for h in s.history) >= 1
+    assert all(t > 0 for t in s.extra["eval_s"])
+    assert s.train_s == pytest.approx(sum(h.seconds for h in s.history))
