@@ -293,6 +293,14 @@ def _get_status(url: str) -> dict | None:
         return None
 
 
+def busy_rate(executed: int, busy_s: float) -> str:
+    """A task's tuples per second of its own busy time, for `status`; below a
+    millisecond of it, the time itself (9 tuples in a microsecond read as 9,000,000/s)."""
+    if busy_s < 1e-3:
+        return f"busy {busy_s * 1e6:.0f} us" if executed else "idle"
+    return f"~{executed / busy_s:,.0f}/s busy"
+
+
 def cmd_status(a) -> int:
     coord, state, _ = connect(a)
     try:
@@ -342,14 +350,14 @@ def cmd_status(a) -> int:
             for w, st in sorted(statuses.items()):
                 tasks = (st or {}).get("topologies", {}).get(n, {}).get("tasks", {})
                 for t, m in sorted(tasks.items(), key=lambda kv: int(kv[0])):
-                    rate = m["executed"] / max(m["execute_s_total"], 1e-9) if m["executed"] else 0.0
                     extra = f"queue {m['queue']}/{m['queue_max']}" if "queue" in m else \
                         f"pending {m['pending']}/{m['pending_max']}"
                     if m.get("overflow"):      # from other workers, behind a full queue (senders told to hold)
                         extra += f" + {m['overflow']} in overflow"
                     share = f"  share {asg.shares[int(t)]:.2f}" if asg and int(t) in asg.shares else ""
                     print(f"    task {t:>3s} {m['component']:<12s} on {w:<12s} executed {m['executed']:>8d}  "
-                          f"acked {m['acked']:>8d}  failed {m['failed']:>5d}  {extra}  ~{rate:,.0f}/s busy{share}")
+                          f"acked {m['acked']:>8d}  failed {m['failed']:>5d}  {extra}  "
+                          f"{busy_rate(m['executed'], m['execute_s_total'])}{share}")
             held = stragglers_line(state.results(n).get(STRAGGLERS))
             if held:
                 print(f"  {held}")

@@ -502,3 +502,10 @@ def test_describe_of_a_built_in_topology_needs_no_cluster_when_one_cannot_be_rea
     assert "compute" in out and "not looking for a running 'lenet5-mixbp'" in err and "secret" in err
     assert run_main(submit.main, ["describe", "mine"]) == 2
     assert "secret" in one_line_error(capsys, "streamnet-submit")
+
+
+def test_status_gives_a_tasks_rate_only_over_a_measurable_busy_time():
+    from streamnet.cli.cluster_commands import busy_rate
+    assert busy_rate(9, 1e-6) == "busy 1 us"            # not "~9,000,000/s"
+    assert busy_rate(0, 0.0) == "idle"
+    assert busy_rate(500, 0.25) == "~2,000/s busy"
