@@ -240,6 +240,10 @@ def cmd_kill(a) -> int:
             results = kill_topology(state, a.topology, a.timeout)
             print(f"killed {a.topology}; {len(results)} results published")
             return 0
+        try:
+            finished = is_done(state, a.topology)     # before the stop: had it come to its end itself?
+        except (StreamnetError, TypeError):           # not there (drain says so), or a node without a spec
+            finished = False
         print(f"stopping {a.topology} cleanly (a last checkpoint round, then stop)...", file=sys.stderr)
         results = drain_topology(state, a.topology, a.timeout)
         stopped = results.get(STOPPED_AT)      # a training topology's; absent in others
@@ -250,7 +254,8 @@ def cmd_kill(a) -> int:
         elif stopped:
             print(f"stopped {a.topology} at step {stopped['step']} (it writes no checkpoints: no --checkpoint-dir)")
         else:
-            print(f"{a.topology} had finished; {len(results)} results published")
+            print(f"{a.topology} had finished; {len(results)} results published" if finished else
+                  f"stopped {a.topology} cleanly, every spout done; {len(results)} results published")
         return 0
     finally:
         coord.close()

@@ -7,6 +7,7 @@ import pytest
 
 from streamnet.examples import wordcount
 from streamnet.runtime import wait_for
+from streamnet.runtime.control import is_done
 from streamnet.runtime.control.zk import ZkCoordinator
 
 from streamnet.testing import (ZooKeeper, cluster_in_mode, finish, placement, running_cluster,
@@ -320,3 +321,21 @@ def test_a_watch_whose_callback_raises_is_not_lost_and_does_not_raise_into_the_c
     finally:
         coord.zk.delete(path, recursive=True)
         coord.close()
+
+
+def test_kill_checkpoint_says_whether_the_topology_had_finished_or_was_stopped(cluster):
+    """`kill --checkpoint` of a topology without checkpoints: one still running is stopped
+    cleanly (it said "had finished" of it), one that came to its end had finished."""
+    c, state = cluster
+    running = _slow_wordcount(100_000)
+    state.submit_topology(running.name, running.to_dict())
+    wait_for(lambda: placement(state, running.name), 30, "the first assignment")
+    r = c.submit_cli("kill", running.name, "--checkpoint", "--timeout", "60")
+    assert r.returncode == 0, r.stderr
+    assert f"stopped {running.name} cleanly, every spout done" in r.stdout, r.stdout
+    ended = wordcount.topology(count=50)
+    state.submit_topology(ended.name, ended.to_dict())
+    wait_for(lambda: is_done(state, ended.name), 60, "word count to finish")
+    r = c.submit_cli("kill", ended.name, "--checkpoint", "--timeout", "60")
+    assert r.returncode == 0, r.stderr
+    assert f"{ended.name} had finished" in r.stdout, r.stdout
