@@ -7,6 +7,7 @@ It is the reference the topology is tested against.
 """
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,8 +19,10 @@ from ..data import Dataset
 from .bp import Aggregator, ComputeUnit, lr_scale, plan_for, trained_loss
 from .config import RunConfig
 from .evaluate import evaluate
-from .schedule import load_data, make_model, schedule_for
+from .schedule import batch_warning, load_data, make_model, schedule_for
 from .summary import EpochRecord, RunSummary
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -45,6 +48,9 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
                 progress: Callable[[Progress], None] | None = None) -> TrainResult:
     wall0 = time.perf_counter()
     ds = dataset if dataset is not None else load_data(cfg.data, cfg.seed)
+    warning = batch_warning(cfg, len(ds.train))
+    if warning:
+        log.warning("%s", warning)
     plan = plan_for(cfg.algorithm)
     # cfg.threads compute threads: units run side by side, and each unit's step is split
     # across the threads left over (3 threads for 1 unit: one step on 3 threads)

@@ -6,7 +6,7 @@ import os
 
 from ..runtime import TopologyBuilder
 from .config import SETUPS, FieldError, RunConfig, run_config_to_dict, with_overrides
-from .schedule import load_data, make_model, training_data
+from .schedule import batch_warning, load_data, make_model, training_data
 from ..runtime.values import whole
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,9 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
         train_size = data["samples"]
     else:
         data = {"samples": train_size}
+    warning = batch_warning(cfg, train_size)
+    if warning:
+        log.warning("%s", warning)
     num_params = make_model(cfg).num_params
     if cfg.sync_tasks > num_params:
         raise FieldError("sync_tasks", f"must be at most {num_params}, one slice per parameter of {cfg.model.name}; "

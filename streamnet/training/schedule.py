@@ -87,6 +87,18 @@ def check_training_data(expected: dict | None, ds: Dataset) -> None:
                          + "; give every worker and the client the same data (--data / STREAMNET_DATA)")
 
 
+def batch_warning(cfg: RunConfig, train_size: int) -> str | None:
+    """What to tell a user whose batch is larger than a unit's part of the training set
+    (each unit then takes its whole part as one batch, one step an epoch), or None."""
+    alg = cfg.algorithm
+    per_unit = train_size // cfg.units
+    largest = max(alg.batch_of(k) for k in range(cfg.units))
+    if largest <= max(per_unit, 1):
+        return None
+    return (f"batch {largest} is larger than each unit's {per_unit:,} training samples ({train_size:,} over "
+            f"{cfg.units} unit(s)): every unit takes its whole part as one batch, one step an epoch")
+
+
 def make_model(cfg: RunConfig, num_classes: int = 10) -> Model:
     return build_model(cfg.model.name, num_classes=num_classes, seed=cfg.seed, **cfg.model.options)
 

@@ -509,3 +509,13 @@ def test_status_gives_a_tasks_rate_only_over_a_measurable_busy_time():
     assert busy_rate(9, 1e-6) == "busy 1 us"            # not "~9,000,000/s"
     assert busy_rate(0, 0.0) == "idle"
     assert busy_rate(500, 0.25) == "~2,000/s busy"
+
+
+def test_a_batch_larger_than_a_units_part_of_the_data_is_warned_about():
+    from streamnet.training import AlgorithmConfig, RunConfig
+    from streamnet.training.schedule import batch_warning
+    cfg = RunConfig(algorithm=AlgorithmConfig(name="mixbp", batch=1500), units=2)
+    assert "batch 1500 is larger than each unit's 1,000 training samples" in batch_warning(cfg, 2000)
+    assert batch_warning(cfg, 3000) is None                      # 1,500 each: one full batch
+    per_unit = RunConfig(algorithm=AlgorithmConfig(name="mixbp", batch=8, unit_batches=(8, 600)), units=2)
+    assert "batch 600" in batch_warning(per_unit, 1000)
