@@ -14,8 +14,19 @@ from .progress import RunProgress, stragglers_line
 from .train_args import add_training_options, config_from_args, given_options, naming_the_flag
 
 
+#: units `train` runs as embedded workers of this process (one worker each). They all
+#: talk from one address, and a worker takes at most guard.MAX_PER_ADDRESS (256)
+#: connections from one: 300 units waited for ever on refused connections (and a
+#: Ctrl-C's clean stop with them). Past this, a cluster: streamnet-worker and submit.
+MAX_LOCAL_UNITS = 128
+
+
 def cmd_train(a: argparse.Namespace) -> int:
     cfg = config_from_args(a)
+    if not a.in_process and cfg.units > MAX_LOCAL_UNITS:
+        raise StreamnetError(f"--workers {cfg.units}: the embedded local cluster runs at most {MAX_LOCAL_UNITS} units "
+                             "(one worker each, in this process); start streamnet-worker processes and use "
+                             "`streamnet-submit submit`, or --in-process")
     check_writable(a.summary, "--summary")
     check_writable(a.metrics_log, "--metrics-log")
     alg = cfg.algorithm

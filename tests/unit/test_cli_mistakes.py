@@ -160,6 +160,8 @@ def test_summary_path_checked_before_the_run(command, capsys):
 
 @pytest.mark.parametrize("argv,says", [
     (["train", "--workers", "0"], "--workers must be >= 1; got 0"),
+    # 300 embedded workers waited for ever on connections refused past 256 from one address
+    (["train", "--workers", "300"], "--workers 300: the embedded local cluster runs at most 128 units"),
     (["train", "--batch", "0"], "--batch must be >= 1; got 0"),
     (["train", "--eval-every", "0"], "--eval-every must be >= 1; got 0"),
     (["train", "--train-limit", "0"], "--train-limit must be >= 1; got 0"),
