@@ -32,6 +32,18 @@ def test_a_short_secret_is_refused(tmp_path):
         read_secret(_file(tmp_path, b"s" * 31 + b"\n", 0o600))
 
 
+def test_a_device_a_fifo_or_a_huge_file_is_refused_before_it_is_read(tmp_path):
+    """/dev/zero was read to a MemoryError, a FIFO waited for a writer for ever."""
+    with pytest.raises(StreamnetError, match="/dev/zero is not a regular file"):
+        read_secret("/dev/zero")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(StreamnetError, match="fifo is not a regular file"):
+        read_secret(str(fifo))                      # returns at once: no writer is waited for
+    with pytest.raises(StreamnetError, match="holds 10,000,000 bytes, more than such a file does"):
+        read_secret(_file(tmp_path, b"s" * 10_000_000, 0o600))
+
+
 def test_new_secret_writes_a_valid_one_and_never_overwrites(tmp_path, capsys):
     path = str(tmp_path / "new")
     old = os.umask(0o022)               # a usual umask would give 0644
