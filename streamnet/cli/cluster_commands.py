@@ -463,8 +463,9 @@ def cmd_new_credential(a) -> int:
         raise StreamnetError(f"{a.secret_file} holds a role credential; new-credential needs the cluster secret")
     write_secret(a.file, roles.credential_text(secret, a.role))
     may = "may submit, kill, stop and rebalance topologies" if a.role == roles.SUBMIT else "may only read"
-    print(f"wrote a {a.role} credential for the cluster of {a.secret_file} to {a.file} (mode 0600); its holder "
-          f"passes it as --secret-file and {may}", file=sys.stderr)
+    article = "an" if a.role[0] in "aeiou" else "a"
+    print(f"wrote {article} {a.role} credential for the cluster of {a.secret_file} to {a.file} (mode 0600); its "
+          f"holder passes it as --secret-file and {may}", file=sys.stderr)
     return 0
 
 

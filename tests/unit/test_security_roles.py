@@ -50,3 +50,5 @@ def test_new_credential_writes_a_0600_file_from_the_cluster_secret_only(tmp_path
     assert "new-credential needs the cluster secret" in capsys.readouterr().err
     assert main(["new-credential", "submit", out, "--secret-file", str(secret)]) == 2
     assert "exists" in capsys.readouterr().err
+    assert main(["new-credential", "observer", str(tmp_path / "o"), "--secret-file", str(secret)]) == 0
+    assert "wrote an observer credential" in capsys.readouterr().err
