@@ -51,16 +51,20 @@ def read(path: str) -> list[dict]:
 def _numbered(path: str) -> list[tuple[int, dict]]:
     """(line number, record) of each record of a --metrics-log file."""
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
     except OSError as e:
         raise StreamnetError(f"cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise StreamnetError(f"{path} is not a --metrics-log file (not UTF-8 text)") from None
     out = []
     for i, line in lines:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise StreamnetError(f"{path}:{i}: not a JSON line ({e.msg})") from None
+        except RecursionError:
+            raise StreamnetError(f"{path}:{i}: not a --metrics-log record (nested too deeply)") from None
         if not isinstance(record, dict) or record.get("kind") not in ("round", "epoch"):
             raise StreamnetError(f"{path}:{i}: not a --metrics-log record (no kind round or epoch)")
         out.append((i, record))
@@ -76,7 +80,8 @@ def _check_plotted(path: str, numbered: list[tuple[int, dict]]) -> None:
     for i, record in numbered:
         if record["kind"] == "round" and "elapsed_s" not in record:
             continue            # not drawn (plot keeps the rounds that have elapsed_s)
-        for name in PLOTTED[record["kind"]]:
+        # a round's time is its x: a string was drawn as a category, not refused
+        for name in PLOTTED[record["kind"]] + (("elapsed_s",) if record["kind"] == "round" else ()):
             v = record.get(name)
             if v is None and name in record:
                 continue        # null: a figure that was not finite, drawn as a gap
@@ -118,6 +123,8 @@ def plot(path: str, out: str | None = None) -> str:
         fig.savefig(out, dpi=100)
     except OSError as e:
         raise StreamnetError(f"cannot write {out}: {e.strerror}") from None
+    except ValueError as e:     # a format matplotlib does not write (--out x.txt)
+        raise StreamnetError(f"cannot write {out}: {e}") from None
     finally:
         plt.close(fig)
     return out

@@ -198,6 +198,26 @@ def test_plot_draws_a_log_with_null_figures(tmp_path, capsys):
     assert (tmp_path / "m.png").stat().st_size > 0
 
 
+ROUND = '{"kind": "round", "epoch": 1, "round": 1, "loss": 2.0, "samples_per_s": 5.0, "elapsed_s": 1}\n'
+
+
+@pytest.mark.parametrize("content,out,says", [
+    (os.urandom(64) + b"\xff\xfe", None, "is not a --metrics-log file (not UTF-8 text)"),
+    (b"[" * 100_000 + b"]" * 100_000 + b"\n", None, ":1: not a --metrics-log record (nested too deeply)"),
+    (ROUND.replace('"elapsed_s": 1', '"elapsed_s": "abc"').encode(), None, "elapsed_s 'abc', not a number"),
+    (ROUND.encode(), "x.txt", "Format 'txt' is not supported"),
+])
+def test_plot_of_a_file_it_cannot_draw_is_one_line(content, out, says, tmp_path, capsys):
+    """Each was a traceback (UnicodeDecodeError, RecursionError, matplotlib's ValueError), or
+    (a string as a round's time) drawn as a category."""
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(content)
+    argv = ["plot", str(path)] + (["--out", str(tmp_path / out)] if out else [])
+    assert run_main(submit.main, argv) == 2
+    assert says in one_line_error(capsys, "streamnet-submit")
+
+
 # -- parallelism that is a bool -------------------------------------------------------------
 
 def test_a_bool_is_not_a_parallelism():
