@@ -200,10 +200,8 @@ def _follow_topology(state, topo: Topology, check, a, report, say, collected=Non
     wall = time.monotonic() - t0
     results = kill_topology(state, topo.name, a.timeout)
     if STOPPED_AT in results:     # its workers were stopped (SIGTERM) before it finished
-        ck = (results.get(CHECKPOINTS) or {}).get("last")
         print(f"\nstreamnet-submit: error: {topo.name} was stopped before finishing (its workers got a signal) at "
-              f"step {results[STOPPED_AT]['step']}" + (f"; checkpoint {ck['path']}; continue with submit --resume"
-                                                       if ck else ""), file=sys.stderr)
+              f"step {results[STOPPED_AT]['step']}{resume_hint(results)}", file=sys.stderr)
         return 1
     if collected:
         collected(results)
@@ -233,6 +231,36 @@ def _jsonable(value):
     return value
 
 
+def resume_hint(results: dict) -> str:
+    """Where a stopped training run can go on from: its newest checkpoint, said to be
+    older than the stop where the checkpoint of the stop itself was not written."""
+    ck = (results.get(CHECKPOINTS) or {}).get("last")
+    stopped = results.get(STOPPED_AT)
+    if not ck:
+        return ""
+    if stopped and stopped.get("step") != ck.get("step"):
+        return (f"; its checkpoint there was not written (the workers' logs say why): the newest is step "
+                f"{ck['step']}, {ck['path']}; continue from it with: streamnet-submit submit ... --resume")
+    return f"; checkpoint {ck['path']}; continue with: streamnet-submit submit ... --resume"
+
+
+def drained_line(name: str, results: dict, finished: bool) -> str:
+    """What `kill --checkpoint` says of a topology it drained and removed: one that could
+    not run (failed), one that had finished before it was asked, or where it stopped."""
+    n = len(results)
+    failures = sorted(k for k in results if k.startswith(("failed.", "refused.")))
+    if failures:
+        return f"{name} could not run ({', '.join(failures[:3])}); killed it without a clean stop; {n} results published"
+    if finished:
+        return f"{name} had finished; nothing to stop or resume; {n} results published"
+    stopped = results.get(STOPPED_AT)      # a training topology's; absent in others
+    if stopped:
+        ck = (results.get(CHECKPOINTS) or {}).get("last")
+        return (f"stopped {name} at step {stopped['step']}" + (resume_hint(results) if ck else
+                " (it writes no checkpoints: no --checkpoint-dir)"))
+    return f"stopped {name} cleanly, every spout done; {n} results published"
+
+
 def cmd_kill(a) -> int:
     coord, state, _ = connect(a)
     try:
@@ -246,16 +274,7 @@ def cmd_kill(a) -> int:
             finished = False
         print(f"stopping {a.topology} cleanly (a last checkpoint round, then stop)...", file=sys.stderr)
         results = drain_topology(state, a.topology, a.timeout)
-        stopped = results.get(STOPPED_AT)      # a training topology's; absent in others
-        ckpt = results.get(CHECKPOINTS) or {}
-        if ckpt.get("last"):
-            print(f"stopped {a.topology} at step {ckpt['last']['step']}; checkpoint {ckpt['last']['path']}; "
-                  f"continue with: streamnet-submit submit ... --resume")
-        elif stopped:
-            print(f"stopped {a.topology} at step {stopped['step']} (it writes no checkpoints: no --checkpoint-dir)")
-        else:
-            print(f"{a.topology} had finished; {len(results)} results published" if finished else
-                  f"stopped {a.topology} cleanly, every spout done; {len(results)} results published")
+        print(drained_line(a.topology, results, finished))
         return 0
     finally:
         coord.close()

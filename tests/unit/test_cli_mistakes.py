@@ -521,3 +521,22 @@ def test_a_batch_larger_than_a_units_part_of_the_data_is_warned_about():
     assert batch_warning(cfg, 3000) is None                      # 1,500 each: one full batch
     per_unit = RunConfig(algorithm=AlgorithmConfig(name="mixbp", batch=8, unit_batches=(8, 600)), units=2)
     assert "batch 600" in batch_warning(per_unit, 1000)
+
+
+def test_kill_checkpoint_says_what_became_of_the_topology():
+    """A review found each of these said otherwise: a failed topology "stopped cleanly", a
+    finished run "continue with --resume", a stop whose checkpoint was not written the step
+    of an older checkpoint as the stop's."""
+    from streamnet.cli.cluster_commands import drained_line
+    from streamnet.training.run_stats import CHECKPOINTS, STOPPED_AT
+    ck76 = {CHECKPOINTS: {"last": {"step": 76, "path": "/c/r-76.ckpt"}}}
+    failed = drained_line("t", {"failed.3": "no", **ck76}, finished=False)
+    assert failed.startswith("t could not run (failed.3); killed it without a clean stop")
+    assert drained_line("t", ck76, finished=True).startswith("t had finished; nothing to stop or resume")
+    late = drained_line("t", {STOPPED_AT: {"step": 179, "epoch": 9, "round": 3}, **ck76}, finished=False)
+    assert late.startswith("stopped t at step 179; its checkpoint there was not written")
+    assert "the newest is step 76, /c/r-76.ckpt" in late
+    same = drained_line("t", {STOPPED_AT: {"step": 76, "epoch": 4, "round": 0}, **ck76}, finished=False)
+    assert same == "stopped t at step 76; checkpoint /c/r-76.ckpt; continue with: streamnet-submit submit ... --resume"
+    assert "writes no checkpoints" in drained_line("t", {STOPPED_AT: {"step": 5}}, finished=False)
+    assert drained_line("t", {"a": 1}, finished=False) == "stopped t cleanly, every spout done; 1 results published"
