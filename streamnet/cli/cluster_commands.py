@@ -308,13 +308,21 @@ def cmd_list(a) -> int:
         coord.close()
 
 
-def _get_status(url: str) -> dict | None:
-    """A worker's /status, or None where it cannot be read or is not one."""
+def _get_status(url: str, token: str | None) -> tuple[dict | None, str]:
+    """A worker's /status, or None and why it cannot be read: a worker that asks for the
+    monitor token (401) answered, it is not "unreachable"."""
+    import urllib.error
+
     from ..runtime import monitor
     try:
-        return monitor.get_status(url, monitor.token_from_environment())
+        return monitor.get_status(url, token), ""
+    except urllib.error.HTTPError as e:
+        if e.code == 401:
+            return None, ("refused: it needs the monitor token (401); set $STREAMNET_MONITOR_TOKEN_FILE to its "
+                          "--monitor-token-file" if token is None else "refused: not this monitor token (401)")
+        return None, f"unreadable ({e.code})"
     except (OSError, ValueError):
-        return None
+        return None, "unreachable"
 
 
 def busy_rate(executed: int, busy_s: float) -> str:
@@ -328,6 +336,8 @@ def busy_rate(executed: int, busy_s: float) -> str:
 def cmd_status(a) -> int:
     coord, state, _ = connect(a)
     try:
+        from ..runtime import monitor
+        token = monitor.token_from_environment()      # a bad token file: said before anything is printed
         names = state.topology_names()
         if a.topology and a.topology not in names:
             raise StreamnetError(f"no topology {a.topology!r} in cluster {a.cluster!r}; "
@@ -339,11 +349,11 @@ def cmd_status(a) -> int:
         print(f"cluster {a.cluster}: {len(workers)} worker(s)")
         statuses = {}
         for w, info in sorted(workers.items()):
-            st = statuses[w] = _get_status(f"http://{info['host']}:{info['port']}")
+            st, why = _get_status(f"http://{info['host']}:{info['port']}", token)
+            statuses[w] = st
             lead = " leader" if st and st.get("leader") else ""
             fraction = st.get("busy_fraction") if st else None
-            busy = "unreachable" if not st else f"busy {fraction:.0%}" if isinstance(fraction, (int, float)) \
-                else "busy ?"
+            busy = why if not st else f"busy {fraction:.0%}" if isinstance(fraction, (int, float)) else "busy ?"
             load = info.get("load") or {}
             other = f"  other processes busy {load['foreign_busy']:.2f} of {load['cores']} cores" \
                 if "foreign_busy" in load else ""
@@ -461,7 +471,7 @@ def cmd_rebalance(a) -> int:
                 raise StreamnetError(f"no worker {w!r}; workers: {', '.join(sorted(workers))}")
             if not threads_ok(n):
                 raise StreamnetError(f"threads of {w!r} must be an integer from 1 to {MAX_THREADS}; got {n!r}")
-        state.request_rebalance(a.topology, request)
+        state.add_rebalance_request(a.topology, request)
         print(f"rebalance of {a.topology} requested: {request}")
         return 0
     finally:

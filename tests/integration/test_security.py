@@ -469,13 +469,21 @@ def test_status_and_metrics_need_the_monitor_token_when_the_worker_has_one(zk, t
                 assert b"streamnet_" in body if path == "/metrics" else json.loads(body)["worker"] == "w0"
         # streamnet-submit status sends the token of $STREAMNET_MONITOR_TOKEN_FILE
         without = _cli("submit", "status", *c.args())
-        assert without.returncode == 0 and "unreachable" in without.stdout, without.stdout + without.stderr
+        assert without.returncode == 0, without.stdout + without.stderr
+        assert "refused: it needs the monitor token (401); set $STREAMNET_MONITOR_TOKEN_FILE" in without.stdout
         import subprocess
         import sys
         env = dict(os.environ, STREAMNET_MONITOR_TOKEN_FILE=str(token))
         with_token = subprocess.run([sys.executable, "-m", "streamnet.cli.submit", "status", *c.args()],
                                     capture_output=True, text=True, timeout=120, env=env)
         assert with_token.returncode == 0 and "busy" in with_token.stdout, with_token.stdout + with_token.stderr
+        short = token.parent / "short-token"
+        short.write_text("too-short")
+        short.chmod(0o600)
+        bad = subprocess.run([sys.executable, "-m", "streamnet.cli.submit", "status", *c.args()], capture_output=True,
+                             text=True, timeout=120, env=dict(os.environ, STREAMNET_MONITOR_TOKEN_FILE=str(short)))
+        assert bad.returncode == 2 and bad.stdout == "", bad.stdout     # said before any line of the status
+        assert "must hold one word of at least 16" in bad.stderr
     except BaseException:
         print(c.dump_logs())
         raise

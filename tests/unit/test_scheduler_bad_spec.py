@@ -144,6 +144,20 @@ def test_a_rebalance_request_written_while_the_leader_plans_is_not_lost(state):
     assert state.rebalance_request("t") is None
 
 
+def test_a_clients_rebalance_while_another_is_pending_is_refused_not_written_over_it(state):
+    """Two `rebalance` commands close together both said "requested"; the second wrote over
+    the first, which was never carried out nor logged."""
+    from streamnet.runtime.control.cluster_state import RebalancePendingError
+    state.submit_topology("t", spec("t"))
+    state.add_rebalance_request("t", {"parallelism": {"s": 2}, "threads": {}})
+    with pytest.raises(RebalancePendingError, match=r"a rebalance of t is still pending \(\{'parallelism'"):
+        state.add_rebalance_request("t", {"parallelism": {"s": 3}, "threads": {}})
+    assert state.rebalance_request("t") == {"parallelism": {"s": 2}, "threads": {}}
+    state.clear_rebalance("t", state.rebalance_request_version("t")[1])      # carried out
+    state.add_rebalance_request("t", {"parallelism": {"s": 3}, "threads": {}})
+    assert state.rebalance_request("t") == {"parallelism": {"s": 3}, "threads": {}}
+
+
 @pytest.mark.parametrize("info,problem", [
     ({"host": "127.0.0.1", "threads": 2}, "port None"),
     ({"host": "127.0.0.1", "port": 7, "threads": "auto"}, "threads 'auto'"),

@@ -48,6 +48,10 @@ class TopologyExistsError(StreamnetError):
     pass
 
 
+class RebalancePendingError(StreamnetError):
+    """A rebalance was asked for while another of the same topology is pending."""
+
+
 class UnknownTopologyError(StreamnetError):
     pass
 
@@ -227,8 +231,22 @@ class ClusterState:
         self.coord.set(self.path("topologies", name), _j(spec))
 
     def request_rebalance(self, name: str, request: dict) -> None:
+        """Write the request, over one pending (the leader's own: what is left of a
+        request it carries out in steps)."""
         self.topology(name)  # UnknownTopologyError if it is not there
         self.coord.put(self.path("topologies", name, "rebalance"), _j(request))
+
+    def add_rebalance_request(self, name: str, request: dict) -> None:
+        """A client's request: RebalancePendingError while another is pending (the leader
+        has not carried it out yet). Written over it, that one was lost without a word,
+        though its client had been told "requested"."""
+        self.topology(name)  # UnknownTopologyError if it is not there
+        try:
+            self.coord.create(self.path("topologies", name, "rebalance"), _j(request), makepath=True)
+        except NodeExistsError:
+            pending = self.rebalance_request(name)
+            raise RebalancePendingError(f"a rebalance of {name} is still pending ({pending}); ask again once the "
+                                        "leader has carried it out (`describe` shows the layout)") from None
 
     def rebalance_request(self, name: str) -> dict | None:
         return self.rebalance_request_version(name)[0]
