@@ -49,7 +49,10 @@ def model_for(params: np.ndarray, name: str, options: dict) -> Model:
         raise ExportError(f"the checkpoint holds {params.size:,} parameters, which no {name} with options "
                           f"{options} has; is it another network?")
     net = _sized(name, options, classes + 1)
-    net.set_params(params)
+    try:
+        net.set_params(params)
+    except ValueError as e:
+        raise ExportError(f"the checkpoint's parameters do not fit {name}: {e}") from None
     return net
 
 
@@ -58,9 +61,22 @@ def load_for_export(path: str, model: str | None = None, input_size: int | None 
     run configuration a resumable checkpoint carries; for one holding parameters only,
     from `model` (and `input_size`)."""
     ck = load_checkpoint(path)
-    config = (ck.get("state") or {}).get("config")
+    state = ck.get("state")
+    if state is not None and not isinstance(state, dict):
+        raise ExportError(f"{path} is not a usable checkpoint: its state is a {type(state).__name__}, not a mapping")
+    params = ck.get("params")
+    if not isinstance(params, np.ndarray) or params.ndim != 1:
+        raise ExportError(f"{path} is not a usable checkpoint: its parameters are not a flat vector "
+                          f"(shape {getattr(params, 'shape', None)})")
+    config = (state or {}).get("config")
     if config is not None:
-        cfg = run_config_from_dict(config)
+        try:
+            cfg = run_config_from_dict(config)
+        except (ConfigError, TypeError, KeyError, ValueError, AttributeError) as e:
+            # the file's checksum covers what was written, not who wrote it: a cluster
+            # checkpoint's MAC is checked by the workers, which hold the secret, not here
+            raise ExportError(f"{path} is not a usable checkpoint: its run configuration cannot be read "
+                              f"({type(e).__name__}: {e})") from None
         name, options, dataset = cfg.model.name, dict(cfg.model.options), cfg.data.dataset
         recorded = cfg.model.input_size
         if (model is not None and model != name) or (input_size is not None and input_size != recorded):
@@ -75,7 +91,7 @@ def load_for_export(path: str, model: str | None = None, input_size: int | None 
     else:
         raise ExportError(f"{path} holds parameters only, without its run configuration; say which network "
                           "with --model (and --input-size for AlexNet)")
-    net = model_for(ck["params"], name, options)
+    net = model_for(params, name, options)
     meta = {"format": "streamnet", "model": name, "model_options": json.dumps(options, sort_keys=True),
             "input_shape": json.dumps(list(net.input_shape)), "num_classes": str(net.layers[-1].spec()["out_features"]),
             "step": str(ck["step"]), "source": os.path.basename(path)}

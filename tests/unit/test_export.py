@@ -163,3 +163,22 @@ def test_a_model_that_disagrees_with_the_recorded_one_is_refused_not_ignored(tmp
     with pytest.raises(ExportError, match="--input-size 32 disagrees"):
         export(path, out, model="lenet5", input_size=32)
     assert export(path, out, model="lenet5").num_params == net.num_params     # the same: fine
+
+
+@pytest.mark.parametrize("state,shape,says", [
+    (5, None, "its state is a int, not a mapping"),
+    ({"config": {"model": 7}}, None, "its run configuration cannot be read"),
+    ({"config": "x"}, None, "its run configuration cannot be read"),
+    ({"config": {"model": {"name": "lenet5"}, "data": {"trahn_limit": 5}}}, None,
+     "its run configuration cannot be read"),
+    (None, (2, 30853), "its parameters are not a flat vector (shape (2, 30853))"),
+])
+def test_a_checkpoint_whose_content_export_cannot_use_is_one_line(state, shape, says, tmp_path, capsys):
+    """Unkeyed files anyone can write (and, since export holds no secret, tampered cluster
+    ones): each was a traceback (AttributeError, KeyError, TypeError), or for 2-D
+    parameters "61706 values, model needs 61706"."""
+    params = nn.build_model("lenet5", seed=3).params
+    path = write_checkpoint(str(tmp_path), "odd", 7, params.reshape(shape) if shape else params, state)["path"]
+    assert run_main(submit.main, ["export", path, str(tmp_path / "w.safetensors"), "--model", "lenet5"]) == 2
+    line = one_line_error(capsys, "streamnet-submit")
+    assert f"{path} is not a usable checkpoint: {says}" in line, line
