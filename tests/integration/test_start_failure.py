@@ -105,7 +105,7 @@ def test_a_topology_that_cannot_start_is_marked_failed_and_stops_with_no_client_
     reason."""
     with LocalCluster(workers=2) as c:
         monkeypatch.setattr(wordcount.CountBolt, "prepare", _raise("CountBolt"))
-        c.submit(wordcount.topology(count=1_000_000))
+        c.submit(wordcount.topology(count=wordcount.MAX_COUNT))
         wait_for(lambda: c.state.status("wordcount") == "failed", 60, "the topology to be marked failed")
         assert c.state.failures("wordcount")            # written before the status
         wait_for(lambda: not any("wordcount" in w.runtimes for w in c.workers), 60,

@@ -106,6 +106,8 @@ def test_log_level_goes_before_or_after_the_subcommand():
 
 @pytest.mark.parametrize("args, why", [
     (["run-example", "wordcount", "--set", "count=-5"], "wordcount's count must be >= 0; got -5"),
+    (["submit", "wordcount", "--set", "count=100000000", "--zk", "127.0.0.1:1"],
+     "wordcount's count must be at most 100,000"),
     (["describe", "wordcount", "--set", "delay_s=-1"], "wordcount's delay_s must be >= 0; got -1"),
     (["run-example", "tensor_pipe", "--set", "size=0"], "tensor_pipe takes count >= 0 and size >= 1"),
 ])
