@@ -132,7 +132,11 @@ def cmd_submit(a) -> int:
             # stopped cleanly by SIGTERM to its workers: its checkpoint is what we resume from
             kill_topology(state, topo.name, a.timeout)
             print(f"removed the stopped {topo.name}", file=sys.stderr)
-        state.submit_topology(topo.name, topo.to_dict())
+        spec = topo.to_dict()
+        from ..training.nsmap import set_aside_for_resume
+        # a resumed run's newer checkpoints move aside only now: the name is free and every
+        # check passed (moved while building, a failed submit or a live run lost them)
+        state.submit_topology(topo.name, spec, before=lambda: set_aside_for_resume(spec))
         print(f"submitted {topo.name} ({topo.num_tasks} tasks) to cluster {a.cluster}", file=sys.stderr)
         if not a.wait:
             return 0

@@ -155,9 +155,10 @@ class LocalCluster:
                      wt.worker.scheduler.leading), None)
 
     # -- topologies ------------------------------------------------------------------
-    def submit(self, topology: Topology) -> None:
-        """Store the topology; the elected scheduler (one of the workers) places it."""
-        self.state.submit_topology(topology.name, topology.to_dict())
+    def submit(self, topology: Topology, before=None) -> None:
+        """Store the topology; the elected scheduler (one of the workers) places it.
+        `before()` runs once its name is known to be free (ClusterState.submit_topology)."""
+        self.state.submit_topology(topology.name, topology.to_dict(), before)
 
     def wait_done(self, name: str, timeout: float = 60.0) -> None:
         """Until every spout task is done and its tuple trees are complete."""

@@ -10,7 +10,7 @@ from typing import Callable
 from ..errors import StreamnetError
 from ..runtime.control import ClusterTimeout, TopologyFailed, kill_topology, request_stop, wait_done
 from .config import RunConfig
-from .nsmap import build_topology, default_name, resume_point
+from .nsmap import build_topology, default_name, resume_point, set_aside_for_resume
 from .run_stats import EVAL_HISTORY, PROGRESS
 from .summary_from_results import summarise
 
@@ -108,6 +108,7 @@ def train_on_local_cluster(cfg: RunConfig, workers: int, threads: int = 1, progr
                           keep_checkpoints=keep_checkpoints)
     with LocalCluster(workers=workers, threads=threads, secret=secret, threads_auto=threads_auto) as cluster, \
             (attach(cluster) if attach else nullcontext()):
-        cluster.submit(topo)
+        spec = topo.to_dict()
+        cluster.submit(topo, before=lambda: set_aside_for_resume(spec))
         results, wall = follow(cluster.state, topo, cfg, progress, stop_when=stop_when, poll_s=poll_s)
     return summarise(cfg, results, workers=workers, wall_s=wall), results

@@ -92,10 +92,11 @@ def default_sync_tasks(cfg: RunConfig, workers: int) -> int:
 def resume_point(cfg: RunConfig, checkpoint_dir: str | None, name: str, path: str | None = None) -> dict:
     """Where a stopped run continues: the given checkpoint, or the newest one of `name`
     in `checkpoint_dir` that verifies (a corrupt one is refused and logged, and the
-    previous one used). Refuses a checkpoint of a different run configuration. The
-    checkpoints of `name` in `checkpoint_dir` newer than the one taken are set aside
-    (checkpoint.set_aside_newer), each move logged: the resumed run writes below them."""
-    from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, set_aside_newer
+    previous one used). Refuses a checkpoint of a different run configuration. It moves
+    nothing: the checkpoints newer than the one taken are set aside
+    (`set_aside_for_resume`) once the run is about to be submitted - done here, a submit
+    that then failed, a run of that name still going, or a `describe` moved them."""
+    from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
     if path is None:
         if not checkpoint_dir:
             raise CheckpointError("--resume needs --checkpoint-dir (or a checkpoint file)")
@@ -119,10 +120,6 @@ def resume_point(cfg: RunConfig, checkpoint_dir: str | None, name: str, path: st
     if position["epoch"] >= cfg.epochs:
         raise CheckpointError(f"{path} was written after epoch {position['epoch']}: with --epochs {cfg.epochs} "
                               f"nothing is left to train; give more than {position['epoch']} epochs to go on")
-    if checkpoint_dir:
-        for moved in set_aside_newer(checkpoint_dir, name, position["step"]):
-            log.warning("resuming from step %d: set aside the newer checkpoint %s (a later --resume would "
-                        "have continued it)", position["step"], moved)
     return {"path": os.path.abspath(path), "sha256": ck["sha256"], "step": position["step"],
             "epoch": position["epoch"], "round": position["round"],
             "shares": position.get("shares")}    # the load balancer's, with --balance load
@@ -145,6 +142,21 @@ def _settings(config: dict) -> dict:
     data = flat.get("data.data_dir") or os.environ.get("STREAMNET_DATA") or DEFAULT_DIRS.get(flat.get("data.dataset"))
     flat["data.data_dir"] = os.path.realpath(data) if data else None
     return flat
+
+
+def set_aside_for_resume(spec: dict) -> None:
+    """Before a topology that resumes a run is submitted (its checks passed): move the
+    checkpoints of its name in its checkpoint directory newer than the one it resumes
+    (checkpoint.set_aside_newer), each move logged, so that the run writes below them and
+    a later --resume continues this run, not the one it left."""
+    from .checkpoint import set_aside_newer
+    config = lambda cid: next((c["config"] for c in spec["components"] if c["id"] == cid), {})  # noqa: E731
+    resume, directory = config("sync").get("resume"), config("checkpoint").get("dir")
+    if not resume or not directory:
+        return
+    for moved in set_aside_newer(directory, spec["name"], resume["step"]):
+        log.warning("resuming from step %d: set aside the newer checkpoint %s (a later --resume would have "
+                    "continued it)", resume["step"], moved)
 
 
 def check_recorded(spec: dict, pointer: dict | None) -> None:

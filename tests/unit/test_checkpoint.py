@@ -126,15 +126,24 @@ def test_resume_compares_what_the_settings_mean_and_names_both_values(tmp_path, 
         resume_point(other, None, "run", path=p)
 
 
+def _resuming(directory, point: dict) -> dict:
+    """What set_aside_for_resume reads of a topology that resumes `point` (build_topology's
+    sync and checkpoint components)."""
+    return {"name": "run", "components": [{"id": "sync", "config": {"resume": point}},
+                                          {"id": "checkpoint", "config": {"dir": str(directory)}}]}
+
+
 def test_resuming_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path, caplog):
     """`--resume FILE` of an older step left the newer checkpoints in place: retention, which
     goes by step, removed the resumed run's own checkpoints first, and the next `--resume`
-    continued the abandoned run. They are moved to DIR/superseded, nothing deleted."""
+    continued the abandoned run. They are moved to DIR/superseded, nothing deleted - when
+    the run is submitted, not when the resume point is checked (a review found a submit that
+    then failed, a run of that name still going, and `describe` had moved them)."""
     from dataclasses import replace
 
     from streamnet.training.checkpoint import list_checkpoints
     from streamnet.training.config import lenet5_mixbp, run_config_to_dict
-    from streamnet.training.nsmap import resume_point
+    from streamnet.training.nsmap import resume_point, set_aside_for_resume
     cfg = replace(lenet5_mixbp(), epochs=9)
     paths = {}
     for epoch in (1, 2, 3):
@@ -143,6 +152,8 @@ def test_resuming_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path, c
     other = write_checkpoint(str(tmp_path), "run-b", 40, np.zeros(4, np.float32))["path"]  # another run's: untouched
     point = resume_point(cfg, str(tmp_path), "run", path=paths[1])
     assert point["step"] == 10
+    assert [s for s, _ in list_checkpoints(str(tmp_path), "run")] == [30, 20, 10]     # the check moves nothing
+    set_aside_for_resume(_resuming(tmp_path, point))
     assert [s for s, _ in list_checkpoints(str(tmp_path), "run")] == [10]
     aside = tmp_path / "superseded"
     assert sorted(f.name for f in aside.iterdir()) == ["run-00000020.ckpt", "run-00000030.ckpt"]
@@ -156,7 +167,9 @@ def test_resuming_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path, c
     write_checkpoint(str(tmp_path), "run", 20, np.zeros(4, np.float32))
     state = {"config": run_config_to_dict(cfg), "position": {"step": 13, "epoch": 1, "round": 3}}
     write_checkpoint(str(tmp_path), "run", 13, np.zeros(4, np.float32), state)
-    assert resume_point(cfg, str(tmp_path), "run", path=str(tmp_path / "run-00000013.ckpt"))["step"] == 13
+    point = resume_point(cfg, str(tmp_path), "run", path=str(tmp_path / "run-00000013.ckpt"))
+    assert point["step"] == 13
+    set_aside_for_resume(_resuming(tmp_path, point))
     assert sorted(f.name for f in aside.iterdir()) == ["run-00000020.ckpt", "run-00000020.ckpt.1", "run-00000030.ckpt"]
     np.testing.assert_array_equal(read_checkpoint(str(aside / "run-00000020.ckpt")), np.full(4, 2, np.float32))
 
@@ -165,7 +178,7 @@ def test_a_newer_checkpoint_that_cannot_be_set_aside_stops_the_resume(tmp_path, 
     from dataclasses import replace
 
     from streamnet.training.config import lenet5_mixbp, run_config_to_dict
-    from streamnet.training.nsmap import resume_point
+    from streamnet.training.nsmap import resume_point, set_aside_for_resume
     cfg = replace(lenet5_mixbp(), epochs=9)
     state = {"config": run_config_to_dict(cfg), "position": {"step": 10, "epoch": 1, "round": 0}}
     old = write_checkpoint(str(tmp_path), "run", 10, np.zeros(4, np.float32), state)["path"]
@@ -174,9 +187,36 @@ def test_a_newer_checkpoint_that_cannot_be_set_aside_stops_the_resume(tmp_path, 
     def refuse(src, dst):
         raise PermissionError(13, "Permission denied")
     monkeypatch.setattr(os, "rename", refuse)
+    point = resume_point(cfg, str(tmp_path), "run", path=old)
     with pytest.raises(CheckpointError, match="cannot set aside the checkpoints of 'run' newer than step 10 .*"
                                               "Permission denied"):
-        resume_point(cfg, str(tmp_path), "run", path=old)
+        set_aside_for_resume(_resuming(tmp_path, point))
+
+
+def test_a_resume_that_is_not_submitted_moves_no_checkpoint(tmp_path, capsys):
+    """`submit --resume FILE` that fails to reach the cluster, and `describe` of a resume:
+    every checkpoint stays where it was (they set aside the newer ones, and a later plain
+    --resume went on from the older step)."""
+    from dataclasses import replace
+
+    from streamnet.cli import submit
+    from streamnet.training.checkpoint import list_checkpoints
+    from streamnet.training.config import lenet5_mixbp, run_config_to_dict, with_overrides
+    from tests.unit.test_cli_mistakes import UNREACHABLE_ZK, run_main
+    cfg = replace(with_overrides(lenet5_mixbp(), {"dataset": "synthetic"}), epochs=9, balance="load")  # the CLI's
+    paths = [write_checkpoint(str(tmp_path), "run", step, np.zeros(4, np.float32),
+                              {"config": run_config_to_dict(cfg), "position": {"step": step, "epoch": 1, "round": 0}}
+                              )["path"] for step in (10, 20, 30)]
+    common = ["--name", "run", "--dataset", "synthetic", "--epochs", "9", "--checkpoint-dir", str(tmp_path),
+              "--resume", paths[0]]
+    assert run_main(submit.main, ["submit", "lenet5-mixbp", *common, "--zk", UNREACHABLE_ZK,
+                                  "--session-timeout", "1"]) != 0
+    assert "a cluster secret is required" in capsys.readouterr().err     # past the build, at connecting
+    assert run_main(submit.main, ["describe", "lenet5-mixbp", "--set", "name=run", "--set", "dataset=synthetic",
+                                  "--set", "epochs=9", "--set", f"checkpoint_dir={tmp_path}",
+                                  "--set", f"resume={paths[0]}"]) == 0
+    assert [s for s, _ in list_checkpoints(str(tmp_path), "run")] == [30, 20, 10]
+    assert not (tmp_path / "superseded").exists()
 
 
 def test_a_worker_with_a_checkpoint_root_writes_and_reads_under_it_only(tmp_path):

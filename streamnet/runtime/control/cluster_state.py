@@ -196,12 +196,13 @@ class ClusterState:
         return self.coord.watch_children(self.path("unreachable"), callback)
 
     # -- topologies ---------------------------------------------------------------
-    def submit_topology(self, name: str, spec: dict) -> None:
+    def submit_topology(self, name: str, spec: dict, before: Callable[[], None] | None = None) -> None:
         """A new topology. What a kill racing the leader's pass or a worker's late write
         left of an earlier one of this name goes first: an assignment the leader wrote
         after the kill (the new run's placement then looked unchanged, and no worker
         started it), or a topology node a late result made again, holding no spec (the
-        name then read as submitted)."""
+        name then read as submitted). `before()` runs once the name is known to be free,
+        just before the topology is written (a resumed run's files set aside)."""
         path = self.path("topologies", name)
         try:
             left = not self.coord.get(path)[0]
@@ -214,6 +215,8 @@ class ClusterState:
                 self.coord.delete(stale, recursive=True)
             except NoNodeError:
                 pass
+        if before is not None:
+            before()
         try:
             self.coord.create(path, _j(spec))
         except NodeExistsError:
