@@ -135,10 +135,13 @@ class RunProgress:
         self.round(epoch=p["epoch"], round=p["round"], epoch_rounds=p["epoch_rounds"], loss=p["loss"],
                    samples_per_s=p["samples_per_s"], step=p["rounds"], samples=p["samples"], elapsed_s=p["elapsed_s"])
         for e in p.get("evaluated", ()):          # in epoch order, even when two landed between reads
-            latest = e["epoch"] == p["eval_epoch"]
+            # the round figures go on the epoch's line only when the progress record is that
+            # epoch's last round: the sync task writes it at most every 0.5 s, and an epoch 2
+            # line showed round 1's loss and the rate of the run's first second
+            latest = e["epoch"] == p["eval_epoch"] and p["epoch"] == e["epoch"] and p["round"] >= p["epoch_rounds"]
             self.epoch(epoch=e["epoch"], loss=p["loss"] if latest else None, test_accuracy=e["test_accuracy"],
                        test_loss=e.get("test_loss"), samples_per_s=p["samples_per_s"] if latest else None,
-                       elapsed_s=p["elapsed_s"] if latest else None)
+                       elapsed_s=p["elapsed_s"] if e["epoch"] == p["eval_epoch"] else None)
 
     @staticmethod
     def _meter(bar: tqdm) -> str:

@@ -128,3 +128,31 @@ def test_two_evaluations_landing_between_reads_are_logged_in_epoch_order(tmp_pat
     progress.close()
     progress.log.close()
     assert [(r["epoch"], r["test_accuracy"]) for r in read(path) if r["kind"] == "epoch"] == [(1, 0.6), (2, 0.7)]
+
+
+def test_an_epochs_line_takes_no_figures_of_a_round_of_another_epoch(tmp_path):
+    """The progress record is the sync task's last (written at most every 0.5 s): an epoch 2
+    line showed epoch 1 round 1's loss and the rate of the run's first second."""
+    from streamnet.training.cluster_run import ProgressReader
+    from streamnet.training.run_stats import EVAL_HISTORY, PROGRESS
+
+    def line(progress_record):
+        class State:
+            def results(self, name):
+                return {PROGRESS: progress_record, EVAL_HISTORY: [{"epoch": 2, "test_accuracy": 0.6, "test_loss": 1.0}]}
+        path = tmp_path / "m.jsonl"
+        path.unlink(missing_ok=True)
+        out = io.StringIO()
+        progress = RunProgress(2, stream=out, metrics_log=MetricsLog(str(path)))
+        reader = ProgressReader(State(), "t", 2)
+        reader.seen_epochs = 0
+        progress.record(reader.read())
+        progress.close()
+        progress.log.close()
+        return [r for r in read(str(path)) if r["kind"] == "epoch"][0]
+    stale = line({"epoch": 1, "round": 1, "rounds": 1, "epoch_rounds": 4, "samples": 64, "loss": 2.3,
+                  "samples_per_s": 2380.0})
+    assert stale.get("loss") is None and stale.get("samples_per_s") is None and stale["test_accuracy"] == 0.6
+    last = line({"epoch": 2, "round": 4, "rounds": 8, "epoch_rounds": 4, "samples": 512, "loss": 1.1,
+                 "samples_per_s": 9880.0})
+    assert last["loss"] == 1.1 and last["samples_per_s"] == 9880.0
