@@ -14,6 +14,7 @@ normalisation it was trained with (x / 255, minus mean, over std).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -146,8 +147,16 @@ def export(checkpoint: str, out: str, fmt: str = "safetensors", model: str | Non
         raise ExportError(f"--format must be one of {', '.join(FORMATS)}; got {fmt!r}")
     net, meta = load_for_export(checkpoint, model, input_size)
     writer = write_safetensors if fmt == "safetensors" else write_torch
+    # written beside OUT, then renamed over it: a write that fails part-way (a full disk)
+    # left an existing OUT truncated (a device or a pipe is written as it is)
+    partial = f"{out}.partial" if os.path.isfile(out) or not os.path.exists(out) else out
     try:
-        writer(out, state_dict(net), meta)
+        writer(partial, state_dict(net), meta)
+        if partial != out:
+            os.replace(partial, out)
     except OSError as e:
+        if partial != out:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
         raise ExportError(f"cannot write {out}: {e.strerror or e}") from None
     return net

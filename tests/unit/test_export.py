@@ -182,3 +182,20 @@ def test_a_checkpoint_whose_content_export_cannot_use_is_one_line(state, shape, 
     assert run_main(submit.main, ["export", path, str(tmp_path / "w.safetensors"), "--model", "lenet5"]) == 2
     line = one_line_error(capsys, "streamnet-submit")
     assert f"{path} is not a usable checkpoint: {says}" in line, line
+
+
+def test_an_export_that_fails_part_way_leaves_an_existing_out_as_it_was(tmp_path, monkeypatch):
+    import streamnet.training.export as ex
+    path, _ = _checkpoint(tmp_path, "lenet5", {})
+    out = tmp_path / "w.safetensors"
+    out.write_bytes(b"the previous export")
+
+    def full_disk(p, tensors, metadata):
+        with open(p, "wb") as f:
+            f.write(b"half")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(ex, "write_safetensors", full_disk)
+    with pytest.raises(ExportError, match="No space left on device"):
+        export(path, str(out))
+    assert out.read_bytes() == b"the previous export" and sorted(p.name for p in tmp_path.iterdir()
+                                                                if p.name.startswith("w.")) == ["w.safetensors"]
