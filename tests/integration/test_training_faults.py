@@ -70,7 +70,7 @@ def test_training_survives_sigkill(mode, zk_hosts, victim):
 
 def test_every_replica_lost_with_the_sync_task_training_goes_on_and_counts_each_sample_once(mode, zk_hosts):
     """SIGKILL, at once, of every worker that hosts a compute unit or the sync task (the
-    data spout's survives): the new sync task restores counters saved up to 7 rounds
+    data spout's survives): the new sync task restores counters saved up to 31 rounds
     back (SyncBolt.SAVE_EVERY) and the new replicas hold only the seeded parameters,
     while the spout will not send the rounds between again. The units' requests for
     parameters name the work they hold, and the sync task counts the rounds before it
