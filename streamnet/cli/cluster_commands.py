@@ -12,7 +12,7 @@ from ..runtime.control import (ClusterTimeout, TopologyFailed, TopologyGone, Unk
 from ..runtime.assignment import MAX_THREADS, threads_ok
 from ..runtime.topology import Topology, TopologyError, parallelism_fixed, resolve
 from ..runtime.values import whole
-from ..training.run_stats import CHECKPOINTS, EVAL_HISTORY, STOPPED_AT, STRAGGLERS
+from ..training.run_stats import CHECKPOINTS, EVAL_HISTORY, STOPPED_AT, STRAGGLERS, SYNC_STATS
 from .common import (add_cluster_options, allowed_modules, check_writable, connect, parse_set, positive_float,
                      read_secret, write_secret)
 from .metrics_log import MetricsLog, add_option as add_metrics_log_option
@@ -165,9 +165,11 @@ def _follow(state, topo: Topology, check, a) -> int:
         if p:
             progress.record(p)
 
-    def evaluated(results: dict):     # the epochs that ended between two polls
+    def evaluated(results: dict):     # the epochs that ended between two polls (and the last)
+        losses = (results.get(SYNC_STATS) or {}).get("epoch_train_loss") or {}
         for h in results.get(EVAL_HISTORY) or []:
-            progress.epoch(epoch=h["epoch"], test_accuracy=h["test_accuracy"], test_loss=h["test_loss"])
+            progress.epoch(epoch=h["epoch"], test_accuracy=h["test_accuracy"], test_loss=h["test_loss"],
+                           loss=losses.get(str(h["epoch"])))
     try:
         return _follow_topology(state, topo, check, a, training, progress.message, evaluated)
     finally:

@@ -139,6 +139,8 @@ class RunProgress:
             # epoch's last round: the sync task writes it at most every 0.5 s, and an epoch 2
             # line showed round 1's loss and the rate of the run's first second
             latest = e["epoch"] == p["eval_epoch"] and p["epoch"] == e["epoch"] and p["round"] >= p["epoch_rounds"]
+            if not latest and e["epoch"] >= self.epochs:
+                continue      # the run's last epoch: its line comes at the end, with the epoch's mean loss
             self.epoch(epoch=e["epoch"], loss=p["loss"] if latest else None, test_accuracy=e["test_accuracy"],
                        test_loss=e.get("test_loss"), samples_per_s=p["samples_per_s"] if latest else None,
                        elapsed_s=p["elapsed_s"] if e["epoch"] == p["eval_epoch"] else None)

@@ -136,23 +136,27 @@ def test_an_epochs_line_takes_no_figures_of_a_round_of_another_epoch(tmp_path):
     from streamnet.training.cluster_run import ProgressReader
     from streamnet.training.run_stats import EVAL_HISTORY, PROGRESS
 
-    def line(progress_record):
+    def lines(progress_record, epochs=3):
         class State:
             def results(self, name):
                 return {PROGRESS: progress_record, EVAL_HISTORY: [{"epoch": 2, "test_accuracy": 0.6, "test_loss": 1.0}]}
         path = tmp_path / "m.jsonl"
         path.unlink(missing_ok=True)
         out = io.StringIO()
-        progress = RunProgress(2, stream=out, metrics_log=MetricsLog(str(path)))
-        reader = ProgressReader(State(), "t", 2)
-        reader.seen_epochs = 0
-        progress.record(reader.read())
+        progress = RunProgress(epochs, stream=out, metrics_log=MetricsLog(str(path)))
+        progress.record(ProgressReader(State(), "t", epochs).read())
         progress.close()
         progress.log.close()
-        return [r for r in read(str(path)) if r["kind"] == "epoch"][0]
+        return [r for r in read(str(path)) if r["kind"] == "epoch"]
+
+    def line(progress_record):
+        return lines(progress_record)[0]
     stale = line({"epoch": 1, "round": 1, "rounds": 1, "epoch_rounds": 4, "samples": 64, "loss": 2.3,
                   "samples_per_s": 2380.0})
     assert stale.get("loss") is None and stale.get("samples_per_s") is None and stale["test_accuracy"] == 0.6
     last = line({"epoch": 2, "round": 4, "rounds": 8, "epoch_rounds": 4, "samples": 512, "loss": 1.1,
                  "samples_per_s": 9880.0})
     assert last["loss"] == 1.1 and last["samples_per_s"] == 9880.0
+    # the run's last epoch without its own figures waits for the end-of-run lines (the epoch's mean loss)
+    assert lines({"epoch": 1, "round": 1, "rounds": 1, "epoch_rounds": 4, "samples": 64, "loss": 2.3,
+                  "samples_per_s": 2380.0}, epochs=2) == []
