@@ -256,14 +256,14 @@ def drained_line(name: str, results: dict, finished: bool) -> str:
     n = len(results)
     failures = sorted(k for k in results if k.startswith(("failed.", "refused.")))
     if failures:
-        return f"{name} could not run ({', '.join(failures[:3])}); killed it without a clean stop; {n} results published"
+        return (f"{name} could not run ({', '.join(failures[:3])}); killed it without a clean stop; "
+                f"{n} results published")
     if finished:
         return f"{name} had finished; nothing to stop or resume; {n} results published"
     stopped = results.get(STOPPED_AT)      # a training topology's; absent in others
     if stopped:
-        ck = (results.get(CHECKPOINTS) or {}).get("last")
-        return (f"stopped {name} at step {stopped['step']}" + (resume_hint(results) if ck else
-                " (it writes no checkpoints: no --checkpoint-dir)"))
+        return (f"stopped {name} at step {stopped['step']}"
+                + (resume_hint(results) or " (it writes no checkpoints: no --checkpoint-dir)"))
     return f"stopped {name} cleanly, every spout done; {n} results published"
 
 

@@ -72,7 +72,7 @@ def _numbered(path: str) -> list[tuple[int, dict]]:
 
 
 #: what plot draws of each kind of record (the figures MetricsLog's writers always give)
-PLOTTED = {"round": ("loss", "samples_per_s"), "epoch": ("epoch", "test_accuracy")}
+PLOTTED = {"round": ("elapsed_s", "loss", "samples_per_s"), "epoch": ("epoch", "test_accuracy")}
 
 
 def _check_plotted(path: str, numbered: list[tuple[int, dict]]) -> None:
@@ -80,8 +80,7 @@ def _check_plotted(path: str, numbered: list[tuple[int, dict]]) -> None:
     for i, record in numbered:
         if record["kind"] == "round" and "elapsed_s" not in record:
             continue            # not drawn (plot keeps the rounds that have elapsed_s)
-        # a round's time is its x: a string was drawn as a category, not refused
-        for name in PLOTTED[record["kind"]] + (("elapsed_s",) if record["kind"] == "round" else ()):
+        for name in PLOTTED[record["kind"]]:     # a round's elapsed_s is its x (a string was drawn as a category)
             v = record.get(name)
             if v is None and name in record:
                 continue        # null: a figure that was not finite, drawn as a gap
