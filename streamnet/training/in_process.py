@@ -7,7 +7,6 @@ It is the reference the topology is tested against.
 """
 from __future__ import annotations
 
-import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,8 +20,6 @@ from .config import RunConfig
 from .evaluate import evaluate
 from .schedule import batch_warning, load_data, make_model, schedule_for
 from .summary import EpochRecord, RunSummary
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -48,9 +45,7 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
                 progress: Callable[[Progress], None] | None = None) -> TrainResult:
     wall0 = time.perf_counter()
     ds = dataset if dataset is not None else load_data(cfg.data, cfg.seed)
-    warning = batch_warning(cfg, len(ds.train))
-    if warning:
-        log.warning("%s", warning)
+    batch_warning(cfg, len(ds.train))
     plan = plan_for(cfg.algorithm)
     # cfg.threads compute threads: units run side by side, and each unit's step is split
     # across the threads left over (3 threads for 1 unit: one step on 3 threads)

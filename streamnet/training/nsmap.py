@@ -33,9 +33,7 @@ def build_topology(cfg: RunConfig, name: str | None = None, checkpoint_dir: str 
         train_size = data["samples"]
     else:
         data = {"samples": train_size}
-    warning = batch_warning(cfg, train_size)
-    if warning:
-        log.warning("%s", warning)
+    batch_warning(cfg, train_size)
     num_params = make_model(cfg).num_params
     if cfg.sync_tasks > num_params:
         raise FieldError("sync_tasks", f"must be at most {num_params}, one slice per parameter of {cfg.model.name}; "
@@ -144,14 +142,18 @@ def _settings(config: dict) -> dict:
     return flat
 
 
+def _config_of(spec: dict, component: str) -> dict:
+    """The configuration of the component `component` in a topology's spec ({} if none)."""
+    return next((c["config"] for c in spec["components"] if c["id"] == component), {})
+
+
 def set_aside_for_resume(spec: dict) -> None:
     """Before a topology that resumes a run is submitted (its checks passed): move the
     checkpoints of its name in its checkpoint directory newer than the one it resumes
     (checkpoint.set_aside_newer), each move logged, so that the run writes below them and
     a later --resume continues this run, not the one it left."""
     from .checkpoint import set_aside_newer
-    config = lambda cid: next((c["config"] for c in spec["components"] if c["id"] == cid), {})  # noqa: E731
-    resume, directory = config("sync").get("resume"), config("checkpoint").get("dir")
+    resume, directory = _config_of(spec, "sync").get("resume"), _config_of(spec, "checkpoint").get("dir")
     if not resume or not directory:
         return
     for moved in set_aside_newer(directory, spec["name"], resume["step"]):
@@ -165,7 +167,7 @@ def check_recorded(spec: dict, pointer: dict | None) -> None:
     SHA-256 it was written with. This catches a checkpoint changed since, also where the
     client cannot check its MAC (it holds a submit credential, not the secret)."""
     from .checkpoint import CheckpointError
-    resume = next((c["config"].get("resume") for c in spec["components"] if c["id"] == "sync"), None)
+    resume = _config_of(spec, "sync").get("resume")
     if not resume or not pointer or os.path.abspath(pointer.get("path", "")) != resume["path"]:
         return
     if pointer.get("sha256") != resume["sha256"]:

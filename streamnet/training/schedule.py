@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import threading
 from dataclasses import asdict
 
@@ -20,6 +21,8 @@ from ..data import Dataset, batch_slices, epoch_order, load_dataset, shard_indic
 from ..errors import DataError
 from ..nn import Model, build_model
 from .config import DataConfig, RunConfig
+
+log = logging.getLogger(__name__)
 
 
 def load_data(cfg: DataConfig, seed: int = 0) -> Dataset:
@@ -88,15 +91,18 @@ def check_training_data(expected: dict | None, ds: Dataset) -> None:
 
 
 def batch_warning(cfg: RunConfig, train_size: int) -> str | None:
-    """What to tell a user whose batch is larger than a unit's part of the training set
-    (each unit then takes its whole part as one batch, one step an epoch), or None."""
+    """Warn (logged, and returned) a user whose batch is larger than a unit's part of the
+    training set (each unit then takes its whole part as one batch, one step an epoch);
+    None where it is not."""
     alg = cfg.algorithm
     per_unit = train_size // cfg.units
     largest = max(alg.batch_of(k) for k in range(cfg.units))
     if largest <= max(per_unit, 1):
         return None
-    return (f"batch {largest} is larger than each unit's {per_unit:,} training samples ({train_size:,} over "
-            f"{cfg.units} unit(s)): every unit takes its whole part as one batch, one step an epoch")
+    warning = (f"batch {largest} is larger than each unit's {per_unit:,} training samples ({train_size:,} over "
+               f"{cfg.units} unit(s)): every unit takes its whole part as one batch, one step an epoch")
+    log.warning("%s", warning)
+    return warning
 
 
 def make_model(cfg: RunConfig, num_classes: int = 10) -> Model:
