@@ -24,6 +24,7 @@ from ..runtime import monitor
 from ..runtime.json_reply import json_reply
 from ..runtime.control.cluster_state import ClusterState
 from ..runtime.dataplane.compute import ComputePool
+from ..runtime.dataplane.guard import HEADER_TIMEOUT_S, ConnectionGuard, GuardedRunner
 from . import views
 
 log = logging.getLogger(__name__)
@@ -179,13 +180,25 @@ def make_app(sampler: Sampler, names: frozenset[str] | None = None) -> web.Appli
     return app
 
 
+# the UI's connections, bounded as a worker's are (runtime/dataplane/guard.py): a browser
+# holds a few; without bounds 1,100 half-sent requests held as many descriptors for aiohttp's
+# keep-alive time (75 s) each, and the UI stopped answering
+UI_MAX_CONNECTIONS = 256
+UI_MAX_PER_ADDRESS = 64
+
+
 async def serve(state: ClusterState, host: str, port: int, poll_s: float = 1.0,
-                token: str | None = None, allow_hosts=()) -> tuple[web.AppRunner, int]:
+                token: str | None = None, allow_hosts=(), header_timeout_s: float = HEADER_TIMEOUT_S,
+                guard: ConnectionGuard | None = None) -> tuple[web.AppRunner, int]:
     """Start the UI on host:port; returns the runner (await runner.cleanup() to stop) and the port.
-    `allow_hosts`: names besides localhost and this machine's that the UI answers to."""
+    `allow_hosts`: names besides localhost and this machine's that the UI answers to. A
+    connection has `header_timeout_s` to send its request's headers (and at most that idle
+    between requests), and `guard` (by default UI_MAX_CONNECTIONS, UI_MAX_PER_ADDRESS)
+    bounds how many are open at once."""
+    guard = guard or ConnectionGuard(UI_MAX_CONNECTIONS, UI_MAX_PER_ADDRESS, stuck_after_s=header_timeout_s)
     # a stop waits at most 1 s for requests in flight (aiohttp's default, 60 s, held Ctrl-C that long)
-    runner = web.AppRunner(make_app(Sampler(state, poll_s, token), default_names(allow_hosts)), access_log=None,
-                           shutdown_timeout=1.0)
+    runner = GuardedRunner(make_app(Sampler(state, poll_s, token), default_names(allow_hosts)), guard,
+                           access_log=None, shutdown_timeout=1.0, keepalive_timeout=header_timeout_s)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     try:
