@@ -7,8 +7,8 @@ import sys
 import time
 
 from ..errors import ConfigError, StreamnetError
-from ..runtime.control import (ClusterTimeout, TopologyFailed, TopologyGone, UnknownTopologyError, drain_topology,
-                               is_done, kill_topology, wait_done)
+from ..runtime.control import (RUNNING, ClusterTimeout, TopologyFailed, TopologyGone, UnknownTopologyError,
+                               drain_topology, is_done, kill_topology, wait_done)
 from ..runtime.assignment import MAX_THREADS, threads_ok
 from ..runtime.topology import Topology, TopologyError, parallelism_fixed, resolve
 from ..runtime.values import whole
@@ -454,6 +454,15 @@ def cmd_rebalance(a) -> int:
     coord, state, _ = connect(a)
     try:
         spec = state.topology(a.topology)
+        # a topology that no longer runs has nothing to move: the request sat in the
+        # coordinator, "requested", and was never carried out
+        status = state.status(a.topology)
+        if status not in RUNNING:
+            raise StreamnetError(f"topology {a.topology!r} is {status or 'without a status'}: nothing of it runs to "
+                                 "rebalance")
+        if is_done(state, a.topology):
+            raise StreamnetError(f"topology {a.topology!r} has finished (its spouts are done): nothing of it runs to "
+                                 f"rebalance; `kill {a.topology}` collects its results")
         if request["parallelism"] and parallelism_fixed(spec):
             raise StreamnetError(f"topology {a.topology!r} fixes its components' parallelism (a training run's units "
                                  "and sync slices follow its configuration); --threads WORKER=N may change, "

@@ -245,3 +245,21 @@ def test_a_rebalance_of_a_fixed_parallelism_is_refused_by_the_client(state, monk
     assert state.rebalance_request("t") is None
     assert submit.main(["rebalance", "t", "--threads", "w0=2", "--zk", "127.0.0.1:1"]) == 0
     assert state.rebalance_request("t") == {"parallelism": {}, "threads": {"w0": 2}}
+
+
+@pytest.mark.parametrize("ends", ["finished", "killed", "failed"])
+def test_a_rebalance_of_a_topology_that_no_longer_runs_is_refused_by_the_client(state, monkeypatch, capsys, ends):
+    """It was written to the coordinator, "requested", and never carried out."""
+    from streamnet.cli import cluster_commands, submit
+    state.submit_topology("t", spec("t"))
+    monkeypatch.setattr(cluster_commands, "connect", lambda a: (state.coord, state, None))
+    monkeypatch.setattr(state.coord, "close", lambda: None)
+    if ends == "finished":
+        state.mark_done("t", 0)                   # its one spout task
+        says = "'t' has finished (its spouts are done): nothing of it runs to rebalance"
+    else:
+        state.set_status("t", ends)
+        says = f"'t' is {ends}: nothing of it runs to rebalance"
+    assert submit.main(["rebalance", "t", "--threads", "w0=2", "--zk", "127.0.0.1:1"]) == 2
+    assert says in capsys.readouterr().err
+    assert state.rebalance_request("t") is None
