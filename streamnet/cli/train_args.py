@@ -17,6 +17,15 @@ from ..training.config import (ALGORITHMS, DATASETS, LENET5_MAX_INPUT, LENET5_MI
                                AlgorithmConfig, ModelConfig, RunConfig, with_overrides)
 
 
+def on_off(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("on", "true", "yes", "1"):
+        return True
+    if t in ("off", "false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"takes on or off; got {text!r}")
+
+
 @dataclass(frozen=True)
 class Flag:
     flag: str                  # on the command line
@@ -51,6 +60,9 @@ TRAINING_FLAGS: tuple[Flag, ...] = (
     Flag("--lr", "lr", float, "learning rate"),
     Flag("--momentum", "momentum", float, "momentum of the local steps"),
     Flag("--outer-momentum", "outer_momentum", float, "Nesterov momentum on the averaged change (mixbp)"),
+    Flag("--overlap", "overlap", on_off, "each unit's next round runs while its last is combined, from the "
+         "parameters of the step before plus its own change (updates one round stale; default off)",
+         metavar="on|off", nargs="?", const=True),
     Flag("--lr-schedule", "lr_schedule", choices=("constant", "cosine"), help="learning-rate schedule"),
     Flag("--input-size", "input_size", int, "images are resized to N x N for the network: LeNet-5 takes "
          f"N from {LENET5_MIN_INPUT} to {LENET5_MAX_INPUT} (default 28, padded to 32 as in the paper), AlexNet 64 "
@@ -147,6 +159,8 @@ def check_set_types(options: dict) -> None:
     for k, v in options.items():
         if k in _TEXT_KEYS and not isinstance(v, str):
             raise ConfigError(f"--set {k} takes text; got {v!r}")
+        if k == "overlap" and not isinstance(v, bool):
+            raise ConfigError(f"--set overlap takes true or false; got {v!r}")
         want = _NUMBER_TYPES.get(k)
         if want is int and (isinstance(v, bool) or not isinstance(v, int)):
             raise ConfigError(f"--set {k} takes an integer; got {v!r}")

@@ -14,6 +14,15 @@ What a unit hands over depends on whether it has an inner optimiser:
   parameters by the weighted average of the units' parameters, and outer
   momentum turns it into DiLoCo's Nesterov outer step.
 
+Overlap (`AlgorithmConfig.overlap`): a unit's round r + 1 starts from the combined
+parameters of step r, x_r, less its own round r change d_r (its own round applied to the
+average it started from; for a unit without an inner optimiser, x_r itself), not from
+x_{r+1}. It needs nothing of round r's combine, so it runs while that is combined and
+sent: the round trip and the barrier leave the unit's path, and each update is one
+round stale. A unit that did not work in a round, or whose change was not finite,
+starts its next one from the combined parameters. The single-process trainer and the
+topology compute the same rounds.
+
 Nothing here knows where units run: the single-process trainer calls them in a
 thread pool, the topology calls them inside bolts.
 """
@@ -132,7 +141,11 @@ class ComputeUnit:
             self._step.close()
             self._step = None
 
-    def run_round(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], lr_scale: float = 1.0) -> Contribution:
+    def run_round(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], lr_scale: float = 1.0,
+                  from_local: bool = False) -> Contribution:
+        """One round from the synchronised parameters `start`, or with `from_local` from
+        the unit's own (overlap: set by continue_from), its change measured from those."""
+        origin = self.model.params.copy() if from_local and self.plan.inner is not None else self.start
         samples = steps = 0
         loss_sum = 0.0
         inner = self.plan.inner
@@ -149,17 +162,30 @@ class ComputeUnit:
         if inner is None:
             vector = self.model.grads.copy() if steps else np.zeros_like(self.start)
         else:
-            vector = self.start - self.model.params
+            vector = origin - self.model.params
         return Contribution(self.unit, samples, steps, loss_sum, vector)
+
+    def continue_from(self, change: np.ndarray | None) -> None:
+        """Overlap: the next round starts from `start` (the combined parameters of the
+        step this unit's last round was combined into) less its own `change` in that
+        round - or from `start` alone for a unit without an inner optimiser, one whose
+        change was not finite, or one that did not work (None)."""
+        if change is None or self.plan.inner is None or not K.all_finite(change):
+            self.model.params[...] = self.start
+        else:
+            np.subtract(self.start, change, out=self.model.params)
 
     def receive(self, params: np.ndarray) -> None:
         """Continue from the synchronised parameters."""
         self.model.set_params(params)
         self.start[...] = params
 
-    def receive_slice(self, lo: int, hi: int, part: np.ndarray) -> None:
-        """Continue from the synchronised parameters, one sync task's slice [lo, hi) at a time."""
-        self.model.params[lo:hi] = part
+    def receive_slice(self, lo: int, hi: int, part: np.ndarray, local: bool = True) -> None:
+        """Continue from the synchronised parameters, one sync task's slice [lo, hi) at a
+        time; without `local` (overlap) only `start` takes it, the unit's own parameters
+        (a round may be running from them) are left to continue_from."""
+        if local:
+            self.model.params[lo:hi] = part
         self.start[lo:hi] = part
 
     def state(self) -> dict:

@@ -1,6 +1,7 @@
 """The compute bolt: one model replica that runs a unit's rounds."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -58,6 +59,14 @@ class ComputeBolt(Bolt):
     was superseded). Those fail, and their round is replayed: the new instance judged
     from the replicas' answers which rounds reached the units, and a round that reached
     some after they answered would leave the units and its counters a round apart.
+
+    With overlap (bp.py) the unit computes the work of step `ready_step` - the step its
+    own parameters are ready for - as soon as it comes, in the background, while the
+    parameters of the step before are still being combined (`params_step` may be one
+    behind); the result is held until every slice of its step's parameters is in, then
+    sent, and the next round starts from those less the unit's own change. The bolt
+    goes on taking tuples meanwhile: the parameters are acked at once, so that the
+    data spout's barrier moves and the next round's work is on its way.
     """
     outputs = {"default": list(CONTRIBUTION), "resync": list(RESYNC), "replica": list(REPLICA)}
 
@@ -84,6 +93,13 @@ class ComputeBolt(Bolt):
         # ((epoch, round, step), its batches, (contribution, seconds, started)) of the last round
         # computed: the same work again at the same parameters is answered from here (_result)
         self._last: tuple | None = None
+        self.overlap = self.cfg.algorithm.overlap
+        self.ready_step = 0                          # overlap: the step the unit's own parameters are ready for
+        self._computing: asyncio.Future | None = None   # overlap: the round running ahead
+        self._held: tuple | None = None   # overlap: (work, result, received) waiting for its step's parameters
+        self._held_at = 0.0
+        self._sent: tuple | None = None   # overlap: the _last of the round sent last, for its replays
+        self._closed = False
 
     @property
     def params_step(self) -> int:
@@ -93,10 +109,14 @@ class ComputeBolt(Bolt):
     def _round(self, batches, scale):
         self.unit.set_threads(self.ctx.compute_share())   # the threads this worker gives the unit now
         t0 = time.perf_counter()
-        c = self.unit.run_round((self.ds.batch(self.ds.train, idx, self.size) for idx in batches), scale)
+        c = self.unit.run_round((self.ds.batch(self.ds.train, idx, self.size) for idx in batches), scale,
+                                from_local=self.overlap)
         return c, time.perf_counter() - t0, t0
 
     async def _work(self, tup):
+        if self.overlap:
+            await self._overlap_work(tup)
+            return
         step = tup["step"]
         if step > self.params_step:
             first = not self.stash
@@ -121,32 +141,151 @@ class ComputeBolt(Bolt):
                 return
             received = time.perf_counter()
             self._computed_step = step
-            (c, seconds, started), again = await self._result(tup)
-            timing = {"compute_s": seconds, "queue_s": max(0.0, started - received), "worker": self.ctx.worker}
+            result, again = await self._result(tup)
             if not again:
-                self.compute_s += seconds
-                self.samples += c.samples
-            state = self.unit.state() if tup["checkpoint"] else None   # for a checkpoint that resumes exactly
-            # the unit's verdict on its whole vector, so that every slice drops a diverged unit
-            # as the whole would; with one slice the sync task's own check is that verdict
-            # (47 us per LeNet-5 vector, a round's second check of it)
-            finite = bool(K.all_finite(c.vector)) if len(self.slices) > 1 else None
-            for s, (lo, hi) in enumerate(self.slices):
-                if self.slice_steps[s] > step:
-                    self._contribute(tup, s)
-                else:                                  # the unit's state travels with slice 0
-                    self._contribute(tup, s, samples=c.samples, steps=c.steps, loss_sum=c.loss_sum,
-                                     vector=c.vector[lo:hi], finite=finite, status=OK,
-                                     unit_state=state if s == 0 else None, timing=timing)
+                self.compute_s += result[1]
+                self.samples += result[0].samples
+            self._send_result(tup, result, received)
             self._sent_at = time.perf_counter()
-            self.collector.ack(tup)
             # the contribution leaves before the figures are written and the load loop wakes
             await self.collector.send_now()
             if not again:
-                self.ctx.report_work(c.samples, seconds, share=tup["share"])   # this unit's speed, for load balancing
-                self._report()
+                self._reported(tup, result)
             return
         self.collector.ack(tup)
+
+    def _send_result(self, tup, result, received: float) -> None:
+        """Each slice of a round's result to its sync task (those combined already: "applied"),
+        and the work acked."""
+        c, seconds, started = result
+        step = tup["step"]
+        timing = {"compute_s": seconds, "queue_s": max(0.0, started - received), "worker": self.ctx.worker}
+        state = self.unit.state() if tup["checkpoint"] else None   # for a checkpoint that resumes exactly
+        # the unit's verdict on its whole vector, so that every slice drops a diverged unit
+        # as the whole would; with one slice the sync task's own check is that verdict
+        # (47 us per LeNet-5 vector, a round's second check of it)
+        finite = bool(K.all_finite(c.vector)) if len(self.slices) > 1 else None
+        for s, (lo, hi) in enumerate(self.slices):
+            if self.slice_steps[s] > step:
+                self._contribute(tup, s)
+            else:                                  # the unit's state travels with slice 0
+                self._contribute(tup, s, samples=c.samples, steps=c.steps, loss_sum=c.loss_sum,
+                                 vector=c.vector[lo:hi], finite=finite, status=OK,
+                                 unit_state=state if s == 0 else None, timing=timing)
+        self.collector.ack(tup)
+
+    def _reported(self, tup, result) -> None:
+        """A round's figures, once its result has left: this unit's speed, for load balancing."""
+        self.ctx.report_work(result[0].samples, result[1], share=tup["share"])
+        self._report()
+
+    # -- overlap (bp.py): the next round runs while the last is combined --------------------
+
+    async def _overlap_work(self, tup) -> None:
+        step = tup["step"]
+        self._settle_local()
+        if step < self.params_step:            # combined and applied already: a replay
+            for s in range(len(self.slices)):
+                self._contribute(tup, s)
+            self.collector.ack(tup)
+            return
+        idle = self._computing is None and self._held is None
+        if step == self.params_step and self.ready_step == step + 1:
+            # the round sent last, again (its tree failed): its result again, which the sync
+            # tasks count once; work cut otherwise (a spout that started anew) is computed
+            # again from the parameters of its step, once nothing runs
+            sent = self._sent
+            if sent is not None and self._same_work(sent, tup):
+                log.info("unit %d: step %d's work came again; sending the result computed for it",
+                         self.ctx.task_index, step)
+                self._send_result(tup, sent[2], time.perf_counter())
+                await self.collector.send_now()
+                return
+            if idle:
+                self.unit.continue_from(None)
+                self.ready_step = step
+        if step == self.ready_step and idle:
+            problem = batches_problem(tup["batches"], len(self.ds.train))
+            if problem:
+                log.warning("unit %d refuses its work for step %s: %s", self.ctx.task_index, step, problem)
+                self.collector.fail(tup)
+                return
+            self._computing = asyncio.ensure_future(self._ahead(tup))
+            return
+        first = not self.stash
+        self.stash.append(tup)         # until what runs or waits has gone (tick() asks if nothing moves)
+        if step <= self.ready_step + 1:
+            if first:
+                self._asked_at = time.monotonic()
+        elif time.monotonic() - self._asked_at > self.RESYNC_S:
+            log.warning("unit %d holds parameters of step %d, work is for step %d: asking for them",
+                        self.ctx.task_index, self.params_step, step)
+            self._ask_for_params()
+
+    @staticmethod
+    def _same_work(last, work) -> bool:
+        return (last[0] == (work["epoch"], work["round"], work["step"]) and len(last[1]) == len(work["batches"])
+                and all(np.array_equal(a, b) for a, b in zip(last[1], work["batches"])))
+
+    async def _ahead(self, tup) -> None:
+        """Compute `tup`'s round on the compute threads while the bolt takes other tuples;
+        then hold its result until its step's parameters are in (_progress)."""
+        received = time.perf_counter()
+        try:
+            result = await self.ctx.compute(self._round, tup["batches"], tup["lr_scale"])
+        except Exception:  # noqa: BLE001 - as a failed execute: the work is replayed
+            self._computing = None
+            log.exception("unit %d: the round of step %s failed", self.ctx.task_index, tup["step"])
+            if not self._closed:
+                self.collector.fail(tup)
+            return
+        self._computing = None
+        if self._closed:
+            return
+        self.compute_s += result[1]
+        self.samples += result[0].samples
+        self._held, self._held_at = (tup, result, received), time.perf_counter()
+        self._asked_at = time.monotonic()
+        await self._progress()
+
+    async def _progress(self) -> None:
+        """Overlap: send the held result if its step's parameters are in, then start the
+        next round if its work is here."""
+        sent = None
+        if self._held is not None:
+            tup, result, received = self._held
+            step = tup["step"]
+            if step == self.params_step:
+                self._held = None
+                self.wait_s += time.perf_counter() - self._held_at
+                self._send_result(tup, result, received)
+                self._sent = ((tup["epoch"], tup["round"], step), tup["batches"], result)
+                if result[0].samples:             # else from the next step's parameters (_settle_local)
+                    self.unit.continue_from(result[0].vector)
+                    self.ready_step = step + 1
+                sent = (tup, result)
+            elif step < self.params_step:       # combined without it (recovery moved past it)
+                self._held = None
+                for s in range(len(self.slices)):
+                    self._contribute(tup, s)
+                self.collector.ack(tup)
+        if sent is not None:
+            await self.collector.send_now()     # the contribution leaves first
+        self._settle_local()
+        if self._computing is None and self._held is None and self.stash:
+            stash, self.stash = self.stash, []
+            for work in stash:
+                await self._overlap_work(work)
+        if sent is not None:
+            self._reported(*sent)
+
+    def _settle_local(self) -> None:
+        """The unit's own parameters are behind the combined ones (it had no work in a round,
+        a round's result had no samples, or a recovery moved the run on): it starts from
+        the combined parameters."""
+        if self._computing is None and self._held is None and self.ready_step < self.params_step:
+            self.unit.continue_from(None)
+            self.ready_step = self.params_step
 
     async def _result(self, work) -> tuple[tuple, bool]:
         """((contribution, seconds, started), whether it was computed before) of `work`,
@@ -199,6 +338,14 @@ class ComputeBolt(Bolt):
     def tick(self):
         # the request is a single unanchored tuple: it is lost if a sync task moves
         # meanwhile (and ignored while a new one rebuilds): ask again rather than wait
+        if self.overlap:
+            if (self.stash or self._held) and self._computing is None \
+                    and time.monotonic() - self._asked_at > self.RESYNC_S:
+                waiting = self._held[0] if self._held else self.stash[0]
+                log.warning("unit %d: still no parameters for step %d after %.1f s; asking again",
+                            self.ctx.task_index, waiting["step"], time.monotonic() - self._asked_at)
+                self._ask_for_params()
+            return
         if self.stash and time.monotonic() - self._asked_at > self.RESYNC_S:
             log.warning("unit %d: still no parameters for step %d after %.1f s; asking again",
                         self.ctx.task_index, self.stash[0]["step"], time.monotonic() - self._asked_at)
@@ -258,9 +405,14 @@ class ComputeBolt(Bolt):
                                            f"checkpoint of step {tup['step']}: {e}")
                     self.collector.fail(tup)
                     return
-            self.unit.receive_slice(lo, hi, tup["params"])
+            self.unit.receive_slice(lo, hi, tup["params"], local=not self.overlap)
             self.slice_steps[s] = tup["step"]
         self.collector.ack(tup)
+        if self.overlap:
+            if self.params_step > before:
+                self._asked_at = time.monotonic()
+                await self._progress()
+            return
         if self.params_step > before:          # every slice of a newer step is in
             if self._sent_at is not None:
                 self.wait_s += time.perf_counter() - self._sent_at
@@ -271,6 +423,7 @@ class ComputeBolt(Bolt):
                 await self._work(work)
 
     def close(self):
+        self._closed = True
         self.unit.close()
         self.ctx.publish("timing", UnitTiming(worker=self.ctx.worker, unit=self.ctx.task_index,
                                               compute_s=self.compute_s, wait_s=self.wait_s,

@@ -129,6 +129,11 @@ class AlgorithmConfig:
     outer_momentum: float = 0.0
     unit_batches: tuple[int, ...] | None = None
     unit_sync_periods: tuple[int, ...] | None = None
+    #: each unit's round r + 1 starts from the combined parameters of step r plus its own
+    #: round r (not from step r + 1's), so that it runs while round r is combined: the
+    #: round trip and the barrier off the unit's path, at the price of updates one round
+    #: stale (bp.py, "Overlap")
+    overlap: bool = False
 
     def __post_init__(self):
         _require(self.name in ALGORITHMS, "algorithm", f"must be one of {', '.join(ALGORITHMS)}; got {self.name!r}")
@@ -144,6 +149,7 @@ class AlgorithmConfig:
                  f"must be constant or cosine; got {self.lr_schedule!r}")
         _require(0 <= self.outer_momentum < 1, "outer_momentum", f"must be in [0, 1); got {self.outer_momentum}")
         _finite_positive(self.outer_lr, "outer_lr")
+        _require(isinstance(self.overlap, bool), "overlap", f"must be true or false; got {self.overlap!r}")
         for name in ("unit_batches", "unit_sync_periods"):
             v = getattr(self, name)
             _require(v is None or all(int(i) >= 1 for i in v), name, f"must have every entry >= 1; got {v}")
@@ -220,7 +226,8 @@ def run_config_from_dict(d: dict) -> RunConfig:
 
 # -- overrides: what the CLI and topology builders change on a named setup -------
 
-ALG_KEYS = ("batch", "sync_period", "lr", "momentum", "weight_decay", "lr_schedule", "outer_lr", "outer_momentum")
+ALG_KEYS = ("batch", "sync_period", "lr", "momentum", "weight_decay", "lr_schedule", "outer_lr", "outer_momentum",
+            "overlap")
 DATA_KEYS = ("dataset", "data_dir", "train_limit", "test_limit")
 RUN_KEYS = ("epochs", "units", "threads", "seed", "balance", "sync_tasks", "eval_every_epochs")
 MODEL_KEYS = ("input_size",)     # model options

@@ -61,8 +61,10 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
                          workers=1, units=cfg.units, batch=alg.batch, sync_period=alg.sync_period,
                          num_params=units[0].model.num_params)
 
+    overlap = alg.overlap
+
     def run(unit: ComputeUnit, batches: list[np.ndarray], scale: float):
-        return unit.run_round((ds.batch(ds.train, idx, size) for idx in batches), scale)
+        return unit.run_round((ds.batch(ds.train, idx, size) for idx in batches), scale, from_local=overlap)
 
     train_s = 0.0
     eval_s: list[float] = []      # each evaluation's seconds (not in train_s)
@@ -77,9 +79,16 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
                 futures = [pool.submit(run, u, unit_rounds[u.unit][r], scale)
                            for u in units if r < len(unit_rounds[u.unit])]
                 contributions = [f.result() for f in futures]
+                before = agg.params.copy() if overlap else None    # the step this round is combined into
                 params = agg.combine(contributions, scale, done_rounds)
+                worked = {c.unit: c for c in contributions if c.samples} if overlap else {}
                 for u in units:
-                    u.receive(params)
+                    if u.unit in worked:     # overlap: from the step before, less its own change (bp.py)
+                        u.start[...] = before
+                        u.continue_from(worked[u.unit].vector)
+                        u.start[...] = params
+                    else:
+                        u.receive(params)
                 done_rounds += 1
                 samples += sum(c.samples for c in contributions)
                 round_loss, n = trained_loss(contributions)

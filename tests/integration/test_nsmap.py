@@ -80,6 +80,27 @@ def test_online_topology_equals_the_in_process_trainer():
     np.testing.assert_allclose(results["sync.0.params"], train_local(c).params, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("name,alg", [
+    ("mixbp", dict(sync_period=2, unit_batches=(4, 8, 12))),       # a unit's rounds end before the others'
+    ("cumulative", dict()),
+])
+@pytest.mark.parametrize("sync_tasks", [1, 2])
+def test_overlap_on_the_topology_equals_overlap_in_process(name, alg, sync_tasks):
+    """With overlap each unit's round runs while the last is combined (bp.py): the
+    topology computes what the in-process trainer does, however the parameters and the
+    next round's work race each other, and differs from the run without overlap."""
+    units = 3 if "unit_batches" in alg else 2
+    c = replace(cfg(units, name=name, overlap=True, **alg), sync_tasks=sync_tasks)
+    summary, results = train_on_local_cluster(c, workers=2)
+    reference = train_local(c)
+    params = np.concatenate([results[f"sync.{s}.params"] for s in range(sync_tasks)])
+    np.testing.assert_allclose(params, reference.params, rtol=1e-5, atol=1e-6)
+    assert summary.samples_processed == reference.summary.samples_processed == 2 * 256
+    assert summary.sync_rounds == reference.summary.sync_rounds
+    plain = train_local(replace(c, algorithm=replace(c.algorithm, overlap=False))).params
+    assert np.max(np.abs(plain - reference.params)) > 1e-3
+
+
 def test_describe_prints_the_nsmap_topology():
     r = subprocess.run([sys.executable, "-m", "streamnet.cli.submit", "describe", "lenet5-mixbp", "--set",
                         "dataset=synthetic"], capture_output=True, text=True, timeout=120)
