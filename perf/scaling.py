@@ -2,7 +2,8 @@
 
 For 1 and 2 workers (more with --workers): samples/s and wall time to the target
 test accuracy (89 % by default) for cumulative BP, online BP and MixBP with
-H in {1, 4, 8, 16}; the same for PyTorch DDP over gloo (torchrun) on the same
+H in {1, 4, 8, 16} (and cumulative, H=1 and H=8 with --overlap: `<mode>-overlap`,
+each unit's next round running while its last is combined); the same for PyTorch DDP over gloo (torchrun) on the same
 data, model, per-process batch and schedule; communication bytes per sample; and,
 as the base an engine is judged by, the in-process trainer with one unit of each
 mode (`<mode>/inproc`: the same BP arithmetic without the engine, pinned to one
@@ -60,6 +61,8 @@ MODES = {
     "mixbp-H8": dict(name="mixbp", batch=32, sync_period=8, lr=0.05),
     "mixbp-H16": dict(name="mixbp", batch=32, sync_period=16, lr=0.05),
 }
+# the same with overlap (--overlap: each unit's next round runs while its last is combined)
+MODES.update({f"{m}-overlap": dict(MODES[m], overlap=True) for m in ("cumulative", "mixbp-H1", "mixbp-H8")})
 
 
 def _config(mode: str, workers: int, a):

@@ -322,7 +322,8 @@ class ComputeBolt(Bolt):
                         help="Seconds this compute unit spent computing its rounds")
         self.ctx.figure("training_round_trip_seconds_total", self.wait_s, counter=True, unit=unit,
                         help="Seconds from sending a contribution to receiving the round's parameters "
-                             "(communication, barrier and combine)")
+                             "(communication, barrier and combine; with overlap, holding a round's result "
+                             "until its step's parameters came)")
         self.ctx.figure("training_unit_samples_total", self.samples, counter=True, unit=unit,
                         help="Samples this compute unit trained on")
 

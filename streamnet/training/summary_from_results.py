@@ -47,6 +47,10 @@ def summary_of(cfg: RunConfig, run: RunStats, workers: int | None, wall_s: float
         w = per_worker.setdefault(t.worker, {"units": [], "compute_s": 0.0, "communication_s": 0.0,
                                              "barrier_wait_s": 0.0, "samples": 0})
         b = float(stats.barrier_s[t.unit])
+        if alg.overlap:
+            # the sync task's barrier time for the unit overlapped its next round; the unit
+            # waited only while it held a result (wait_s): that, as barrier first
+            b = min(b, t.wait_s)
         w["units"].append(t.unit)
         w["compute_s"] += t.compute_s
         w["barrier_wait_s"] += b

@@ -376,6 +376,8 @@ def test_a_worker_restarted_after_a_crash_waits_out_its_dead_namesake(zk):
     (["describe", "lenet5-mixbp", "--set", "lr=x"], "--set lr takes a number; got 'x'"),
     (["submit", "lenet5-mixbp", "--set", "epochs=abc", "--zk", UNREACHABLE_ZK], "--set epochs takes an integer"),
     (["describe", "lenet5-mixbp", "--set", "foo=1"], "unknown training option(s) ['foo']; known: balance, batch,"),
+    (["describe", "lenet5-mixbp", "--set", "overlap=1"], "--set overlap takes true or false; got 1"),
+    (["train", "--overlap", "maybe", "--dataset", "synthetic"], "--overlap: takes on or off; got 'maybe'"),
 ])
 def test_set_on_a_training_setup(argv, says, capsys):
     assert run_main(submit.main, argv) == 2
