@@ -118,6 +118,7 @@ class ComputeUnit:
         self.unit, self.model, self.plan = unit, model, plan
         self.velocity = plan.inner.new_velocity(model.num_params) if plan.inner else None
         self.start = model.params.copy()
+        self.pending_local: np.ndarray | None = None    # set_state's own parameters, not yet taken
         self._step = None          # a ParallelStep when one step runs on several threads
         self.set_threads(threads)
 
@@ -188,21 +189,32 @@ class ComputeUnit:
             self.model.params[lo:hi] = part
         self.start[lo:hi] = part
 
-    def state(self) -> dict:
-        """What this unit carries from one round to the next besides the parameters."""
-        return {"velocity": self.velocity.copy() if self.velocity is not None else None,
-                "random": self.model.random_state()}
+    def state(self, local: bool = False) -> dict:
+        """What this unit carries from one round to the next besides the parameters; with
+        `local` (overlap) its own parameters too, where its next round starts."""
+        s = {"velocity": self.velocity.copy() if self.velocity is not None else None,
+             "random": self.model.random_state()}
+        if local:
+            s["local"] = self.model.params.copy()
+        return s
 
     def set_state(self, state: dict) -> None:
         """Take `state` (from state()); a ValueError, for a state of another model, leaves
-        this unit as it was."""
+        this unit as it was. Its own parameters, if the state has them, wait in
+        `pending_local` for the caller (they replace the parameters once those are in)."""
         velocity = state.get("velocity") if self.velocity is not None else None
         if velocity is not None and (not isinstance(velocity, np.ndarray) or velocity.shape != self.velocity.shape):
             raise ValueError(f"unit {self.unit}: velocity of {getattr(velocity, 'size', velocity)!r} values for "
                              f"{self.velocity.size} parameters")
+        local = state.get("local")
+        if local is not None and (not isinstance(local, np.ndarray) or local.shape != self.model.params.shape
+                                  or local.dtype != np.float32):
+            raise ValueError(f"unit {self.unit}: own parameters of {getattr(local, 'size', local)!r} values for "
+                             f"{self.model.num_params} float32 parameters")
         self.model.set_random_state(state.get("random", []))     # checks its length before it changes anything
         if velocity is not None:
             self.velocity[...] = velocity
+        self.pending_local = None if local is None else local.copy()
 
 
 #: rounds in a row in which a unit's contribution was refused as not finite, after which

@@ -99,6 +99,7 @@ class ComputeBolt(Bolt):
         self._held: tuple | None = None   # overlap: (work, result, received) waiting for its step's parameters
         self._held_at = 0.0
         self._sent: tuple | None = None   # overlap: the _last of the round sent last, for its replays
+        self._resumed: tuple | None = None   # overlap: (step, own parameters) from the checkpoint resumed
         self._closed = False
 
     @property
@@ -160,7 +161,9 @@ class ComputeBolt(Bolt):
         c, seconds, started = result
         step = tup["step"]
         timing = {"compute_s": seconds, "queue_s": max(0.0, started - received), "worker": self.ctx.worker}
-        state = self.unit.state() if tup["checkpoint"] else None   # for a checkpoint that resumes exactly
+        # for a checkpoint that resumes exactly; with overlap with the unit's own parameters,
+        # where its next round starts (_progress moved them there first)
+        state = self.unit.state(local=self.overlap and c.samples > 0) if tup["checkpoint"] else None
         # the unit's verdict on its whole vector, so that every slice drops a diverged unit
         # as the whole would; with one slice the sync task's own check is that verdict
         # (47 us per LeNet-5 vector, a round's second check of it)
@@ -258,11 +261,11 @@ class ComputeBolt(Bolt):
             if step == self.params_step:
                 self._held = None
                 self.wait_s += time.perf_counter() - self._held_at
-                self._send_result(tup, result, received)
-                self._sent = ((tup["epoch"], tup["round"], step), tup["batches"], result)
                 if result[0].samples:             # else from the next step's parameters (_settle_local)
                     self.unit.continue_from(result[0].vector)
                     self.ready_step = step + 1
+                self._send_result(tup, result, received)
+                self._sent = ((tup["epoch"], tup["round"], step), tup["batches"], result)
                 sent = (tup, result)
             elif step < self.params_step:       # combined without it (recovery moved past it)
                 self._held = None
@@ -284,7 +287,11 @@ class ComputeBolt(Bolt):
         a round's result had no samples, or a recovery moved the run on): it starts from
         the combined parameters."""
         if self._computing is None and self._held is None and self.ready_step < self.params_step:
-            self.unit.continue_from(None)
+            resumed, self._resumed = self._resumed, None
+            if resumed is not None and resumed[0] == self.params_step:
+                self.unit.model.params[...] = resumed[1]     # a checkpoint's: where the unit stood
+            else:
+                self.unit.continue_from(None)
             self.ready_step = self.params_step
 
     async def _result(self, work) -> tuple[tuple, bool]:
@@ -399,6 +406,9 @@ class ComputeBolt(Bolt):
                 # refuses leaves the slice and its step as they were
                 try:
                     self.unit.set_state(tup["unit_state"])
+                    if self.unit.pending_local is not None:
+                        self._resumed = (tup["step"], self.unit.pending_local)
+                        self.unit.pending_local = None
                 except ValueError as e:
                     # the checkpoint cannot resume this unit: every request for parameters
                     # would be answered with the same state, every 2 s, for ever

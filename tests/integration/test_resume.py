@@ -28,8 +28,9 @@ def cfg(name, **alg):
                      units=2, threads=2, epochs=4, seed=5)
 
 
-@pytest.mark.parametrize("c", [cfg("mixbp", sync_period=2, outer_momentum=0.5), cfg("cumulative")],
-                         ids=["mixbp-momentum", "cumulative"])
+@pytest.mark.parametrize("c", [cfg("mixbp", sync_period=2, outer_momentum=0.5), cfg("cumulative"),
+                               cfg("mixbp", sync_period=2, overlap=True), cfg("cumulative", overlap=True)],
+                         ids=["mixbp-momentum", "cumulative", "mixbp-overlap", "cumulative-overlap"])
 def test_stop_and_resume_equals_uninterrupted(tmp_path, c):
     whole, whole_results = train_on_local_cluster(c, workers=2, checkpoint_dir=str(tmp_path / "a"), name="run")
     reference = whole_results["sync.0.params"]

@@ -218,3 +218,22 @@ def test_the_reported_loss_leaves_out_a_diverged_units_contribution():
     refused = Contribution(2, 16, 1, 8.0, v, finite=False)      # a slice of a unit it judged not finite
     assert trained_loss([ok, nan_loss, refused]) == (64.0, 32)
     assert trained_loss([]) == (0, 0)
+
+
+def test_a_units_own_parameters_travel_in_its_state_and_a_wrong_size_is_refused():
+    """Overlap's checkpoint: a unit's own parameters (where its next round starts) are
+    in its state; another model's are refused and leave the unit as it was."""
+    from streamnet.nn import lenet5
+    from streamnet.training.bp import plan_for
+    plan = plan_for(AlgorithmConfig(name="mixbp", sync_period=2, overlap=True))
+    unit = ComputeUnit(0, lenet5(), plan)
+    unit.model.params[:] = 0.25
+    state = unit.state(local=True)
+    assert "local" not in unit.state() and np.all(state["local"] == 0.25)
+    other = ComputeUnit(1, lenet5(), plan)
+    other.set_state(state)
+    assert np.all(other.pending_local == 0.25) and not np.all(other.model.params == 0.25)
+    before = other.velocity.copy()
+    with pytest.raises(ValueError, match="own parameters of 3 values"):
+        other.set_state(dict(state, local=np.zeros(3, np.float32), velocity=before + 1))
+    assert np.array_equal(other.velocity, before)
