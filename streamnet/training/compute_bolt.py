@@ -249,7 +249,10 @@ class ComputeBolt(Bolt):
         self.samples += result[0].samples
         self._held, self._held_at = (tup, result, received), time.perf_counter()
         self._asked_at = time.monotonic()
-        await self._progress()
+        try:
+            await self._progress()
+        except Exception:  # noqa: BLE001 - nothing awaits this task: say it here (the tick asks again)
+            log.exception("unit %d: sending the round of step %s failed", self.ctx.task_index, tup["step"])
 
     async def _progress(self) -> None:
         """Overlap: send the held result if its step's parameters are in, then start the

@@ -9,7 +9,7 @@ from streamnet.training.config import SETUPS, with_overrides
 # Adding a training flag means adding it here, and it reaches both commands.
 FROZEN = ["--balance", "--batch", "--checkpoint-dir", "--data", "--dataset", "--epochs", "--eval-every", "--input-size",
           "--keep-checkpoints", "--lr",
-          "--lr-schedule", "--momentum", "--outer-momentum", "--resume", "--seed", "--sync-period",
+          "--lr-schedule", "--momentum", "--outer-momentum", "--overlap", "--resume", "--seed", "--sync-period",
           "--sync-tasks", "--test-limit", "--threads", "--train-limit", "--workers"]
 TRAIN_ONLY = {"-h", "--help", "--model", "--algorithm", "--local", "--in-process", "--summary", "--ui", "--ui-host"}
 SUBMIT_ONLY = {"-h", "--help", "--name", "--set", "--wait", "--summary", "--timeout", "--zk", "--zk-root",
@@ -40,7 +40,7 @@ def test_train_and_submit_take_the_same_training_flags():
 ALL = ["--epochs", "3", "--workers", "4", "--threads", "2", "--batch", "16", "--sync-period", "4", "--lr", "0.1",
        "--momentum", "0.5", "--outer-momentum", "0.3", "--lr-schedule", "constant", "--input-size", "32",
        "--dataset", "synthetic", "--data", "/nowhere", "--train-limit", "100", "--test-limit", "50",
-       "--seed", "7", "--balance", "static", "--sync-tasks", "2", "--eval-every", "2"]
+       "--seed", "7", "--balance", "static", "--sync-tasks", "2", "--eval-every", "2", "--overlap", "on"]
 
 
 def test_every_flag_lands_in_the_configuration_the_same_way_for_both_commands():
@@ -51,8 +51,8 @@ def test_every_flag_lands_in_the_configuration_the_same_way_for_both_commands():
     alg = cfg.algorithm
     assert (cfg.epochs, cfg.units, cfg.threads, cfg.seed, cfg.balance, cfg.sync_tasks, cfg.eval_every_epochs) == \
         (3, 4, 2, 7, "static", 2, 2)
-    assert (alg.batch, alg.sync_period, alg.lr, alg.momentum, alg.outer_momentum, alg.lr_schedule) == \
-        (16, 4, 0.1, 0.5, 0.3, "constant")
+    assert (alg.batch, alg.sync_period, alg.lr, alg.momentum, alg.outer_momentum, alg.lr_schedule, alg.overlap) == \
+        (16, 4, 0.1, 0.5, 0.3, "constant", True)
     assert cfg.model.input_size == 32
     assert (cfg.data.dataset, cfg.data.data_dir, cfg.data.train_limit, cfg.data.test_limit) == \
         ("synthetic", "/nowhere", 100, 50)
