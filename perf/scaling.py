@@ -3,11 +3,11 @@
 For 1 and 2 workers (more with --workers): samples/s and wall time to the target
 test accuracy (89 % by default) for cumulative BP, online BP and MixBP with
 H in {1, 4, 8, 16} (and cumulative, H=1 and H=8 with --overlap: `<mode>-overlap`,
-each unit's next round running while its last is combined); the same for PyTorch DDP over gloo (torchrun) on the same
-data, model, per-process batch and schedule; communication bytes per sample; and,
-as the base an engine is judged by, the in-process trainer with one unit of each
-mode (`<mode>/inproc`: the same BP arithmetic without the engine, pinned to one
-core). It prints issue 12's ratios: N worker processes / that base, per mode; and
+each unit's next round running while its last is combined); the same for PyTorch
+DDP over gloo (torchrun) on the same data, model, per-process batch and schedule;
+communication bytes per sample; and, as the base an engine is judged by, the
+in-process trainer with one unit of each mode (`<mode>/inproc`: the same BP
+arithmetic without the engine, pinned to one core). It prints issue 12's ratios: N worker processes / that base, per mode; and
 beside them the machine's ceiling for N (`<mode>/inproc xN`: N of those trainers at
 once, one per core as the workers are pinned, their samples/s summed): what N
 independent units get from these cores, which share caches, memory bandwidth and,

@@ -118,7 +118,6 @@ class ComputeUnit:
         self.unit, self.model, self.plan = unit, model, plan
         self.velocity = plan.inner.new_velocity(model.num_params) if plan.inner else None
         self.start = model.params.copy()
-        self.pending_local: np.ndarray | None = None    # set_state's own parameters, not yet taken
         self._step = None          # a ParallelStep when one step runs on several threads
         self.set_threads(threads)
 
@@ -166,15 +165,16 @@ class ComputeUnit:
             vector = origin - self.model.params
         return Contribution(self.unit, samples, steps, loss_sum, vector)
 
-    def continue_from(self, change: np.ndarray | None) -> None:
-        """Overlap: the next round starts from `start` (the combined parameters of the
-        step this unit's last round was combined into) less its own `change` in that
-        round - or from `start` alone for a unit without an inner optimiser, one whose
-        change was not finite, or one that did not work (None)."""
+    def continue_from(self, change: np.ndarray | None, base: np.ndarray | None = None) -> None:
+        """Overlap: the next round starts from `base` (by default `start`: the combined
+        parameters of the step this unit's last round was combined into) less its own
+        `change` in that round - or from `base` alone for a unit without an inner
+        optimiser, one whose change was not finite, or one that did not work (None)."""
+        base = self.start if base is None else base
         if change is None or self.plan.inner is None or not K.all_finite(change):
-            self.model.params[...] = self.start
+            self.model.params[...] = base
         else:
-            np.subtract(self.start, change, out=self.model.params)
+            np.subtract(base, change, out=self.model.params)
 
     def receive(self, params: np.ndarray) -> None:
         """Continue from the synchronised parameters."""
@@ -198,10 +198,10 @@ class ComputeUnit:
             s["local"] = self.model.params.copy()
         return s
 
-    def set_state(self, state: dict) -> None:
+    def set_state(self, state: dict) -> np.ndarray | None:
         """Take `state` (from state()); a ValueError, for a state of another model, leaves
-        this unit as it was. Its own parameters, if the state has them, wait in
-        `pending_local` for the caller (they replace the parameters once those are in)."""
+        this unit as it was. Returns the unit's own parameters if the state has them, for
+        the caller to start from once the parameters of their step are in."""
         velocity = state.get("velocity") if self.velocity is not None else None
         if velocity is not None and (not isinstance(velocity, np.ndarray) or velocity.shape != self.velocity.shape):
             raise ValueError(f"unit {self.unit}: velocity of {getattr(velocity, 'size', velocity)!r} values for "
@@ -214,7 +214,7 @@ class ComputeUnit:
         self.model.set_random_state(state.get("random", []))     # checks its length before it changes anything
         if velocity is not None:
             self.velocity[...] = velocity
-        self.pending_local = None if local is None else local.copy()
+        return None if local is None else local.copy()
 
 
 #: rounds in a row in which a unit's contribution was refused as not finite, after which

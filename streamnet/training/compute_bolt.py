@@ -132,27 +132,31 @@ class ComputeBolt(Bolt):
                 self._ask_for_params()
             return
         if step < self.params_step:
-            for s in range(len(self.slices)):
-                self._contribute(tup, s)
-        else:
-            problem = batches_problem(tup["batches"], len(self.ds.train))
-            if problem:
-                log.warning("unit %d refuses its work for step %s: %s", self.ctx.task_index, step, problem)
-                self.collector.fail(tup)
-                return
-            received = time.perf_counter()
-            self._computed_step = step
-            result, again = await self._result(tup)
-            if not again:
-                self.compute_s += result[1]
-                self.samples += result[0].samples
-            self._send_result(tup, result, received)
-            self._sent_at = time.perf_counter()
-            # the contribution leaves before the figures are written and the load loop wakes
-            await self.collector.send_now()
-            if not again:
-                self._reported(tup, result)
+            self._applied(tup)
             return
+        problem = batches_problem(tup["batches"], len(self.ds.train))
+        if problem:
+            log.warning("unit %d refuses its work for step %s: %s", self.ctx.task_index, step, problem)
+            self.collector.fail(tup)
+            return
+        received = time.perf_counter()
+        self._computed_step = step
+        result, again = await self._result(tup)
+        if not again:
+            self.compute_s += result[1]
+            self.samples += result[0].samples
+        self._send_result(tup, result, received)
+        self._sent_at = time.perf_counter()
+        # the contribution leaves before the figures are written and the load loop wakes
+        await self.collector.send_now()
+        if not again:
+            self._reported(tup, result)
+
+    def _applied(self, tup) -> None:
+        """Work for a step every slice has combined and applied already (a replay): each
+        sync task is told so, and the work acked."""
+        for s in range(len(self.slices)):
+            self._contribute(tup, s)
         self.collector.ack(tup)
 
     def _send_result(self, tup, result, received: float) -> None:
@@ -187,21 +191,17 @@ class ComputeBolt(Bolt):
     async def _overlap_work(self, tup) -> None:
         step = tup["step"]
         self._settle_local()
-        if step < self.params_step:            # combined and applied already: a replay
-            for s in range(len(self.slices)):
-                self._contribute(tup, s)
-            self.collector.ack(tup)
+        if step < self.params_step:
+            self._applied(tup)
             return
         idle = self._computing is None and self._held is None
         if step == self.params_step and self.ready_step == step + 1:
             # the round sent last, again (its tree failed): its result again, which the sync
             # tasks count once; work cut otherwise (a spout that started anew) is computed
             # again from the parameters of its step, once nothing runs
-            sent = self._sent
-            if sent is not None and self._same_work(sent, tup):
-                log.info("unit %d: step %d's work came again; sending the result computed for it",
-                         self.ctx.task_index, step)
-                self._send_result(tup, sent[2], time.perf_counter())
+            result = self._again(self._sent, tup)
+            if result is not None:
+                self._send_result(tup, result, time.perf_counter())
                 await self.collector.send_now()
                 return
             if idle:
@@ -224,11 +224,6 @@ class ComputeBolt(Bolt):
             log.warning("unit %d holds parameters of step %d, work is for step %d: asking for them",
                         self.ctx.task_index, self.params_step, step)
             self._ask_for_params()
-
-    @staticmethod
-    def _same_work(last, work) -> bool:
-        return (last[0] == (work["epoch"], work["round"], work["step"]) and len(last[1]) == len(work["batches"])
-                and all(np.array_equal(a, b) for a, b in zip(last[1], work["batches"])))
 
     async def _ahead(self, tup) -> None:
         """Compute `tup`'s round on the compute threads while the bolt takes other tuples;
@@ -272,9 +267,7 @@ class ComputeBolt(Bolt):
                 sent = (tup, result)
             elif step < self.params_step:       # combined without it (recovery moved past it)
                 self._held = None
-                for s in range(len(self.slices)):
-                    self._contribute(tup, s)
-                self.collector.ack(tup)
+                self._applied(tup)
         if sent is not None:
             await self.collector.send_now()     # the contribution leaves first
         self._settle_local()
@@ -305,16 +298,23 @@ class ComputeBolt(Bolt):
         not moved - its result again. Computing it again would start from the
         parameters and inner state the first computation moved on: MixBP's local steps
         (and dropout's random stream) taken twice, the round's samples trained twice."""
-        key = (work["epoch"], work["round"], work["step"])
-        last = self._last
-        if last is not None and last[0] == key and len(last[1]) == len(work["batches"]) \
-                and all(np.array_equal(a, b) for a, b in zip(last[1], work["batches"])):
-            log.info("unit %d: step %d's work came again; sending the result computed for it", self.ctx.task_index,
-                     work["step"])
-            return last[2], True
+        again = self._again(self._last, work)
+        if again is not None:
+            return again, True
         result = await self.ctx.compute(self._round, work["batches"], work["lr_scale"])
-        self._last = (key, work["batches"], result)
+        self._last = ((work["epoch"], work["round"], work["step"]), work["batches"], result)
         return result, False
+
+    def _again(self, last, work):
+        """The result in `last` ((epoch, round, step), batches, result) if `work` is that
+        same work again, else None."""
+        if last is None or last[0] != (work["epoch"], work["round"], work["step"]) \
+                or len(last[1]) != len(work["batches"]) \
+                or not all(np.array_equal(a, b) for a, b in zip(last[1], work["batches"])):
+            return None
+        log.info("unit %d: step %d's work came again; sending the result computed for it", self.ctx.task_index,
+                 work["step"])
+        return last[2]
 
     def _contribute(self, work, s: int, **result) -> None:
         """Slice s of this unit's result for the round of `work`, to its sync task;
@@ -349,17 +349,11 @@ class ComputeBolt(Bolt):
     def tick(self):
         # the request is a single unanchored tuple: it is lost if a sync task moves
         # meanwhile (and ignored while a new one rebuilds): ask again rather than wait
-        if self.overlap:
-            if (self.stash or self._held) and self._computing is None \
-                    and time.monotonic() - self._asked_at > self.RESYNC_S:
-                waiting = self._held[0] if self._held else self.stash[0]
-                log.warning("unit %d: still no parameters for step %d after %.1f s; asking again",
-                            self.ctx.task_index, waiting["step"], time.monotonic() - self._asked_at)
-                self._ask_for_params()
-            return
-        if self.stash and time.monotonic() - self._asked_at > self.RESYNC_S:
+        # (with overlap a unit also waits holding a result; not while a round runs)
+        waiting = [self._held[0]] if self._held else self.stash
+        if waiting and self._computing is None and time.monotonic() - self._asked_at > self.RESYNC_S:
             log.warning("unit %d: still no parameters for step %d after %.1f s; asking again",
-                        self.ctx.task_index, self.stash[0]["step"], time.monotonic() - self._asked_at)
+                        self.ctx.task_index, waiting[0]["step"], time.monotonic() - self._asked_at)
             self._ask_for_params()
 
     async def execute(self, tup):
@@ -408,10 +402,9 @@ class ComputeBolt(Bolt):
                 # set its inner momentum and dropout streams back; first, so that a state it
                 # refuses leaves the slice and its step as they were
                 try:
-                    self.unit.set_state(tup["unit_state"])
-                    if self.unit.pending_local is not None:
-                        self._resumed = (tup["step"], self.unit.pending_local)
-                        self.unit.pending_local = None
+                    local = self.unit.set_state(tup["unit_state"])
+                    if local is not None:
+                        self._resumed = (tup["step"], local)
                 except ValueError as e:
                     # the checkpoint cannot resume this unit: every request for parameters
                     # would be answered with the same state, every 2 s, for ever

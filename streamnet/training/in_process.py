@@ -84,8 +84,7 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
                 worked = {c.unit: c for c in contributions if c.samples} if overlap else {}
                 for u in units:
                     if u.unit in worked:     # overlap: from the step before, less its own change (bp.py)
-                        u.start[...] = before
-                        u.continue_from(worked[u.unit].vector)
+                        u.continue_from(worked[u.unit].vector, base=before)
                         u.start[...] = params
                     else:
                         u.receive(params)

@@ -231,8 +231,8 @@ def test_a_units_own_parameters_travel_in_its_state_and_a_wrong_size_is_refused(
     state = unit.state(local=True)
     assert "local" not in unit.state() and np.all(state["local"] == 0.25)
     other = ComputeUnit(1, lenet5(), plan)
-    other.set_state(state)
-    assert np.all(other.pending_local == 0.25) and not np.all(other.model.params == 0.25)
+    local = other.set_state(state)
+    assert np.all(local == 0.25) and not np.all(other.model.params == 0.25)
     before = other.velocity.copy()
     with pytest.raises(ValueError, match="own parameters of 3 values"):
         other.set_state(dict(state, local=np.zeros(3, np.float32), velocity=before + 1))
