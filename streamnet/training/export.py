@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import struct
+import tempfile
 
 import numpy as np
 
@@ -140,6 +141,21 @@ def write_torch(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, s
     torch.save(OrderedDict((k, torch.from_numpy(v)) for k, v in tensors.items()), path)
 
 
+def _beside(out: str) -> str:
+    """A new file of its own beside `out` (two exports to one OUT at once wrote the same
+    OUT.partial, each renaming the other's half-written file; a file of the user's of that
+    name was overwritten), with the mode OUT has or a new file gets."""
+    fd, path = tempfile.mkstemp(prefix=f".{os.path.basename(out)}.", suffix=".partial",
+                                dir=os.path.dirname(os.path.abspath(out)))
+    try:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.fchmod(fd, os.stat(out).st_mode & 0o7777 if os.path.exists(out) else 0o666 & ~umask)
+    finally:
+        os.close(fd)
+    return path
+
+
 def export(checkpoint: str, out: str, fmt: str = "safetensors", model: str | None = None,
            input_size: int | None = None) -> Model:
     """Write the checkpoint's weights to `out`; return the network they belong to."""
@@ -149,8 +165,10 @@ def export(checkpoint: str, out: str, fmt: str = "safetensors", model: str | Non
     writer = write_safetensors if fmt == "safetensors" else write_torch
     # written beside OUT, then renamed over it: a write that fails part-way (a full disk)
     # left an existing OUT truncated (a device or a pipe is written as it is)
-    partial = f"{out}.partial" if os.path.isfile(out) or not os.path.exists(out) else out
+    partial = out
     try:
+        if os.path.isfile(out) or not os.path.exists(out):
+            partial = _beside(out)
         writer(partial, state_dict(net), meta)
         if partial != out:
             os.replace(partial, out)

@@ -198,4 +198,35 @@ def test_an_export_that_fails_part_way_leaves_an_existing_out_as_it_was(tmp_path
     with pytest.raises(ExportError, match="No space left on device"):
         export(path, str(out))
     assert out.read_bytes() == b"the previous export" and sorted(p.name for p in tmp_path.iterdir()
-                                                                if p.name.startswith("w.")) == ["w.safetensors"]
+                                                                if "w." in p.name) == ["w.safetensors"]
+
+
+def test_two_exports_to_one_out_at_once_both_finish_and_a_users_partial_file_is_left_alone(tmp_path, monkeypatch):
+    # both wrote OUT.partial: the second truncated the first's half-written file and renamed it
+    # over OUT, the first then found no OUT.partial to rename and failed; a file of the user's
+    # of that name was overwritten, then renamed away
+    import os
+    import streamnet.training.export as ex
+    path, net = _checkpoint(tmp_path, "lenet5", {})
+    out = tmp_path / "w.safetensors"
+    users = tmp_path / "w.safetensors.partial"
+    users.write_bytes(b"the user's own")
+    real = ex.write_safetensors
+    calls = []
+
+    def the_other_export_runs_meanwhile(p, tensors, metadata):
+        calls.append(p)
+        if len(calls) == 1:
+            export(path, str(out))
+        real(p, tensors, metadata)
+    monkeypatch.setattr(ex, "write_safetensors", the_other_export_runs_meanwhile)
+    export(path, str(out))
+    assert len(calls) == 2 and calls[0] != calls[1]
+    assert users.read_bytes() == b"the user's own"
+    assert sorted(p.name for p in tmp_path.iterdir() if "w." in p.name) == ["w.safetensors", "w.safetensors.partial"]
+    tensors, _ = load_safetensors(str(out))                  # whole, not the two halves of two writes
+    expected = ex.state_dict(net)
+    assert sorted(tensors) == sorted(expected) and all(np.array_equal(tensors[k], expected[k]) for k in expected)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask      # a file's usual mode, not mkstemp's 0600

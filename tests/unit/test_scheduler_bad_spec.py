@@ -263,3 +263,47 @@ def test_a_rebalance_of_a_topology_that_no_longer_runs_is_refused_by_the_client(
     assert submit.main(["rebalance", "t", "--threads", "w0=2", "--zk", "127.0.0.1:1"]) == 2
     assert says in capsys.readouterr().err
     assert state.rebalance_request("t") is None
+
+
+def test_a_second_kill_racing_the_first_says_so_and_leaves_no_topology_node_behind(state):
+    # two `kill`s at once: the second had found the topology, then the first removed it;
+    # marking it killed made its status node again (a spec-less topology that `list` and
+    # `status` stumbled on), and its wait for the workers ran to the timeout
+    from streamnet.runtime.control import client
+    state.submit_topology("t", spec("t"))
+    state.publish_result("t", "counts", {"a": 1})
+    real_assignment = state.assignment
+    first: list = []
+
+    def the_first_kill_runs_meanwhile(name):
+        answer = real_assignment(name)
+        if not first:
+            first.append(None)
+            first[0] = client.kill_topology(state, name, timeout=5)
+        return answer
+    state.assignment = the_first_kill_runs_meanwhile
+    t0 = time.monotonic()
+    with pytest.raises(client.TopologyGone, match="another"):
+        client.kill_topology(state, "t", timeout=5)
+    assert time.monotonic() - t0 < 2                       # said at once, not after the wait's timeout
+    assert first == [{"counts": {"a": 1}}]                 # the first kill has the results
+    assert "t" not in state.topology_names()
+    assert state.coord.exists(state.path("topologies", "t")) is None
+
+
+def test_marking_a_removed_topology_stopping_or_failed_makes_nothing_again(state):
+    from streamnet.runtime.control.cluster_state import UnknownTopologyError
+    state.submit_topology("t", spec("t"))
+    state.remove_topology("t")
+    with pytest.raises(UnknownTopologyError):
+        state.set_status("t", "stopping")
+    assert state.coord.exists(state.path("topologies", "t")) is None
+    # a stop asked, or a worker failing it, as a kill removes it: read "active" (and the
+    # reason there) just before the kill, nothing to mark after it
+    from streamnet.runtime.control.client import request_stop
+    state.status = lambda name: "active"
+    assert request_stop(state, "t") is False
+    real_exists = state.coord.exists
+    state.coord.exists = lambda path: 1 if path.endswith("results/failed.3") else real_exists(path)
+    assert state.fail_topology("t", "failed.3") is False
+    assert real_exists(state.path("topologies", "t")) is None

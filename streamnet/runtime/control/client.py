@@ -7,7 +7,7 @@ import time
 from typing import Callable
 
 from ...errors import StreamnetError
-from .cluster_state import FAILED_STATUS, RUNNING, ClusterState
+from .cluster_state import FAILED_STATUS, RUNNING, ClusterState, UnknownTopologyError
 from .coordinator import ConnectionLostError, SessionClosedError, retry_while_lost
 from ..topology import Topology
 
@@ -120,7 +120,10 @@ def request_stop(state: ClusterState, name: str) -> bool:
     """Ask a running topology to stop cleanly (its spouts get Spout.drain); True if this
     call asked (it was active), False if it was already stopping or killed."""
     if retrying(lambda: state.status(name), 60, f"the status of {name!r}") == "active":
-        retrying(lambda: state.set_status(name, "stopping"), 60, f"{name!r} to be asked to stop")
+        try:
+            retrying(lambda: state.set_status(name, "stopping"), 60, f"{name!r} to be asked to stop")
+        except UnknownTopologyError:
+            return False     # killed meanwhile
         return True
     return False
 
@@ -142,9 +145,22 @@ def kill_topology(state: ClusterState, name: str, timeout: float = 60.0) -> dict
     retrying(lambda: state.topology(name), timeout, f"topology {name!r}")  # UnknownTopologyError if not there
     current = retrying(lambda: state.assignment(name), timeout, f"the assignment of {name!r}")[0]
     assigned = set(current.workers) if current is not None else set()
-    retrying(lambda: state.set_status(name, "killed"), timeout, f"{name!r} to be marked killed")
-    wait_for(lambda: state.stopped_workers(name) >= (assigned & set(state.workers())), timeout,
-             f"workers to stop {name!r}", interval=0.05)
+    try:
+        retrying(lambda: state.set_status(name, "killed"), timeout, f"{name!r} to be marked killed")
+    except UnknownTopologyError:
+        raise _killed_meanwhile(name) from None
+
+    def stopped():
+        if not state.has_topology(name):
+            raise _killed_meanwhile(name)
+        return state.stopped_workers(name) >= (assigned & set(state.workers()))
+    wait_for(stopped, timeout, f"workers to stop {name!r}", interval=0.05)
     results = retrying(lambda: state.results(name), timeout, f"the results of {name!r}")
+    if not retrying(lambda: state.has_topology(name), timeout, f"topology {name!r}"):
+        raise _killed_meanwhile(name)   # the results read may be a part: the other kill has them whole
     retrying(lambda: state.remove_topology(name), timeout, f"{name!r} to be removed")
     return results
+
+
+def _killed_meanwhile(name: str) -> TopologyGone:
+    return TopologyGone(f"topology {name!r} was killed by another caller meanwhile; its results went to that caller")

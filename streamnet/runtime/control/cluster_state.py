@@ -358,6 +358,9 @@ class ClusterState:
         except NoNodeError:
             return None, -1
 
+    def has_topology(self, name: str) -> bool:
+        return self.coord.exists(self.path("topologies", name)) is not None
+
     def topology_names(self) -> list[str]:
         return self.coord.children(self.path("topologies"))
 
@@ -371,7 +374,21 @@ class ClusterState:
             return None
 
     def set_status(self, name: str, status: str) -> None:
-        self.coord.put(self.path("topologies", name, "status"), status.encode())
+        """UnknownTopologyError if the topology is gone: a kill racing this one removed
+        it (writing the status anyway made its node again, a topology holding no spec
+        that `list` and `status` stumbled on)."""
+        path, data = self.path("topologies", name, "status"), status.encode()
+        try:
+            self.coord.set(path, data)
+            return
+        except NoNodeError:
+            pass
+        try:
+            self.coord.create(path, data, makepath=False)   # submitted, its status not yet written
+        except NodeExistsError:
+            self.coord.set(path, data)
+        except NoNodeError:
+            raise UnknownTopologyError(f"topology {name!r} is gone (killed meanwhile)") from None
 
     def fail_topology(self, name: str, because: str) -> bool:
         """Mark a running topology failed because of its result `because` (a failed.* or
@@ -380,7 +397,10 @@ class ClusterState:
         reason = self.path("topologies", name, "results", because)
         if self.status(name) not in RUNNING or self.coord.exists(reason) is None:
             return False
-        self.set_status(name, FAILED_STATUS)
+        try:
+            self.set_status(name, FAILED_STATUS)
+        except UnknownTopologyError:
+            return False             # killed meanwhile
         return True
 
     def watch_status(self, name: str, callback: Callable[[str | None], None]):
