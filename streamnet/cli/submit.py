@@ -70,7 +70,7 @@ def _train(a: argparse.Namespace, cfg, progress: RunProgress):
 
         def show(p):
             progress.round(epoch=p.epoch, round=p.round, epoch_rounds=p.rounds, loss=p.loss,
-                           samples_per_s=p.samples_per_s)
+                           samples_per_s=p.samples_per_s, step=p.step, samples=p.run_samples)
             if p.test_accuracy is not None:
                 progress.epoch(epoch=p.epoch, loss=p.loss, test_accuracy=p.test_accuracy,
                                samples_per_s=p.samples_per_s)

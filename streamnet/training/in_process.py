@@ -32,6 +32,8 @@ class Progress:
     loss: float           # mean training loss of the last round
     samples_per_s: float  # this epoch, so far
     test_accuracy: float | None = None   # set on the event that ends an epoch
+    step: int = 0         # rounds synchronised in the run (the engine's progress record's step)
+    run_samples: int = 0  # samples trained in the run, so far
 
 
 @dataclass
@@ -95,7 +97,8 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
                 if progress:
                     el = time.perf_counter() - t0
                     progress(Progress(epoch + 1, cfg.epochs, r + 1, rounds, samples, round_loss / max(n, 1),
-                                      samples / el if el > 0 else 0.0))
+                                      samples / el if el > 0 else 0.0, step=done_rounds,
+                                      run_samples=summary.samples_processed + samples))
             seconds = time.perf_counter() - t0
             train_s += seconds
             acc = tloss = None
@@ -108,7 +111,8 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
             summary.samples_processed += samples
             if progress:
                 progress(Progress(epoch + 1, cfg.epochs, rounds, rounds, samples, loss_sum / max(loss_samples, 1),
-                                  samples / seconds if seconds > 0 else 0.0, acc))
+                                  samples / seconds if seconds > 0 else 0.0, acc, step=done_rounds,
+                                  run_samples=summary.samples_processed))
     for u in units:
         u.close()
     summary.sync_rounds = done_rounds

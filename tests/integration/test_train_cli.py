@@ -105,6 +105,17 @@ def test_eval_every_evaluates_every_nth_epoch_and_the_last(where, tmp_path, caps
     assert [h["epoch"] for h in s["history"]] == [1, 2, 3] and s["history"][0]["test_accuracy"] is None
     assert [h["test_accuracy"] for h in s["history"][1:]] == [r["test_accuracy"] for r in evaluated]
     assert s["test_accuracy"] == evaluated[-1]["test_accuracy"]
+    # each round line names its step and the run's samples so far, in the process as on the
+    # engine (the in-process trainer's had neither)
+    rounds = [r for r in read(str(log)) if r["kind"] == "round"]
+    assert rounds and all(isinstance(r.get("step"), int) and isinstance(r.get("samples"), int) for r in rounds)
+    assert [r["step"] for r in rounds] == sorted(r["step"] for r in rounds)
+    assert [r["samples"] for r in rounds] == sorted(r["samples"] for r in rounds)
+    if where == "--in-process":        # every round; the engine's client reads a sample of them
+        assert sorted({r["step"] for r in rounds}) == list(range(1, s["sync_rounds"] + 1))
+        assert rounds[-1]["samples"] == s["samples_processed"]
+    else:
+        assert rounds[-1]["samples"] <= s["samples_processed"]
 
 
 def test_threads_are_the_embedded_workers_compute_threads(tmp_path, monkeypatch):
