@@ -1,4 +1,5 @@
 import os
+import signal
 import threading
 import time
 
@@ -8,6 +9,12 @@ import pytest
 os.environ.setdefault("NUMBA_CACHE_DIR",
                       os.path.join(os.path.dirname(os.path.dirname(__file__)), ".numba-cache"))
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+# started as a background job of a script (`make test &`), pytest has SIGINT ignored, and so
+# had every process the tests start: those that stop a daemon or a run with Ctrl-C waited out
+# their timeouts (three UI tests failed). A handler, unlike an ignore, is not inherited.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _fds() -> set[str]:
