@@ -151,11 +151,10 @@ class ComputeUnit:
             self._step.close()
             self._step = None
 
-    def run_round(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], lr_scale: float = 1.0,
-                  from_local: bool = False) -> Contribution:
-        """One round from the synchronised parameters `start`, or with `from_local` from
-        the unit's own (overlap: set by continue_from), its change measured from those."""
-        origin = self.model.params.copy() if from_local and self.plan.inner is not None else self.start
+    def run_round(self, batches: Iterable[tuple[np.ndarray, np.ndarray]], lr_scale: float = 1.0) -> Contribution:
+        """One round from the synchronised parameters `start`, or with overlap from the
+        unit's own (set by continue_from), its change measured from those."""
+        origin = self.model.params.copy() if self.plan.overlap and self.plan.inner is not None else self.start
         self._round_scale = lr_scale
         samples = steps = 0
         loss_sum = 0.0
@@ -187,8 +186,6 @@ class ComputeUnit:
         if change is None or not K.all_finite(change):
             self.model.params[...] = base
         elif self.plan.inner is None:
-            if self.velocity is None:          # a plan made without overlap
-                self.velocity = self.plan.outer.new_velocity(self.model.num_params)
             self.model.params[...] = base
             self.plan.outer.step(self.model.params, change, self.velocity, self._round_scale)
         else:

@@ -110,8 +110,7 @@ class ComputeBolt(Bolt):
     def _round(self, batches, scale):
         self.unit.set_threads(self.ctx.compute_share())   # the threads this worker gives the unit now
         t0 = time.perf_counter()
-        c = self.unit.run_round((self.ds.batch(self.ds.train, idx, self.size) for idx in batches), scale,
-                                from_local=self.overlap)
+        c = self.unit.run_round((self.ds.batch(self.ds.train, idx, self.size) for idx in batches), scale)
         return c, time.perf_counter() - t0, t0
 
     async def _work(self, tup):

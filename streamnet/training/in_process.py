@@ -66,7 +66,7 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
     overlap = alg.overlap
 
     def run(unit: ComputeUnit, batches: list[np.ndarray], scale: float):
-        return unit.run_round((ds.batch(ds.train, idx, size) for idx in batches), scale, from_local=overlap)
+        return unit.run_round((ds.batch(ds.train, idx, size) for idx in batches), scale)
 
     train_s = 0.0
     eval_s: list[float] = []      # each evaluation's seconds (not in train_s)
@@ -85,7 +85,7 @@ def train_local(cfg: RunConfig, dataset: Dataset | None = None,
                 params = agg.combine(contributions, scale, done_rounds)
                 worked = {c.unit: c for c in contributions if c.samples} if overlap else {}
                 for u in units:
-                    if u.unit in worked:     # overlap: from the step before, less its own change (bp.py)
+                    if u.unit in worked:     # overlap: from the step before, moved by its own round (bp.py)
                         u.continue_from(worked[u.unit].vector, base=before)
                         u.start[...] = params
                     else:

@@ -253,7 +253,7 @@ def test_a_unit_without_inner_optimiser_continues_from_its_own_outer_step_with_o
     n = unit.model.num_params
     base, g1, g2 = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
     x = rng.standard_normal((4, 1, 28, 28)).astype(np.float32)
-    unit.run_round([(x, np.arange(4) % 10)], lr_scale=0.5, from_local=True)
+    unit.run_round([(x, np.arange(4) % 10)], lr_scale=0.5)
     unit.continue_from(g1, base=base)
     v1 = g1 + 0.01 * base
     np.testing.assert_allclose(unit.model.params, base - 0.1 * 0.5 * v1, rtol=1e-5, atol=1e-6)
